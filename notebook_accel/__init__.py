@@ -1,0 +1,54 @@
+"""notebook_accel: train a plain PyTorch loop on every device you have, from a notebook cell.
+
+    from notebook_accel import notebook_launcher, Accelerator, progress
+
+    def train(lr):
+        accelerator = Accelerator()
+        ...
+        return accelerator.unwrap_model(model).state_dict()
+
+    state = notebook_launcher(train, args=(3e-4,), num_processes=2)
+
+Public names are imported lazily so that a rank (or ``import notebook_accel`` in a script) pays only for
+what it uses: the launcher does not import torch or ipywidgets until it needs them.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "notebook_launcher": ".launcher",
+    "LaunchError": ".errors",
+    "LaunchTimeout": ".errors",
+    "Accelerator": ".accelerator",
+    "progress": ".progress",
+    "report": ".metrics",
+    "launch_panel": ".panel",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from .accelerator import Accelerator
+    from .errors import LaunchError, LaunchTimeout
+    from .launcher import notebook_launcher
+    from .metrics import report
+    from .panel import launch_panel
+    from .progress import progress
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'notebook_accel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

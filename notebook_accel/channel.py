@@ -1,0 +1,92 @@
+"""Rank → kernel event transport.
+
+Each rank owns the write end of one anonymous pipe whose read end only the launching kernel holds; events
+are pickled and framed with a 4-byte length. There is deliberately no listening socket: nothing outside
+the launcher and its children can inject a pickle.
+
+Inside a rank, ``rank_channel()`` returns the sender the worker installed (or the inline backend's direct
+sink), and ``None`` outside a launch, so helpers such as ``progress`` and ``report`` degrade to local
+behaviour in a plain script.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import threading
+from typing import Callable, List, Optional
+
+from .events import RankEvent
+
+_HEADER = struct.Struct("!I")
+
+
+class EventSender:
+    """Writes events to a pipe fd. Thread-safe: tqdm's monitor thread and the main thread may both send."""
+
+    def __init__(self, fd: int, rank: int) -> None:
+        self.fd = fd
+        self.rank = rank
+        self._lock = threading.Lock()
+
+    def send(self, event: RankEvent) -> None:
+        data = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
+        frame = _HEADER.pack(len(data)) + data
+        with self._lock:
+            view = memoryview(frame)
+            while view:
+                written = os.write(self.fd, view)
+                view = view[written:]
+
+    def close(self) -> None:
+        with self._lock:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+
+
+class DirectSender:
+    """The inline backend's sender: hands events straight to a callback in the kernel process."""
+
+    def __init__(self, rank: int, deliver: Callable[[RankEvent], None]) -> None:
+        self.rank = rank
+        self._deliver = deliver
+
+    def send(self, event: RankEvent) -> None:
+        self._deliver(event)
+
+    def close(self) -> None:
+        pass
+
+
+class EventDecoder:
+    """Kernel side: turns the bytes read from a rank's event pipe into events (frames may arrive split)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, chunk: bytes) -> List[RankEvent]:
+        self._buffer += chunk
+        events: List[RankEvent] = []
+        while len(self._buffer) >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(self._buffer)
+            end = _HEADER.size + length
+            if len(self._buffer) < end:
+                break
+            events.append(pickle.loads(bytes(self._buffer[_HEADER.size:end])))
+            del self._buffer[:end]
+        return events
+
+
+_current: Optional[object] = None
+
+
+def rank_channel():
+    """The event sender of the current rank, or ``None`` when not running inside a launch."""
+    return _current
+
+
+def set_rank_channel(sender) -> None:
+    """Installed by the worker (or the inline backend) for the duration of the rank's function."""
+    global _current
+    _current = sender

@@ -1,0 +1,108 @@
+"""What is here: accelerators and their counts, whether fork is safe. Never initializes CUDA in the kernel."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+DEVICES = ("cuda", "cpu", "xla", "mps")
+
+# Environment variables that Colab, Kaggle and Cloud TPU VMs set when TPU cores are attached.
+_TPU_ENV_MARKERS = ("COLAB_TPU_ADDR", "TPU_NAME", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One kind of device and how many ranks it can host."""
+
+    kind: str
+    count: int
+    description: str
+
+
+def cuda_device_count() -> int:
+    """Number of CUDA devices. ``torch.cuda.device_count`` asks NVML first, so CUDA stays uninitialized."""
+    if "torch" not in sys.modules and not _torch_importable():
+        return 0
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return 0
+    return torch.cuda.device_count()
+
+
+def cuda_initialized() -> bool:
+    """True once CUDA was initialized in this process; forking after that gives broken children."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def mps_available() -> bool:
+    if sys.platform != "darwin" or not _torch_importable():
+        return False
+    import torch
+
+    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+
+
+def tpu_detected() -> bool:
+    """A TPU is attached (Colab, Kaggle, Cloud TPU VM or an explicit ``PJRT_DEVICE=TPU``)."""
+    return os.environ.get("PJRT_DEVICE", "").upper() == "TPU" or any(m in os.environ for m in _TPU_ENV_MARKERS)
+
+
+def torch_xla_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch_xla") is not None
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (respects CPU affinity / container limits where the OS reports them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def best_device() -> str:
+    """The device a launch uses when none is named: CUDA, then TPU, then MPS, then CPU."""
+    if cuda_device_count() > 0:
+        return "cuda"
+    if tpu_detected() and torch_xla_importable():
+        return "xla"
+    if mps_available():
+        return "mps"
+    return "cpu"
+
+
+def describe(kind: str) -> DeviceInfo:
+    """How many ranks ``kind`` can host here, with a line for people ("2 × CUDA (NVIDIA H100)")."""
+    if kind == "cuda":
+        count = cuda_device_count()
+        return DeviceInfo("cuda", count, f"{count} CUDA device(s)")
+    if kind == "xla":
+        cores = int(os.environ.get("TPU_NUM_DEVICES", os.environ.get("CPU_NUM_DEVICES", "8")))
+        return DeviceInfo("xla", cores, f"{cores} TPU core(s)")
+    if kind == "mps":
+        return DeviceInfo("mps", 1 if mps_available() else 0, "Apple MPS (one device)")
+    cores = cpu_count()
+    return DeviceInfo("cpu", cores, f"CPU ({cores} cores)")
+
+
+def fork_safety() -> Tuple[bool, Optional[str]]:
+    """Whether forking the kernel gives working ranks; when not, the reason for people."""
+    if "fork" not in multiprocessing.get_all_start_methods() or sys.platform == "darwin":
+        return False, "fork is not available or not safe on this platform"
+    if cuda_initialized():
+        return False, "CUDA is already initialized in this process, and a forked child cannot use it"
+    if "torch_xla" in sys.modules:
+        return False, "torch_xla is imported in this process, and its runtime does not survive fork"
+    return True, None
+
+
+def _torch_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None

@@ -1,0 +1,73 @@
+"""Errors the launcher raises, and how a rank's exception is rebuilt in the kernel."""
+from __future__ import annotations
+
+import pickle
+from typing import Iterable, Optional
+
+from .events import RankFailed
+
+
+class LaunchError(RuntimeError):
+    """A launch failed without a re-raisable exception (a rank died, or its exception could not be rebuilt).
+
+    ``rank``, ``exitcode`` and ``signal_name`` say which rank and how, when known.
+    """
+
+    def __init__(self, message: str, *, rank: Optional[int] = None, exitcode: Optional[int] = None,
+                 signal_name: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.exitcode = exitcode
+        self.signal_name = signal_name
+
+
+class LaunchTimeout(LaunchError, TimeoutError):
+    """The launch ran past ``timeout``; every rank was stopped. ``still_running`` lists the ranks that were."""
+
+    def __init__(self, message: str, *, still_running: Iterable[int] = ()) -> None:
+        super().__init__(message)
+        self.still_running = list(still_running)
+
+
+class LaunchConfigError(ValueError):
+    """Bad input to the launcher, raised before any process starts."""
+
+
+class RemoteTraceback(Exception):
+    """Carries a rank's formatted traceback as the ``__cause__`` of the re-raised exception.
+
+    The same trick as ``concurrent.futures.process``: the kernel's traceback shows the launcher frames,
+    then "The above exception was the direct cause...", then the rank's own frames.
+    """
+
+    def __init__(self, traceback_text: str) -> None:
+        super().__init__(traceback_text)
+        self.traceback_text = traceback_text
+
+    def __str__(self) -> str:
+        return self.traceback_text
+
+
+def rebuild_exception(failure: RankFailed, world_size: int) -> BaseException:
+    """The rank's exception as the kernel will raise it: its own type when it unpickles, else LaunchError.
+
+    The remote traceback is attached as ``__cause__`` and the rank named in a note and in ``exc.rank``.
+    """
+    where = f"raised in rank {failure.rank} of {world_size}"
+    exc: Optional[BaseException] = None
+    if failure.exception is not None:
+        try:
+            exc = pickle.loads(failure.exception)
+        except Exception:  # a custom exception whose __init__ does not round-trip, a missing module, ...
+            exc = None
+    if not isinstance(exc, BaseException):
+        exc = LaunchError(f"{failure.exc_type}: {failure.message} ({where})", rank=failure.rank)
+    else:
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"(notebook_accel: {where})")
+        try:
+            exc.rank = failure.rank  # type: ignore[attr-defined]
+        except Exception:  # exceptions with __slots__ or read-only attributes
+            pass
+    exc.__cause__ = RemoteTraceback(f'\n"""\n[rank {failure.rank}] {failure.traceback.rstrip()}\n"""')
+    return exc

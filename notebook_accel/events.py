@@ -1,0 +1,116 @@
+"""The rank → kernel events: the only thing views and the supervisor ever see.
+
+Every event is a small, picklable dataclass carrying the rank it came from. Ranks send them over a pipe
+(`notebook_accel.channel`); the supervisor adds the launch-level ones (`LaunchStarted`, `RankExited`,
+`LaunchFinished`). Views consume them and nothing else, so a new frontend needs no knowledge of processes.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+@dataclass
+class RankEvent:
+    """Base of every event. ``rank`` is the global rank (-1 for launch-level events)."""
+
+    rank: int
+
+
+@dataclass
+class RankStarted(RankEvent):
+    pid: int
+
+
+@dataclass
+class OutputLine(RankEvent):
+    """One line a rank wrote to fd 1 or 2 (Python print, logging, C/C++, subprocesses), without its newline."""
+
+    stream: str  # "stdout" | "stderr"
+    text: str
+
+
+@dataclass
+class ProgressUpdate(RankEvent):
+    """State of one progress bar in a rank (sent at most every ``mininterval`` seconds, plus open/close).
+
+    ``bar_id`` is unique within the rank; ``position`` is the nesting depth (0 = outermost).
+    ``format_dict`` is tqdm's own ``format_dict`` (n, total, elapsed, rate, unit, postfix, ...), so a view
+    can render it with ``tqdm.format_meter`` and stay consistent with plain tqdm.
+    """
+
+    bar_id: int
+    desc: str
+    n: float
+    total: Optional[float]
+    elapsed: float
+    rate: Optional[float]
+    postfix: Optional[str] = None
+    position: int = 0
+    closed: bool = False
+    unit: str = "it"
+    format_dict: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MetricReport(RankEvent):
+    """Scalars a rank reported with ``report(step=..., **metrics)``."""
+
+    step: Optional[int]
+    metrics: Dict[str, float]
+    time: float = field(default_factory=time.time)
+
+
+@dataclass
+class RankResult(RankEvent):
+    """The function's return value, cloudpickled in the rank (tensors already moved to CPU)."""
+
+    payload: bytes
+
+
+@dataclass
+class RankFailed(RankEvent):
+    """The function raised. ``exception`` is the cloudpickled exception, or None if it could not be pickled."""
+
+    exc_type: str
+    message: str
+    traceback: str
+    exception: Optional[bytes]
+    time: float = field(default_factory=time.time)
+
+
+@dataclass
+class RankExited(RankEvent):
+    """Made by the supervisor when a rank's process is gone. ``signal_name`` is set when it died by a signal."""
+
+    exitcode: Optional[int]
+    signal_name: Optional[str] = None
+
+
+@dataclass
+class LaunchStarted(RankEvent):
+    """First event of every launch (rank = -1)."""
+
+    world_size: int
+    device: str
+    start_method: str
+    mixed_precision: str = "no"
+    function_name: str = ""
+
+
+@dataclass
+class LaunchFinished(RankEvent):
+    """Last event of every launch (rank = -1).
+
+    ``status`` is one of "finished", "failed", "stopped" (interrupt / Stop button), "timeout".
+    ``root_rank`` is the root-cause rank of a failure; ``error`` a one-line description,
+    ``traceback`` the root cause's remote traceback text when there was one.
+    """
+
+    status: str
+    elapsed: float
+    root_rank: Optional[int] = None
+    error: Optional[str] = None
+    traceback: Optional[str] = None
+    still_running: List[int] = field(default_factory=list)

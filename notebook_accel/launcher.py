@@ -1,0 +1,228 @@
+"""``notebook_launcher``: run a function on N ranks from a notebook cell and bring back what it returns.
+
+The flow: ``plan_launch`` checks every option and pickles the function (errors before any process
+starts) → the kernel hosts the rendezvous store → a backend starts the ranks → the supervisor (or the
+inline backend) turns what they send into events for the view → the outcome is returned or raised.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from .backends.inline import InlineBackend
+from .backends.processes import ProcessBackend
+from .errors import LaunchError, LaunchTimeout, rebuild_exception
+from .events import LaunchFinished, LaunchStarted, OutputLine, RankEvent
+from .plan import LaunchPlan, plan_launch
+from .rendezvous import HostedStore
+from .supervisor import Outcome, Supervisor
+from .views import View, make_view
+
+_NO_RESULT = object()
+
+
+class Launch:
+    """One launch, as a job object: wait on it, stop it, read its output.
+
+    ``notebook_launcher`` makes one and waits in the calling thread; ``start_launch`` runs it in a
+    background thread (the launch panel's Launch button) and returns at once.
+
+    >>> job = start_launch(train, num_processes=2, display="none")   # doctest: +SKIP
+    >>> job.stop(); job.wait()                                        # doctest: +SKIP
+    """
+
+    def __init__(self, plan: LaunchPlan, view: Optional[View] = None) -> None:
+        self.plan = plan
+        self.view: View = view if view is not None else make_view(plan.display)
+        self.status = "starting"           # starting | running | finished | failed | stopped | timeout
+        self.outputs: Dict[int, List[str]] = {rank: [] for rank in range(plan.world_size)}
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
+        self._value: Any = _NO_RESULT
+        self._stop_requested = threading.Event()
+        self._done = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------------------------------------- control
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def stop(self) -> None:
+        """Ask every rank to stop (thread-safe); ``wait`` then raises ``KeyboardInterrupt``."""
+        self._stop_requested.set()
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """Block until the launch ends; return the result or raise the root cause."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the launch is still running after {timeout} s")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def run(self) -> Any:
+        """Run the launch in this thread (``notebook_launcher`` does this)."""
+        try:
+            self._run()
+        finally:
+            self._done.set()
+        return self.wait()
+
+    def run_in_background(self) -> "Launch":
+        self._thread = threading.Thread(target=self._run_quietly, name="notebook_accel-launch", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run_quietly(self) -> None:
+        try:
+            self._run()
+        except BaseException:  # kept in self.error; the thread itself must not print it
+            pass
+        finally:
+            self._done.set()
+
+    # ------------------------------------------------------------------------------------------- the run
+
+    def _deliver(self, event: RankEvent) -> None:
+        if isinstance(event, OutputLine):
+            self.outputs[event.rank].append(event.text)
+        self.view.handle(event)
+
+    def _run(self) -> None:
+        plan = self.plan
+        started = time.monotonic()
+        store = HostedStore(plan.master_addr, plan.use_port, plan.world_size)
+        try:
+            self._deliver(LaunchStarted(rank=-1, world_size=plan.world_size, device=plan.device,
+                                        start_method=plan.start_method, mixed_precision=plan.mixed_precision,
+                                        function_name=plan.function_name))
+            self.status = "running"
+            try:
+                outcome = self._run_backend(store)
+            except KeyboardInterrupt as interrupt:
+                outcome = Outcome("stopped")
+                self.error = interrupt
+            self._finish(outcome, time.monotonic() - started)
+        finally:
+            store.close()
+
+    def _run_backend(self, store: HostedStore) -> Outcome:
+        if self.plan.start_method == "inline":
+            return InlineBackend(self.plan).run(self._deliver, store.env())
+        backend = ProcessBackend(self.plan)
+        try:
+            ranks = backend.start(store.env())
+            supervisor = Supervisor(
+                ranks, self._deliver, self.view.tick, timeout=self.plan.timeout,
+                expect_results=lambda rank: self.plan.return_all or rank == 0,
+                stop_requested=self._stop_requested)
+            return supervisor.run()
+        finally:
+            backend.close()
+
+    def _finish(self, outcome: Outcome, elapsed: float) -> None:
+        """Turn the outcome into ``result`` / ``error`` and tell the view how it ended."""
+        self.status = outcome.status
+        root = outcome.root
+        if outcome.status == "finished":
+            missing = [rank for rank in self._expected_ranks() if rank not in outcome.results]
+            if missing:
+                self.error = LaunchError(f"rank {missing[0]} ended without returning a result", rank=missing[0])
+                self.status = "failed"
+            else:
+                self.result = ([outcome.results[rank] for rank in range(self.plan.world_size)]
+                               if self.plan.return_all else outcome.results[0])
+        elif outcome.status == "failed" and root is not None:
+            self.error = outcome.local_exception or self._root_cause_error(root, outcome)
+        elif outcome.status == "timeout":
+            ranks = ", ".join(str(rank) for rank in outcome.still_running) or "none"
+            self.error = LaunchTimeout(
+                f"the launch ran past timeout={self.plan.timeout:g} s and was stopped; ranks still running: "
+                f"{ranks}", still_running=outcome.still_running)
+        elif outcome.status == "stopped" and self.error is None:
+            self.error = KeyboardInterrupt("the launch was stopped")
+        failure = root.event if root is not None else None
+        self._deliver(LaunchFinished(
+            rank=-1, status=self.status, elapsed=elapsed, root_rank=root.rank if root else None,
+            error=None if self.error is None else _one_line(self.error),
+            traceback=failure.traceback if failure is not None else None,
+            still_running=outcome.still_running))
+
+    def _expected_ranks(self) -> List[int]:
+        return list(range(self.plan.world_size)) if self.plan.return_all else [0]
+
+    def _root_cause_error(self, root, outcome: Outcome) -> BaseException:
+        if root.event is not None:
+            return rebuild_exception(root.event, self.plan.world_size)
+        from .backends.processes import signal_name
+
+        code = outcome.exitcodes.get(root.rank, root.exitcode)
+        name = signal_name(code)
+        how = f"was killed by {name}" if name else f"exited with code {code}"
+        if code == 0:
+            how = "exited with code 0 without returning a result (os._exit?)"
+        tail = self.outputs.get(root.rank, [])[-5:]
+        last = ("; its last output:\n    " + "\n    ".join(tail)) if tail else ""
+        return LaunchError(f"rank {root.rank} {how}{last}", rank=root.rank, exitcode=code, signal_name=name)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
+                      num_processes: Optional[int] = None, *, device: Optional[str] = None,
+                      mixed_precision: str = "no", start_method: str = "auto",
+                      master_addr: str = "127.0.0.1", use_port: Optional[int] = None,
+                      timeout: Optional[float] = None, return_all: bool = False,
+                      display: str = "auto") -> Union[Any, List[Any]]:
+    """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return rank 0's return value.
+
+    Each rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT``, ...), so ``torch.distributed.init_process_group()`` (gloo on CPU, nccl on CUDA),
+    notebook_accel's ``Accelerator`` and HF accelerate work unchanged inside it.
+
+    Args:
+        function: any callable, also one defined in the notebook, a closure or a lambda (it is cloudpickled).
+        args, kwargs: its arguments (``args`` must be a tuple).
+        num_processes: ranks to start; ``None`` = every device of the kind (GPUs, TPU cores), 1 on CPU.
+            One rank runs in the kernel process itself.
+        device: "cuda" | "cpu" | "xla" | "mps" | None (the best one here).
+        mixed_precision: "no" | "fp16" | "bf16", exported as ``ACCELERATE_MIXED_PRECISION``.
+        start_method: "auto" (fork when safe, else a warm forkserver) | "fork" | "forkserver" | "spawn".
+        master_addr, use_port: the rendezvous address; ``use_port=None`` lets the launcher hold a free port.
+        timeout: seconds; past it every rank is stopped and ``LaunchTimeout`` (a ``TimeoutError``) raised.
+        return_all: return a list of every rank's value (by rank) instead of rank 0's.
+        display: "auto" (dashboard in a notebook, text elsewhere) | "widgets" | "text" | "none".
+
+    Raises:
+        The root-cause rank's own exception (with its remote traceback as ``__cause__``), or
+        ``LaunchError`` when a rank died without one; ``KeyboardInterrupt`` when interrupted.
+
+    Example:
+        >>> def train(lr):
+        ...     import torch.distributed as dist
+        ...     dist.init_process_group("gloo")
+        ...     return dist.get_rank() * lr
+        >>> notebook_launcher(train, args=(0.1,), num_processes=2, return_all=True)  # doctest: +SKIP
+        [0.0, 0.1]
+    """
+    plan = plan_launch(function, args, kwargs, num_processes, device=device, mixed_precision=mixed_precision,
+                       start_method=start_method, master_addr=master_addr, use_port=use_port,
+                       timeout=timeout, return_all=return_all, display=display)
+    return Launch(plan).run()
+
+
+def start_launch(function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
+                 num_processes: Optional[int] = None, *, view: Optional[View] = None,
+                 **options: Any) -> Launch:
+    """Like ``notebook_launcher`` but in a background thread: returns a ``Launch`` at once.
+
+    Options are checked (and errors raised) before it returns. One rank runs as a process here, not in
+    the kernel, so that ``Launch.stop()`` can always stop it.
+    """
+    plan = plan_launch(function, args, kwargs, num_processes, allow_inline=False, **options)
+    return Launch(plan, view=view).run_in_background()

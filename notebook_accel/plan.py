@@ -1,0 +1,157 @@
+"""Checking the launcher's options and turning them into a ``LaunchPlan`` — before any process starts."""
+from __future__ import annotations
+
+import multiprocessing
+import numbers
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from . import environment
+from .channel import rank_channel
+from .errors import LaunchConfigError
+from .payload import dumps_payload
+from .views import DISPLAYS
+
+MIXED_PRECISIONS = ("no", "fp16", "bf16")
+START_METHODS = ("auto", "fork", "forkserver", "spawn")
+
+
+@dataclass
+class LaunchPlan:
+    """A validated launch: what runs where, how ranks start, and what comes back."""
+
+    function_name: str
+    payload: bytes
+    world_size: int
+    device: str
+    start_method: str  # "inline" (in the kernel), "fork", "forkserver" or "spawn"
+    mixed_precision: str
+    master_addr: str
+    use_port: Optional[int]
+    timeout: Optional[float]
+    return_all: bool
+    display: str
+
+    def rank_env(self, rank: int, rendezvous_env: Dict[str, str]) -> Dict[str, str]:
+        """The environment of ``rank``: what torchrun sets, plus the precision HF accelerate reads."""
+        env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "GROUP_RANK": "0",
+            "ROLE_RANK": str(rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.world_size),
+            "ACCELERATE_MIXED_PRECISION": self.mixed_precision,
+            "NOTEBOOK_ACCEL_DEVICE": self.device,
+            "NOTEBOOK_ACCEL_MIXED_PRECISION": self.mixed_precision,
+        }
+        if self.device == "cpu":
+            env["ACCELERATE_USE_CPU"] = "true"
+            # As torchrun does: N ranks sharing the cores must not each start a thread per core.
+            env["OMP_NUM_THREADS"] = str(max(1, environment.cpu_count() // self.world_size))
+        env.update(rendezvous_env)
+        return env
+
+
+def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_processes: Any = None, *,
+                device: Any = None, mixed_precision: Any = "no", start_method: Any = "auto",
+                master_addr: Any = "127.0.0.1", use_port: Any = None, timeout: Any = None,
+                return_all: Any = False, display: Any = "auto", allow_inline: bool = True) -> LaunchPlan:
+    """Validate every option and serialize the function; raise a clear error on the first bad one."""
+    if rank_channel() is not None:
+        raise RuntimeError("notebook_launcher was called inside a launched rank; launches cannot be nested")
+    if not callable(function):
+        raise TypeError(f"function must be callable, got {type(function).__name__}: {function!r}")
+    if not isinstance(args, tuple):
+        raise TypeError(f"args must be a tuple, got {type(args).__name__}; for one argument write args=(x,)")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
+        raise TypeError(f"kwargs must be a dict of str keys or None, got {type(kwargs).__name__}")
+    _check_choice("mixed_precision", mixed_precision, MIXED_PRECISIONS)
+    _check_choice("start_method", start_method, START_METHODS)
+    _check_choice("display", display, DISPLAYS)
+    if device is not None:
+        _check_choice("device", device, environment.DEVICES)
+    if not isinstance(return_all, bool):
+        raise TypeError(f"return_all must be True or False, got {return_all!r}")
+    if not isinstance(master_addr, str) or not master_addr:
+        raise TypeError(f"master_addr must be a host name or address string, got {master_addr!r}")
+    if use_port is not None and (not _is_int(use_port) or not 0 < use_port < 65536):
+        raise LaunchConfigError(f"use_port must be None or a port number in 1..65535, got {use_port!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)
+                                or not timeout > 0):
+        raise LaunchConfigError(f"timeout must be None or a positive number of seconds, got {timeout!r}")
+
+    device = device or environment.best_device()
+    available = _check_device(device)
+    world_size = _resolve_world_size(num_processes, device, available)
+    if mixed_precision == "fp16" and device in ("cpu", "mps"):
+        raise LaunchConfigError(f"mixed_precision='fp16' needs CUDA; on {device.upper()} use 'bf16'")
+    # One rank runs in the kernel itself (no process to start) unless a start method was asked for, or the
+    # launch runs in a background thread, where an in-kernel run could not be stopped.
+    inline = (allow_inline and world_size == 1 and start_method == "auto"
+              and threading.current_thread() is threading.main_thread())
+    method = "inline" if inline else _resolve_start_method(start_method)
+
+    return LaunchPlan(
+        function_name=getattr(function, "__qualname__", type(function).__name__),
+        payload=dumps_payload(function, args, kwargs),
+        world_size=world_size, device=device, start_method=method, mixed_precision=mixed_precision,
+        master_addr=master_addr, use_port=use_port, timeout=None if timeout is None else float(timeout),
+        return_all=return_all, display=display,
+    )
+
+
+def _check_choice(name: str, value: Any, valid: Tuple[str, ...]) -> None:
+    if value not in valid:
+        choices = ", ".join(repr(choice) for choice in valid)
+        raise LaunchConfigError(f"{name}={value!r} is not one of {choices}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_device(device: str) -> int:
+    """How many ranks ``device`` can host, or a clear error when it is not here."""
+    if device == "xla":
+        if not environment.torch_xla_importable():
+            raise LaunchConfigError(
+                "device='xla' needs torch_xla, which is not installed. On Colab/Kaggle TPU runtimes it "
+                "comes preinstalled; elsewhere see https://github.com/pytorch/xla#installation")
+        raise LaunchConfigError("device='xla': TPU launches are not supported by this version of "
+                                "notebook_accel yet; use device='cpu' or 'cuda'")
+    info = environment.describe(device)
+    if info.count < 1:
+        raise LaunchConfigError(f"device={device!r} was asked for, but none is available here")
+    return info.count
+
+
+def _resolve_world_size(num_processes: Any, device: str, available: int) -> int:
+    if num_processes is None:
+        return 1 if device == "cpu" else available
+    if not _is_int(num_processes) or num_processes < 1:
+        raise LaunchConfigError(f"num_processes must be a positive int or None, got {num_processes!r}")
+    if num_processes > available:
+        unit = "CPU cores" if device == "cpu" else f"{device} devices"
+        raise LaunchConfigError(f"num_processes={num_processes} is more than the {available} {unit} here")
+    return int(num_processes)
+
+
+def _resolve_start_method(start_method: str) -> str:
+    """"auto": fork when safe (fastest), else a forkserver that keeps torch preloaded (warm after once)."""
+    safe, reason = environment.fork_safety()
+    available = multiprocessing.get_all_start_methods()
+    if start_method == "auto":
+        if safe:
+            return "fork"
+        return "forkserver" if "forkserver" in available else "spawn"
+    if start_method == "fork" and not safe:
+        raise LaunchConfigError(f"start_method='fork' is not safe here: {reason}. "
+                                f"Use start_method='auto' (forkserver) or 'spawn'")
+    if start_method not in available:
+        raise LaunchConfigError(f"start_method={start_method!r} is not available on this platform "
+                                f"(available: {', '.join(available)})")
+    return start_method

@@ -1,0 +1,284 @@
+"""Kernel side of a process launch: read every rank's pipes and sentinel, fail fast, stop, clean up.
+
+One loop in one thread (the kernel's main thread for ``notebook_launcher``, so Ctrl-C / Jupyter's interrupt
+arrive here as ``KeyboardInterrupt``). It turns bytes into events for the view, decides the root cause of
+a failure, and guarantees that when it returns every rank and everything they started is gone.
+"""
+from __future__ import annotations
+
+import codecs
+import os
+import pickle
+import re
+import selectors
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+from .backends.processes import RankProcess, signal_name
+from .channel import EventDecoder
+from .errors import LaunchError
+from .events import OutputLine, RankEvent, RankExited, RankFailed, RankResult
+
+TICK_SECONDS = 0.1          # view.tick() cadence, and the longest the loop sleeps
+ROOT_CAUSE_WINDOW = 0.25    # after a first failure, how long to collect others before naming the root cause
+TERMINATE_GRACE = 1.0       # SIGTERM, then SIGKILL after this
+DRAIN_AFTER_EXIT = 1.0      # how long to wait for pipe EOF once a rank is gone (its children may hold them)
+_READ_BYTES = 1 << 16
+
+# Errors a rank raises *because* a peer died or was stopped: never the root cause when another exists.
+_COLLATERAL = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|EPIPE|"
+    r"NCCL communicator was aborted|ProcessGroupNCCL.*(abort|timeout)|Socket Timeout|"
+    r"Connection refused|DistNetworkError|DistBackendError|Read error|recvValue failed",
+    re.IGNORECASE)
+
+
+@dataclass
+class Failure:
+    """One candidate for the root cause: an exception a rank sent, or a death without one."""
+
+    rank: int
+    time: float
+    event: Optional[RankFailed] = None   # None: died without an exception
+    exitcode: Optional[int] = None
+
+    @property
+    def collateral(self) -> bool:
+        return self.event is not None and bool(_COLLATERAL.search(self.event.message + self.event.exc_type))
+
+
+@dataclass
+class Outcome:
+    """How a launch ended. ``status``: finished | failed | stopped | timeout."""
+
+    status: str
+    results: Dict[int, Any] = field(default_factory=dict)      # decoded return values, by rank
+    root: Optional[Failure] = None
+    still_running: List[int] = field(default_factory=list)
+    exitcodes: Dict[int, Optional[int]] = field(default_factory=dict)
+    local_exception: Optional[BaseException] = None            # inline runs keep the exception object
+
+
+class _RankState:
+    def __init__(self, handle: RankProcess) -> None:
+        self.handle = handle
+        self.open_fds = {handle.stdout_fd: "stdout", handle.stderr_fd: "stderr", handle.events_fd: "events"}
+        self.decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")}
+        self.partial = {"stdout": "", "stderr": "", }
+        self.events = EventDecoder()
+        self.exited_at: Optional[float] = None
+        self.exitcode: Optional[int] = None
+        self.failed: Optional[RankFailed] = None
+        self.result: Optional[bytes] = None
+        self.stopped_by_us = False
+
+    @property
+    def done(self) -> bool:
+        return self.exited_at is not None and not self.open_fds
+
+
+class Supervisor:
+    """Runs the loop for ``ranks`` until all are gone; ``deliver`` receives every event in order."""
+
+    def __init__(self, ranks: List[RankProcess], deliver: Callable[[RankEvent], None], tick: Callable[[], None],
+                 *, timeout: Optional[float], expect_results: Callable[[int], bool],
+                 stop_requested: threading.Event) -> None:
+        self.ranks = {handle.rank: _RankState(handle) for handle in ranks}
+        self.deliver = deliver
+        self.tick = tick
+        self.timeout = timeout
+        self.expect_result = expect_results
+        self.stop_requested = stop_requested
+        self.selector = selectors.DefaultSelector()
+        for state in self.ranks.values():
+            for fd in state.open_fds:
+                self.selector.register(fd, selectors.EVENT_READ, (state, "pipe"))
+            self.selector.register(state.handle.process.sentinel, selectors.EVENT_READ, (state, "exit"))
+        self.failures: List[Failure] = []
+        self.status: Optional[str] = None       # set once we decided to stop: failed | stopped | timeout
+        self.still_running: List[int] = []
+        self._terminated_at: Optional[float] = None
+        self._killed = False
+
+    # ------------------------------------------------------------------------------------------ main loop
+
+    def run(self) -> Outcome:
+        """Block until every rank is gone. On KeyboardInterrupt: stop all ranks, then re-raise it."""
+        started = time.monotonic()
+        deadline = None if self.timeout is None else started + self.timeout
+        try:
+            while not all(state.done for state in self.ranks.values()):
+                self._poll(TICK_SECONDS)
+                self._decide(deadline)
+                self.tick()
+        except KeyboardInterrupt:
+            self._interrupt_cleanup()
+            raise
+        finally:
+            self.selector.close()
+        return self._outcome()
+
+    def _poll(self, wait: float) -> None:
+        for key, _ in self.selector.select(wait):
+            state, kind = key.data
+            if kind == "pipe":
+                self._read(state, key.fd)
+            else:
+                self._on_exit(state)
+
+    def _decide(self, deadline: Optional[float]) -> None:
+        now = time.monotonic()
+        if self.status is None:
+            if self.stop_requested.is_set():
+                self._stop("stopped")
+            elif self.failures and now - self.failures[0].time >= ROOT_CAUSE_WINDOW:
+                self._stop("failed")
+            elif self.failures and all(s.exited_at is not None for s in self.ranks.values()):
+                self.status = "failed"
+            elif deadline is not None and now >= deadline:
+                self._stop("timeout")
+        if self._terminated_at is not None and not self._killed and now - self._terminated_at >= TERMINATE_GRACE:
+            self._signal_alive(signal.SIGKILL)
+            self._killed = True
+        for state in self.ranks.values():  # children of a dead rank may keep its pipes open: stop waiting
+            if state.exited_at is not None and state.open_fds and now - state.exited_at >= DRAIN_AFTER_EXIT:
+                for fd in list(state.open_fds):
+                    self._close_fd(state, fd)
+
+    # ------------------------------------------------------------------------------------------- reading
+
+    def _read(self, state: _RankState, fd: int) -> None:
+        try:
+            chunk = os.read(fd, _READ_BYTES)
+        except OSError:
+            chunk = b""
+        name = state.open_fds[fd]
+        if name == "events":
+            for event in state.events.feed(chunk):
+                self._on_event(state, event)
+        else:
+            self._on_output(state, name, chunk)
+        if not chunk:
+            self._close_fd(state, fd)
+
+    def _on_output(self, state: _RankState, stream: str, chunk: bytes) -> None:
+        text = state.partial[stream] + state.decoders[stream].decode(chunk, final=not chunk)
+        lines = text.split("\n")
+        state.partial[stream] = lines.pop() if chunk else ""
+        if not chunk and lines and lines[-1] == "":  # EOF right after a newline: no extra empty line
+            lines.pop()
+        rank = state.handle.rank
+        for line in lines:
+            self.deliver(OutputLine(rank=rank, stream=stream, text=line.rstrip("\r")))
+
+    def _on_event(self, state: _RankState, event: RankEvent) -> None:
+        if isinstance(event, RankResult):
+            state.result = event.payload
+        elif isinstance(event, RankFailed):
+            state.failed = event
+            if self.status is None:
+                if _is_interrupt(event):  # Jupyter's interrupt reached the rank too: the launch is stopped
+                    self._stop("stopped")
+                else:
+                    self.failures.append(Failure(state.handle.rank, time.monotonic(), event=event))
+        self.deliver(event)
+
+    def _on_exit(self, state: _RankState) -> None:
+        handle = state.handle
+        self.selector.unregister(handle.process.sentinel)
+        # Still unreaped: its process group id cannot be reused yet. Kill whatever the rank left running.
+        handle.signal_group(signal.SIGKILL)
+        handle.process.join()
+        state.exitcode = handle.process.exitcode
+        state.exited_at = time.monotonic()
+        # Read what the rank sent before dying, so an exception it managed to send is not mistaken for a
+        # silent death.
+        while handle.events_fd in state.open_fds and self._fd_ready(handle.events_fd):
+            self._read(state, handle.events_fd)
+        self.deliver(RankExited(rank=handle.rank, exitcode=state.exitcode, signal_name=signal_name(state.exitcode)))
+        silent = state.failed is None and (state.exitcode != 0 or
+                                           (state.result is None and self.expect_result(handle.rank)))
+        if silent and self.status is None and not state.stopped_by_us:
+            self.failures.append(Failure(handle.rank, state.exited_at, exitcode=state.exitcode))
+
+    def _fd_ready(self, fd: int) -> bool:
+        import select
+
+        return bool(select.select([fd], [], [], 0)[0])
+
+    def _close_fd(self, state: _RankState, fd: int) -> None:
+        name = state.open_fds.pop(fd)
+        if name != "events" and state.partial[name]:
+            self.deliver(OutputLine(rank=state.handle.rank, stream=name, text=state.partial[name]))
+            state.partial[name] = ""
+        self.selector.unregister(fd)
+        os.close(fd)
+
+    # ------------------------------------------------------------------------------------------- stopping
+
+    def _stop(self, status: str) -> None:
+        self.status = status
+        self.still_running = [rank for rank, s in self.ranks.items() if s.exited_at is None]
+        for rank in self.still_running:
+            self.ranks[rank].stopped_by_us = True
+        self._signal_alive(signal.SIGTERM)
+        self._terminated_at = time.monotonic()
+
+    def _signal_alive(self, sig: int) -> None:
+        for state in self.ranks.values():
+            if state.exited_at is None:
+                state.handle.signal_group(sig)
+
+    def _interrupt_cleanup(self) -> None:
+        """Ctrl-C: stop everything now; a second Ctrl-C during this is ignored until the ranks are gone."""
+        previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+        if previous is not None:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self.status = "stopped"
+            if self._terminated_at is None:
+                self._stop("stopped")
+            end = time.monotonic() + TERMINATE_GRACE + DRAIN_AFTER_EXIT + 1.0
+            while not all(state.done for state in self.ranks.values()) and time.monotonic() < end:
+                self._poll(TICK_SECONDS)
+                self._decide(None)
+        finally:
+            self._signal_alive(signal.SIGKILL)
+            for state in self.ranks.values():
+                state.handle.process.join(1.0)
+                for fd in list(state.open_fds):
+                    self._close_fd(state, fd)
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+    # -------------------------------------------------------------------------------------------- outcome
+
+    def _outcome(self) -> Outcome:
+        exitcodes = {rank: state.exitcode for rank, state in self.ranks.items()}
+        results = {rank: _decode_result(rank, state.result) for rank, state in self.ranks.items()
+                   if state.result is not None}
+        if self.failures and self.status in (None, "failed"):
+            return Outcome("failed", results, root=choose_root_cause(self.failures), exitcodes=exitcodes)
+        return Outcome(self.status or "finished", results, still_running=self.still_running, exitcodes=exitcodes)
+
+
+def choose_root_cause(failures: List[Failure]) -> Failure:
+    """The earliest failure that is not a peer's reaction to another failure (gloo's "Connection closed
+    by peer" after a rank died); the earliest of all when every one looks collateral."""
+    primary = [failure for failure in failures if not failure.collateral]
+    return min(primary or failures, key=lambda failure: failure.time)
+
+
+def _is_interrupt(event: RankFailed) -> bool:
+    return event.exc_type == "builtins.KeyboardInterrupt"
+
+
+def _decode_result(rank: int, payload: bytes) -> Any:
+    try:
+        return pickle.loads(payload)
+    except Exception as err:
+        raise LaunchError(f"the return value of rank {rank} could not be unpickled in the kernel: "
+                          f"{type(err).__name__}: {err}", rank=rank) from err

@@ -1,0 +1,240 @@
+"""What runs inside a rank: bind to the launch, capture output at the fd level, run the function, report.
+
+Knows nothing about display. Everything the rank tells the kernel goes through its event pipe
+(``notebook_accel.channel``) or through fds 1/2, which are pipes the kernel drains.
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import io
+import os
+import signal
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from .channel import EventSender, set_rank_channel
+from .events import RankFailed, RankResult, RankStarted
+
+# Written into os.environ of every rank, so that code made for torchrun or HF accelerate works unchanged.
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                      "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass
+class RankSpec:
+    """Everything a rank needs. Plain data: it is pickled for spawn/forkserver, inherited for fork.
+
+    The ``*_fd`` fields are ``backends.processes.PassedFd`` objects: pipe ends that multiprocessing
+    duplicates into a spawned or forkserver child, and that a forked child simply inherits.
+    """
+
+    rank: int
+    world_size: int
+    env: Dict[str, str]
+    payload: bytes
+    send_result: bool
+    stdout_fd: Any
+    stderr_fd: Any
+    events_fd: Any
+    lifeline_fd: Any
+    # fork only: kernel-side fds the child inherited and must close (read ends, the lifeline's write end).
+    inherited_fds: List[int] = field(default_factory=list)
+
+
+def rank_main(spec: RankSpec) -> None:
+    """Entry point of every rank process (the ``target`` of the multiprocessing Process)."""
+    _detach_from_kernel_signals()
+    _die_with_launcher(spec)
+    for fd in spec.inherited_fds:
+        _close_quietly(fd)
+    os.environ.update(spec.env)
+    _capture_output(_take_fd(spec.stdout_fd), _take_fd(spec.stderr_fd))
+    sender = EventSender(_take_fd(spec.events_fd), spec.rank)
+    sender.send(RankStarted(rank=spec.rank, pid=os.getpid()))
+    exit_code = run_function(spec.payload, sender, spec.send_result)
+    _flush_streams()
+    sender.close()
+    # os._exit: a forked rank must not run the kernel's atexit handlers (ipykernel, zmq) it inherited.
+    os._exit(exit_code)
+
+
+def run_function(payload: bytes, sender, send_result: bool) -> int:
+    """Unpickle and run the user's function; send its result or its failure. Returns the exit code."""
+    from .payload import loads_payload
+    from .progress import patch_tqdm
+
+    set_rank_channel(sender)
+    patch_tqdm()
+    try:
+        function, args, kwargs = loads_payload(payload)
+        value = function(*args, **kwargs)
+        if send_result:
+            sender.send(RankResult(rank=sender.rank, payload=dumps_result(value)))
+        return 0
+    except SystemExit as exc:
+        if exc.code in (None, 0):  # sys.exit() / sys.exit(0) inside the function: a normal end, no value
+            if send_result:
+                sender.send(RankResult(rank=sender.rank, payload=dumps_result(None)))
+            return 0
+        sender.send(failure_event(sender.rank, exc))
+        return 1
+    except BaseException as exc:  # KeyboardInterrupt too: the kernel decides whether it was an interrupt
+        sender.send(failure_event(sender.rank, exc))
+        return 1
+
+
+def dumps_result(value: Any) -> bytes:
+    """cloudpickle the return value with tensors moved to CPU, so the kernel never touches a device."""
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(to_cpu(value))
+    except Exception as err:
+        raise TypeError(
+            f"the function's return value ({type(value).__name__}) cannot be sent back to the kernel: "
+            f"{type(err).__name__}: {err}. Return plain data, tensors or a state_dict instead."
+        ) from err
+
+
+def to_cpu(value: Any) -> Any:
+    """``value`` with every tensor (in dicts, lists, tuples, namedtuples) detached and moved to CPU."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        moved = {key: to_cpu(item) for key, item in value.items()}
+        try:
+            return type(value)(moved)  # OrderedDict, state_dict's own class
+        except TypeError:  # e.g. defaultdict, whose first argument is a factory
+            return moved
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(to_cpu(item) for item in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu(item) for item in value)
+    return value
+
+
+def failure_event(rank: int, exc: BaseException) -> RankFailed:
+    """A ``RankFailed`` for ``exc``, pickling the exception itself when possible."""
+    import cloudpickle
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        # Without its traceback (frames do not pickle) and cause chain (may hold unpicklable objects).
+        exc_copy_cause, exc_copy_context = exc.__cause__, exc.__context__
+        exc.__cause__ = exc.__context__ = None
+        try:
+            pickled: Optional[bytes] = cloudpickle.dumps(exc.with_traceback(None))
+        finally:
+            exc.__cause__, exc.__context__ = exc_copy_cause, exc_copy_context
+    except Exception:
+        pickled = None
+    return RankFailed(rank=rank, exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                      message=str(exc), traceback=text, exception=pickled)
+
+
+# --------------------------------------------------------------------------------------------- process set-up
+
+def _detach_from_kernel_signals() -> None:
+    """Own session: Jupyter's interrupt (SIGINT to the kernel's process group) reaches only the launcher,
+    which then stops the ranks, and the launcher can kill a rank's whole group (its subprocesses too)."""
+    try:
+        os.setsid()
+    except OSError:  # already a group leader
+        pass
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _die_with_launcher(spec: RankSpec) -> None:
+    """No orphans: die when the launching kernel dies, even by SIGKILL.
+
+    PR_SET_PDEATHSIG covers fork and spawn (the kernel is the parent); a forkserver rank's parent is the
+    fork server, so a lifeline pipe covers all three: the kernel holds its only write end, and EOF on the
+    read end means the kernel is gone.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            pr_set_pdeathsig = 1
+            libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        except Exception:
+            pass
+    lifeline = _take_fd(spec.lifeline_fd)
+
+    def watch() -> None:
+        try:
+            while os.read(lifeline, 1):
+                pass
+        except OSError:
+            pass
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="notebook_accel-lifeline", daemon=True).start()
+
+
+def _take_fd(passed: Any) -> int:
+    """The fd number behind a ``PassedFd`` (or a plain int)."""
+    return passed if isinstance(passed, int) else passed.fd
+
+
+def _capture_output(stdout_fd: int, stderr_fd: int) -> None:
+    """Put the kernel's pipes on fds 1/2, so C/C++ and subprocess output is captured too; line-buffer all."""
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    os.close(stdout_fd)
+    os.close(stderr_fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    # A forked rank inherited ipykernel's OutStream objects; replace them with writers on the real fds.
+    sys.stdout = sys.__stdout__ = _line_writer(1)
+    sys.stderr = sys.__stderr__ = _line_writer(2)
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)
+    faulthandler.enable(file=sys.stderr)  # a segfault prints its Python stack on the captured stderr
+    _line_buffer_c_stdio()
+    os.environ["PYTHONUNBUFFERED"] = "1"  # Python subprocesses of the rank flush each line too
+
+
+def _line_writer(fd: int) -> io.TextIOWrapper:
+    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                            errors="backslashreplace", line_buffering=True)
+
+
+def _line_buffer_c_stdio() -> None:
+    """C stdio fully buffers a pipe; line-buffer it so printf output is not lost if the rank crashes."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        line_buffered = 1  # _IOLBF
+        for name in ("stdout", "stderr"):
+            stream = ctypes.c_void_p.in_dll(libc, name)
+            libc.setvbuf(stream, None, line_buffered, 0)
+    except Exception:
+        pass
+
+
+def _flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except Exception:
+        pass
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
