@@ -20,6 +20,7 @@ from .supervisor import Outcome, Supervisor
 from .views import View, make_view
 
 _NO_RESULT = object()
+_TAIL_LINES = 25  # last output lines of a rank that died without an exception, quoted in the LaunchError
 
 
 class Launch:
@@ -163,7 +164,7 @@ class Launch:
         how = f"was killed by {name}" if name else f"exited with code {code}"
         if code == 0:
             how = "exited with code 0 without returning a result (os._exit?)"
-        tail = self.outputs.get(root.rank, [])[-5:]
+        tail = self.outputs.get(root.rank, [])[-_TAIL_LINES:]
         last = ("; its last output:\n    " + "\n    ".join(tail)) if tail else ""
         return LaunchError(f"rank {root.rank} {how}{last}", rank=root.rank, exitcode=code, signal_name=name)
 

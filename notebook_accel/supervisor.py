@@ -125,7 +125,8 @@ class Supervisor:
         for key, _ in self.selector.select(wait):
             state, kind = key.data
             if kind == "pipe":
-                self._read(state, key.fd)
+                if key.fd in state.open_fds:  # not already drained to EOF earlier in this batch
+                    self._read(state, key.fd)
             else:
                 self._on_exit(state)
 

@@ -68,8 +68,8 @@ def run_function(payload: bytes, sender, send_result: bool) -> int:
     from .progress import patch_tqdm
 
     set_rank_channel(sender)
-    patch_tqdm()
     try:
+        patch_tqdm()
         function, args, kwargs = loads_payload(payload)
         value = function(*args, **kwargs)
         if send_result:
@@ -194,12 +194,26 @@ def _capture_output(stdout_fd: int, stderr_fd: int) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     # A forked rank inherited ipykernel's OutStream objects; replace them with writers on the real fds.
+    replaced = {id(sys.stdout): 1, id(sys.__stdout__): 1, id(sys.stderr): 2, id(sys.__stderr__): 2}
     sys.stdout = sys.__stdout__ = _line_writer(1)
     sys.stderr = sys.__stderr__ = _line_writer(2)
+    _rebind_logging_handlers(replaced)
     sys.stdin = sys.__stdin__ = open(0, closefd=False)
     faulthandler.enable(file=sys.stderr)  # a segfault prints its Python stack on the captured stderr
     _line_buffer_c_stdio()
     os.environ["PYTHONUNBUFFERED"] = "1"  # Python subprocesses of the rank flush each line too
+
+
+def _rebind_logging_handlers(replaced: Dict[int, int]) -> None:
+    """Logging handlers the kernel set up before the fork still hold its old streams: point them at ours."""
+    import logging
+
+    loggers = [logging.getLogger()] + [logger for logger in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(logger, logging.Logger)]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and id(handler.stream) in replaced:
+                handler.stream = sys.stdout if replaced[id(handler.stream)] == 1 else sys.stderr
 
 
 def _line_writer(fd: int) -> io.TextIOWrapper:

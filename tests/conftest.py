@@ -1,0 +1,58 @@
+"""Shared fixtures: every test must leave no process and no temp file behind."""
+from __future__ import annotations
+
+import multiprocessing.process
+import os
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def is_kept_helper(process: psutil.Process) -> bool:
+    """multiprocessing's fork server and resource tracker stay up on purpose (warm second launch);
+    they belong to this process and exit with it."""
+    try:
+        command = " ".join(process.cmdline())
+    except psutil.Error:
+        return True
+    return "multiprocessing.forkserver" in command or "multiprocessing.resource_tracker" in command
+
+
+def leftover_children(timeout: float = 5.0):
+    """Children of this process still alive after ``timeout`` (zombies and kept helpers excluded)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and not is_kept_helper(child):
+                    alive.append(child)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def temp_entries():
+    kept = multiprocessing.process.current_process()._config.get("tempdir")  # the fork server's socket dir
+    return {name for name in os.listdir(tempfile.gettempdir())
+            if os.path.join(tempfile.gettempdir(), name) != kept}
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    """Fail a test that leaves a child process or a new temp file/dir behind."""
+    before = temp_entries()
+    yield
+    alive = leftover_children()
+    for child in alive:
+        child.kill()
+    assert not alive, f"processes left running: {[(c.pid, c.cmdline()) for c in alive]}"
+    new = {name for name in temp_entries() - before if not name.startswith("pytest-of-")}
+    assert not new, f"temp entries left behind: {sorted(new)}"

@@ -1,0 +1,26 @@
+"""Run a launcher script in a fresh Python process, as a notebook kernel or a user's script would."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def script_env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def start_script(code: str, **popen_options) -> subprocess.Popen:
+    """Start ``python -c code`` (the code's functions live in ``__main__``, as in a notebook)."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=script_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_options)
+
+
+def run_script(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=script_env(),
+                          capture_output=True, text=True, timeout=timeout)

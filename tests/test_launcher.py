@@ -1,0 +1,274 @@
+"""notebook_launcher with real processes and real gloo: results, env, start methods, output, failures."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from notebook_accel import LaunchError, notebook_launcher
+from notebook_accel.launcher import start_launch
+
+pytestmark = pytest.mark.timeout(120)
+
+START_METHODS = ["fork", "forkserver", "spawn"]
+
+
+def all_reduce_rank_sum():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    value = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    env = {key: os.environ[key] for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                            "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+                                            "ACCELERATE_MIXED_PRECISION")}
+    dist.destroy_process_group()
+    return env, value.item(), os.getpid()
+
+
+def test_env_and_gloo_all_reduce_across_two_ranks():
+    results = notebook_launcher(all_reduce_rank_sum, num_processes=2, display="none", return_all=True,
+                                mixed_precision="bf16")
+    assert [env["RANK"] for env, _, _ in results] == ["0", "1"]
+    assert [env["LOCAL_RANK"] for env, _, _ in results] == ["0", "1"]
+    for env, total, pid in results:
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
+        assert env["GROUP_RANK"] == "0"
+        assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+        assert total == 3.0
+        assert pid != os.getpid()
+    assert results[0][2] != results[1][2]
+
+
+def tensor_and_rank(scale):
+    return {"rank": int(os.environ["RANK"]), "weights": torch.full((3,), float(os.environ["RANK"])) * scale}
+
+
+def test_return_values_rank0_by_default_and_all_on_request():
+    only_rank0 = notebook_launcher(tensor_and_rank, args=(2.0,), num_processes=2, display="none")
+    assert only_rank0["rank"] == 0
+    everyone = notebook_launcher(tensor_and_rank, kwargs={"scale": 3.0}, num_processes=2, display="none",
+                                 return_all=True)
+    assert [value["rank"] for value in everyone] == [0, 1]
+    assert torch.equal(everyone[1]["weights"], torch.full((3,), 3.0))
+    assert everyone[1]["weights"].device.type == "cpu"
+
+
+def test_one_process_runs_in_the_kernel_itself():
+    value = notebook_launcher(lambda: (os.getpid(), os.environ["RANK"], os.environ["WORLD_SIZE"]),
+                              num_processes=1, display="none")
+    assert value == (os.getpid(), "0", "1")
+    assert "RANK" not in os.environ or os.environ["RANK"] != "0"  # the kernel's env is restored
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_closures_and_lambdas_with_every_start_method(start_method):
+    offset = 10
+    captured = torch.arange(4.0)
+
+    def closure(factor):
+        return float(captured.sum()) * factor + offset + int(os.environ["RANK"])
+
+    assert notebook_launcher(closure, args=(2,), num_processes=2, start_method=start_method,
+                             display="none", return_all=True) == [22.0, 23.0]
+    assert notebook_launcher(lambda: os.environ["WORLD_SIZE"], num_processes=2, start_method=start_method,
+                             display="none") == "2"
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_functions_defined_in_main_like_a_notebook(start_method):
+    from scripts import run_script
+
+    done = run_script(f"""
+        import os
+        from notebook_accel import notebook_launcher
+        BASE = 5
+
+        class Box:
+            def __init__(self, value):
+                self.value = value
+
+        def train(box):
+            return Box(box.value + BASE + int(os.environ["RANK"]))
+
+        if __name__ == "__main__":
+            boxes = notebook_launcher(train, args=(Box(1),), num_processes=2, start_method={start_method!r},
+                                      display="none", return_all=True)
+            print("VALUES", [box.value for box in boxes])
+    """)
+    assert done.returncode == 0, done.stderr
+    assert "VALUES [6, 7]" in done.stdout
+
+
+def many_lines(count):
+    import sys
+
+    rank = os.environ["RANK"]
+    for index in range(count):
+        print(f"line {index} from {rank}")
+    sys.stderr.write(f"done {rank}\n")
+
+
+def test_every_printed_line_arrives_labelled_and_in_order(capsys):
+    count = 20_000
+    notebook_launcher(many_lines, args=(count,), num_processes=2, display="text")
+    out, err = capsys.readouterr()
+    for rank in (0, 1):
+        lines = [line for line in out.splitlines() if line.startswith(f"[rank {rank}] ")]
+        assert lines == [f"[rank {rank}] line {index} from {rank}" for index in range(count)]
+        assert f"[rank {rank}] done {rank}" in err.splitlines()
+
+
+def fd_level_writes():
+    import ctypes
+    import subprocess
+
+    rank = os.environ["RANK"]
+    os.write(1, f"raw fd write {rank}\n".encode())
+    ctypes.CDLL(None).printf(f"C printf {rank}\n".encode())
+    subprocess.run(["sh", "-c", f"echo subprocess stdout {rank}; echo subprocess stderr {rank} >&2"], check=True)
+    import logging
+
+    logger = logging.getLogger("made_in_rank")
+    logger.addHandler(logging.StreamHandler())
+    logger.setLevel(logging.INFO)
+    logger.info("logging %s", rank)
+    logging.getLogger("made_in_kernel").info("inherited handler %s", rank)
+    print("no newline at the end", end="")
+
+
+def test_fd_level_output_from_c_and_subprocesses_is_captured():
+    import logging
+    import sys
+
+    # A handler the "kernel" configured before the launch: a forked rank must not write to the dead stream.
+    kernel_logger = logging.getLogger("made_in_kernel")
+    handler = logging.StreamHandler(sys.stderr)
+    kernel_logger.addHandler(handler)
+    kernel_logger.setLevel(logging.INFO)
+    try:
+        job = start_launch(fd_level_writes, num_processes=2, display="none", start_method="fork")
+        job.wait(60)
+    finally:
+        kernel_logger.removeHandler(handler)
+    for rank in (0, 1):
+        lines = job.outputs[rank]
+        for expected in (f"raw fd write {rank}", f"C printf {rank}", f"subprocess stdout {rank}",
+                         f"subprocess stderr {rank}", f"logging {rank}", f"inherited handler {rank}",
+                         "no newline at the end"):
+            assert expected in lines, (expected, lines)
+
+
+def fail_on_rank_one():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        time.sleep(0.5)
+        raise ValueError(f"bad batch at {time.time()!r}")
+    dist.barrier()  # rank 0 waits here for a peer that never comes
+    return "unreachable"
+
+
+def test_exception_on_one_rank_is_the_root_cause_and_stops_the_others():
+    with pytest.raises(ValueError, match="bad batch") as caught:
+        notebook_launcher(fail_on_rank_one, num_processes=2, display="none")
+    raised_at = time.time()
+    failed_at = float(str(caught.value).split(" at ")[1])
+    assert raised_at - failed_at < 3.0, "the failure took too long to reach the kernel"
+    assert caught.value.rank == 1
+    assert "raise ValueError" in str(caught.value.__cause__)  # the remote traceback is attached
+    assert any("rank 1 of 2" in note for note in caught.value.__notes__)
+
+
+def dies_without_exception(how):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        print("last words before", how, flush=True)
+        if how == "os._exit":
+            os._exit(3)
+        if how == "SIGKILL":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if how == "segfault":
+            import ctypes
+
+            ctypes.string_at(0)
+    dist.barrier()
+
+
+@pytest.mark.parametrize("how, exitcode, signal_name", [("os._exit", 3, None), ("SIGKILL", -9, "SIGKILL"),
+                                                        ("segfault", -11, "SIGSEGV")])
+def test_rank_dying_without_exception_raises_launch_error(how, exitcode, signal_name):
+    job = start_launch(dies_without_exception, args=(how,), num_processes=2, display="none")
+    with pytest.raises(LaunchError) as caught:
+        job.wait(60)
+    error = caught.value
+    assert (error.rank, error.exitcode, error.signal_name) == (1, exitcode, signal_name)
+    assert f"last words before {how}" in job.outputs[1]  # its last output is not lost
+    if how == "segfault":  # faulthandler's report of where it crashed is quoted in the error
+        assert "Fatal Python error: Segmentation fault" in job.outputs[1]
+        assert "in dies_without_exception" in str(error)
+    else:
+        assert f"last words before {how}" in str(error)
+
+
+def hang_on_rank_one():
+    if os.environ["RANK"] == "1":
+        time.sleep(600)
+    return "rank 0 is done"
+
+
+def test_timeout_stops_every_rank_and_names_the_hung_ones():
+    from notebook_accel import LaunchTimeout
+
+    started = time.monotonic()
+    with pytest.raises(LaunchTimeout, match="ranks still running: 1") as caught:
+        notebook_launcher(hang_on_rank_one, num_processes=2, timeout=2, display="none")
+    assert isinstance(caught.value, TimeoutError)
+    assert caught.value.still_running == [1]
+    assert time.monotonic() - started < 30
+
+
+def test_launch_panel_style_stop_from_another_thread():
+    job = start_launch(lambda: time.sleep(600), num_processes=2, display="none")
+    time.sleep(1.0)
+    job.stop()
+    with pytest.raises(KeyboardInterrupt):
+        job.wait(30)
+    assert job.status == "stopped"
+
+
+def test_repeated_launches_after_failures_work():
+    for _ in range(2):
+        with pytest.raises(ZeroDivisionError):
+            notebook_launcher(lambda: 1 / 0, num_processes=2, display="none")
+        assert notebook_launcher(lambda: os.environ["RANK"], num_processes=2, display="none") == "0"
+
+
+class NeedsTwoArguments(Exception):
+    def __init__(self, left, right):  # does not round-trip through pickle
+        super().__init__(f"{left} and {right}")
+
+
+def raise_unpicklable_exception():
+    raise NeedsTwoArguments("left", "right")
+
+
+def test_exception_that_cannot_be_rebuilt_becomes_launch_error():
+    with pytest.raises(LaunchError, match="NeedsTwoArguments: left and right") as caught:
+        notebook_launcher(raise_unpicklable_exception, num_processes=2, display="none")
+    assert caught.value.rank in (0, 1)
+    assert "raise NeedsTwoArguments" in str(caught.value.__cause__)
+
+
+def test_result_that_cannot_be_pickled_is_a_clear_error():
+    import threading
+
+    with pytest.raises(TypeError, match="cannot be sent back to the kernel"):
+        notebook_launcher(lambda: threading.Lock(), num_processes=2, display="none")
