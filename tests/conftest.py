@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import multiprocessing.process
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -11,6 +12,15 @@ import psutil
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+# Our own temp dir for the whole session, inherited by every rank and script the tests start, so the
+# leftover check below sees only what this suite made (not other programs sharing /tmp).
+SESSION_TMP = tempfile.mkdtemp(prefix="notebook_accel-tests-")
+os.environ["TMPDIR"] = tempfile.tempdir = SESSION_TMP
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
 def is_kept_helper(process: psutil.Process) -> bool:

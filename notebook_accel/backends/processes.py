@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import fcntl
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import warnings
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from multiprocessing import reduction
 from typing import Dict, List, Optional
 
+from ..forkserver_preload import KERNEL_TEMPDIR_VARIABLE
 from ..plan import LaunchPlan
 from ..worker import RankSpec, rank_main
 
@@ -51,7 +53,10 @@ class ProcessBackend:
         self.context = multiprocessing.get_context(plan.start_method)
         if plan.start_method == "forkserver":
             # The server imports torch once; every later rank is a cheap fork of a warm interpreter.
-            self.context.set_forkserver_preload(["torch", "notebook_accel.worker"])
+            self.context.set_forkserver_preload(["torch", "notebook_accel.worker",
+                                                 "notebook_accel.forkserver_preload"])
+            # Read by the server (it inherits the environment when it starts) to clean up after a killed kernel.
+            os.environ[KERNEL_TEMPDIR_VARIABLE] = f"{os.getpid()}:{multiprocessing.util.get_temp_dir()}"
         self._lifeline_r, self._lifeline_w = os.pipe()
 
     def start(self, rendezvous_env: Dict[str, str]) -> List[RankProcess]:

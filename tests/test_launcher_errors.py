@@ -1,0 +1,120 @@
+"""Every bad input gets a clear error before any process starts."""
+from __future__ import annotations
+
+import socket
+import threading
+
+import psutil
+import pytest
+
+from notebook_accel import notebook_launcher
+from notebook_accel.errors import LaunchConfigError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def ok():
+    return "ok"
+
+
+def no_children_started():
+    return [child for child in psutil.Process().children(recursive=True)
+            if "forkserver" not in " ".join(child.cmdline()) and "resource_tracker" not in " ".join(child.cmdline())]
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: notebook_launcher("train"), TypeError, "function must be callable"),
+    (lambda: notebook_launcher(ok, args=[1]), TypeError, r"args must be a tuple.*args=\(x,\)"),
+    (lambda: notebook_launcher(ok, args=5), TypeError, "args must be a tuple"),
+    (lambda: notebook_launcher(ok, kwargs=[("a", 1)]), TypeError, "kwargs must be a dict"),
+    (lambda: notebook_launcher(ok, num_processes=0), LaunchConfigError, "positive int"),
+    (lambda: notebook_launcher(ok, num_processes=-2), LaunchConfigError, "positive int"),
+    (lambda: notebook_launcher(ok, num_processes=1.5), LaunchConfigError, "positive int"),
+    (lambda: notebook_launcher(ok, num_processes=True), LaunchConfigError, "positive int"),
+    (lambda: notebook_launcher(ok, num_processes=10_000), LaunchConfigError, "more than the .* CPU cores"),
+    (lambda: notebook_launcher(ok, device="tpu"), LaunchConfigError,
+     "device='tpu' is not one of 'cuda', 'cpu', 'xla', 'mps'"),
+    (lambda: notebook_launcher(ok, device="cuda"), LaunchConfigError, "none is available"),
+    (lambda: notebook_launcher(ok, mixed_precision="fp8"), LaunchConfigError,
+     "mixed_precision='fp8' is not one of 'no', 'fp16', 'bf16'"),
+    (lambda: notebook_launcher(ok, mixed_precision="fp16", device="cpu"), LaunchConfigError, "on CPU use 'bf16'"),
+    (lambda: notebook_launcher(ok, start_method="thread"), LaunchConfigError,
+     "start_method='thread' is not one of 'auto', 'fork', 'forkserver', 'spawn'"),
+    (lambda: notebook_launcher(ok, display="html"), LaunchConfigError, "display='html' is not one of"),
+    (lambda: notebook_launcher(ok, timeout=0), LaunchConfigError, "positive number of seconds"),
+    (lambda: notebook_launcher(ok, timeout="10"), LaunchConfigError, "positive number of seconds"),
+    (lambda: notebook_launcher(ok, use_port=70000), LaunchConfigError, "1..65535"),
+    (lambda: notebook_launcher(ok, return_all="yes"), TypeError, "return_all must be True or False"),
+    (lambda: notebook_launcher(ok, master_addr=""), TypeError, "master_addr"),
+])
+def test_bad_input_is_refused_before_any_process_starts(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+    assert no_children_started() == []
+
+
+def test_xla_without_torch_xla_is_a_clear_error():
+    import importlib.util
+
+    if importlib.util.find_spec("torch_xla") is not None:
+        pytest.skip("torch_xla is installed here")
+    with pytest.raises(LaunchConfigError, match="device='xla' needs torch_xla, which is not installed"):
+        notebook_launcher(ok, device="xla")
+
+
+def test_unpicklable_capture_is_named():
+    lock = threading.Lock()
+
+    def uses_lock():
+        with lock:
+            return 1
+
+    with pytest.raises(LaunchConfigError, match="captured variable 'lock'"):
+        notebook_launcher(uses_lock, num_processes=2, display="none")
+    with pytest.raises(LaunchConfigError, match=r"args\[1\]"):
+        notebook_launcher(ok_with_args, args=(1, threading.Lock()), num_processes=2, display="none")
+    assert no_children_started() == []
+
+
+def ok_with_args(*args):
+    return args
+
+
+def test_fork_when_cuda_is_initialized_is_refused(monkeypatch):
+    from notebook_accel import environment
+
+    monkeypatch.setattr(environment, "cuda_initialized", lambda: True)
+    with pytest.raises(LaunchConfigError, match="fork.*not safe here: CUDA is already initialized"):
+        notebook_launcher(ok, num_processes=2, start_method="fork", display="none")
+    # auto picks the forkserver instead, and works
+    from notebook_accel.plan import plan_launch
+
+    assert plan_launch(ok, num_processes=2).start_method == "forkserver"
+
+
+def test_busy_use_port_is_a_clear_error():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(LaunchConfigError, match=f"use_port={port} cannot be used"):
+            notebook_launcher(ok, num_processes=2, use_port=port, display="none")
+    assert no_children_started() == []
+
+
+def test_explicit_free_port_is_used():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    import os
+
+    assert notebook_launcher(lambda: os.environ["MASTER_PORT"], num_processes=2, use_port=port,
+                             display="none") == str(port)
+
+
+def test_nested_launch_is_refused():
+    def nested():
+        return notebook_launcher(ok, num_processes=2, display="none")
+
+    with pytest.raises(RuntimeError, match="launches cannot be nested"):
+        notebook_launcher(nested, num_processes=2, display="none")

@@ -1,0 +1,115 @@
+"""Interrupts, a killed kernel and concurrent notebooks, with the launcher in its own Python process."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from scripts import start_script
+
+pytestmark = pytest.mark.timeout(120)
+
+HANGING_LAUNCH = """
+    import os, sys, time
+    import psutil
+    from notebook_accel import notebook_launcher
+
+    def work():
+        print("READY", os.getpid(), flush=True)
+        time.sleep(600)
+
+    def kept(process):
+        command = " ".join(process.cmdline())
+        return "forkserver" in command or "resource_tracker" in command
+
+    try:
+        notebook_launcher(work, num_processes=2, display="text", start_method={method!r})
+    except KeyboardInterrupt:
+        print("INTERRUPTED", flush=True)
+    left = [c.pid for c in psutil.Process().children(recursive=True)
+            if c.status() != psutil.STATUS_ZOMBIE and not kept(c)]
+    print("LEFT", left, flush=True)
+    print("AGAIN", notebook_launcher(lambda: os.environ["WORLD_SIZE"], num_processes=2, display="none"), flush=True)
+"""
+
+
+def wait_for_ready_ranks(process, count=2):
+    """Read the script's stdout until ``count`` ranks said READY; return their pids."""
+    pids = []
+    while len(pids) < count:
+        line = process.stdout.readline()
+        assert line, f"script ended early: {process.stderr.read()}"
+        if "READY" in line:
+            pids.append(int(line.split()[-1]))
+    return pids
+
+
+def assert_gone(pids, within=10.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+        if not alive:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"ranks still alive: {alive}")
+
+
+@pytest.mark.parametrize("target", ["launcher", "process group"])
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_sigint_stops_every_rank_and_raises_keyboard_interrupt(target, method):
+    process = start_script(HANGING_LAUNCH.format(method=method), start_new_session=True)
+    try:
+        pids = wait_for_ready_ranks(process)
+        if target == "launcher":
+            os.kill(process.pid, signal.SIGINT)
+        else:  # what Jupyter's interrupt does: the kernel's whole process group
+            os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert "INTERRUPTED" in out, err
+    assert "LEFT []" in out
+    assert "AGAIN 2" in out, err  # the next launch in the same "kernel" works
+    assert_gone(pids)
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_ranks_die_with_a_sigkilled_kernel(method):
+    process = start_script(HANGING_LAUNCH.format(method=method), start_new_session=True)
+    try:
+        pids = wait_for_ready_ranks(process)
+        process.kill()
+        process.wait(10)
+        assert_gone(pids)
+    finally:
+        process.kill()
+        process.communicate()
+
+
+CONCURRENT_LAUNCH = """
+    import torch, torch.distributed as dist
+    from notebook_accel import notebook_launcher
+
+    def reduce_many(tag):
+        dist.init_process_group("gloo")
+        total = torch.zeros(1)
+        for step in range(20):
+            value = torch.ones(1) * (dist.get_rank() + 1)
+            dist.all_reduce(value)
+            total += value
+        return tag, float(total)
+
+    for attempt in range(3):
+        print("RESULT", notebook_launcher(reduce_many, args=({tag!r},), num_processes=2, display="none"), flush=True)
+"""
+
+
+def test_two_notebooks_launching_at_the_same_time_both_succeed():
+    first = start_script(CONCURRENT_LAUNCH.format(tag="first"))
+    second = start_script(CONCURRENT_LAUNCH.format(tag="second"))
+    outputs = [process.communicate(timeout=100) for process in (first, second)]
+    for (out, err), tag in zip(outputs, ("first", "second")):
+        assert out.count(f"RESULT ('{tag}', 60.0)") == 3, err
