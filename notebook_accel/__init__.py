@@ -25,12 +25,15 @@ _EXPORTS = {
     "LaunchError": ".errors",
     "LaunchTimeout": ".errors",
     "Accelerator": ".accelerator",
-    "progress": ".progress",
     "report": ".metrics",
     "launch_panel": ".panel",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+# Imported eagerly (it needs only tqdm): the submodule shares the name, and a lazy import would let
+# `import notebook_accel.progress` bind the *module* to `notebook_accel.progress` instead of the bar class.
+from .progress import progress  # noqa: E402
+
+__all__ = sorted(_EXPORTS) + ["__version__", "progress"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .accelerator import Accelerator
@@ -38,7 +41,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .launcher import notebook_launcher
     from .metrics import report
     from .panel import launch_panel
-    from .progress import progress
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,138 @@
+"""Launch overhead and output throughput, ours vs the anchors, side by side in one run.
+
+    python benchmarks/bench_launch.py [--repeats 10] [--lines 50000]
+
+Rows: the median wall time of launching a trivial function on 2 CPU ranks (and returning), and the time
+to deliver 2 × N printed lines to the kernel. Ratios are against accelerate's ``notebook_launcher`` where
+it is installed. Goals (issue 2): ours ≤ 0.4× accelerate's median trivial launch; warm forkserver ≤ 0.3 s.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch  # noqa: F401  - imported up front, as in a notebook that trains: not part of any timing
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from notebook_accel import notebook_launcher  # noqa: E402
+
+
+def trivial():
+    return 1
+
+
+def print_lines(count):
+    for index in range(count):
+        print(f"line {index} of rank {os.environ.get('RANK')}")
+
+
+@contextlib.contextmanager
+def fds_to_devnull():
+    """Send fd 1/2 (and sys.stdout/err) to /dev/null: the anchors' ranks write straight to the terminal."""
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    sys.stdout.flush(), sys.stderr.flush()
+    os.dup2(devnull, 1), os.dup2(devnull, 2)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+        for fd in saved + [devnull]:
+            os.close(fd)
+
+
+def timed(call: Callable[[], object], repeats: int, warmup: int = 0) -> List[float]:
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def ours(method: str, function=trivial, args=(), display="none"):
+    return lambda: notebook_launcher(function, args=args, num_processes=2, start_method=method, display=display)
+
+
+def accelerate_launcher(function=trivial, args=()) -> Optional[Callable[[], object]]:
+    try:
+        from accelerate import notebook_launcher as accelerate_notebook_launcher
+    except ImportError:
+        return None
+
+    def call():
+        with fds_to_devnull():  # it prints "Launching training on ..." each time
+            accelerate_notebook_launcher(function, args=args, num_processes=2)
+    return call
+
+
+def torch_start_processes(function=trivial, args=()):
+    from torch.multiprocessing import start_processes
+
+    def rank(index, *rank_args):
+        function(*rank_args)
+    return lambda: start_processes(rank, args=args, nprocs=2, start_method="fork")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--lines", type=int, default=50_000)
+    options = parser.parse_args()
+
+    rows: Dict[str, Optional[List[float]]] = {}
+    rows["ours, fork"] = timed(ours("fork"), options.repeats, warmup=1)
+    forkserver_first = timed(ours("forkserver"), 1)
+    rows["ours, forkserver (first launch)"] = forkserver_first
+    rows["ours, forkserver (warm)"] = timed(ours("forkserver"), options.repeats)
+    rows["ours, spawn"] = timed(ours("spawn"), max(3, options.repeats // 2))
+    anchor = accelerate_launcher()
+    rows["accelerate notebook_launcher"] = timed(anchor, options.repeats, warmup=1) if anchor else None
+    rows["torch.multiprocessing.start_processes (fork)"] = timed(torch_start_processes(), options.repeats, warmup=1)
+
+    lines = options.lines
+    print_rows: Dict[str, Optional[List[float]]] = {}
+    with fds_to_devnull():
+        print_rows[f"ours, fork, display='text' (2 x {lines} lines)"] = timed(
+            ours("fork", print_lines, (lines,), display="text"), 3)
+        print_rows[f"ours, fork, display='none' (2 x {lines} lines)"] = timed(
+            ours("fork", print_lines, (lines,)), 3)
+    anchor_lines = accelerate_launcher(print_lines, (lines,))
+    print_rows[f"accelerate notebook_launcher (2 x {lines} lines)"] = timed(anchor_lines, 3) if anchor_lines else None
+    with fds_to_devnull():
+        print_rows[f"torch start_processes (2 x {lines} lines)"] = timed(torch_start_processes(print_lines, (lines,)), 3)
+
+    def table(title: str, data: Dict[str, Optional[List[float]]], reference: str) -> None:
+        base = statistics.median(data[reference]) if data.get(reference) else None
+        print(f"\n{title}")
+        print(f"{'':52} {'median s':>9} {'min s':>8} {'vs accelerate':>14}")
+        for name, times in data.items():
+            if times is None:
+                print(f"{name:52} {'(not installed)':>9}")
+                continue
+            median = statistics.median(times)
+            ratio = f"{median / base:.2f}x" if base else "-"
+            print(f"{name:52} {median:9.3f} {min(times):8.3f} {ratio:>14}")
+
+    print(f"torch {torch.__version__}, {os.cpu_count()} cores, python {sys.version.split()[0]}")
+    table("Trivial launch, 2 CPU ranks", rows, "accelerate notebook_launcher")
+    table("Delivering printed lines", print_rows, f"accelerate notebook_launcher (2 x {lines} lines)")
+    if rows.get("accelerate notebook_launcher"):
+        ratio = statistics.median(rows["ours, fork"]) / statistics.median(rows["accelerate notebook_launcher"])
+        print(f"\ngoal: ours (fork) <= 0.4x accelerate: {ratio:.2f}x -> {'met' if ratio <= 0.4 else 'NOT met'}")
+    warm = statistics.median(rows["ours, forkserver (warm)"])
+    print(f"goal: warm forkserver launch <= 0.3 s: {warm:.3f} s -> {'met' if warm <= 0.3 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

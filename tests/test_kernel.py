@@ -1,0 +1,97 @@
+"""notebook_launcher in a real Jupyter kernel (nbclient): cell outputs, errors, interrupt, no leftovers."""
+from __future__ import annotations
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from scripts import REPO
+
+pytestmark = pytest.mark.timeout(240)
+
+CELLS = [
+    # 0: set-up, as a user would write it
+    """
+import os, time
+import torch
+from notebook_accel import notebook_launcher
+""",
+    # 1: a function defined in the notebook (__main__), capturing notebook data, with gloo
+    """
+weights = torch.arange(4.0)
+
+def train(scale):
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    total = weights.sum() * scale
+    dist.all_reduce(total)
+    print(f"rank {dist.get_rank()} total {total.item()}")
+    return dist.get_rank(), total.item()
+
+result = notebook_launcher(train, args=(2,), num_processes=2, display="text", return_all=True)
+print("RESULT", result)
+""",
+    # 2: an exception class defined in the notebook, raised on one rank while the other waits
+    """
+class NotebookError(Exception):
+    pass
+
+def fails():
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise NotebookError("rank one gave up")
+    dist.barrier()
+
+notebook_launcher(fails, num_processes=2, display="text")
+""",
+    # 3: a hung launch, interrupted by nbclient (interrupt_on_timeout) like the Interrupt button
+    """
+def hangs():
+    print("hanging", flush=True)
+    time.sleep(600)
+
+notebook_launcher(hangs, num_processes=2, display="text")
+""",
+    # 4: the kernel is still usable: launch again, and nothing of the earlier launches is left
+    """
+import psutil
+again = notebook_launcher(lambda: os.environ["WORLD_SIZE"], num_processes=2, display="text")
+left = [p.pid for p in psutil.Process().children(recursive=True)
+        if p.status() != psutil.STATUS_ZOMBIE
+        and "forkserver" not in " ".join(p.cmdline()) and "resource_tracker" not in " ".join(p.cmdline())]
+print("AGAIN", again, "LEFT", left)
+""",
+]
+
+INTERRUPT_AFTER = 20  # seconds: every other cell takes a few
+
+
+def cell_text(cell) -> str:
+    parts = []
+    for output in cell.outputs:
+        if output.output_type == "stream":
+            parts.append(output.text)
+        elif output.output_type == "error":
+            parts.append(f"ERROR {output.ename}: {output.evalue}\n" + "\n".join(output.traceback))
+    return "".join(parts)
+
+
+def test_launches_in_a_real_kernel():
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source.strip()) for source in CELLS])
+    client = NotebookClient(notebook, timeout=INTERRUPT_AFTER, interrupt_on_timeout=True, allow_errors=True,
+                            kernel_name="python3", resources={"metadata": {"path": REPO}})
+    client.execute()
+    outputs = [cell_text(cell) for cell in notebook.cells]
+
+    assert "[rank 0] rank 0 total 24.0" in outputs[1] and "[rank 1] rank 1 total 24.0" in outputs[1]
+    assert "RESULT [(0, 24.0), (1, 24.0)]" in outputs[1]
+
+    error = [output for output in notebook.cells[2].outputs if output.output_type == "error"]
+    assert error and error[0].ename == "NotebookError" and error[0].evalue == "rank one gave up"
+    assert "raise NotebookError" in outputs[2]  # the rank's own traceback is shown in the cell
+
+    assert "[rank 0] hanging" in outputs[3]
+    assert "ERROR KeyboardInterrupt" in outputs[3]
+
+    assert "AGAIN 2 LEFT []" in outputs[4], outputs[4]
