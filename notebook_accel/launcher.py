@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from .backends.inline import InlineBackend
@@ -17,7 +18,7 @@ from .events import LaunchFinished, LaunchStarted, OutputLine, RankEvent
 from .plan import LaunchPlan, plan_launch
 from .rendezvous import HostedStore
 from .supervisor import Outcome, Supervisor
-from .views import View, make_view
+from .views import NullView, View, make_view
 
 _NO_RESULT = object()
 _TAIL_LINES = 25  # last output lines of a rank that died without an exception, quoted in the LaunchError
@@ -65,36 +66,57 @@ class Launch:
 
     def run(self) -> Any:
         """Run the launch in this thread (``notebook_launcher`` does this)."""
+        store = self._host_store()
         try:
-            self._run()
+            self._run(store)
         finally:
             self._done.set()
         return self.wait()
 
     def run_in_background(self) -> "Launch":
-        self._thread = threading.Thread(target=self._run_quietly, name="notebook_accel-launch", daemon=True)
+        """Start the launch in a daemon thread and return at once (port errors still raise here)."""
+        store = self._host_store()
+        self._thread = threading.Thread(target=self._run_quietly, args=(store,), name="notebook_accel-launch",
+                                        daemon=True)
         self._thread.start()
         return self
 
-    def _run_quietly(self) -> None:
+    def _run_quietly(self, store: HostedStore) -> None:
         try:
-            self._run()
-        except BaseException:  # kept in self.error; the thread itself must not print it
-            pass
+            self._run(store)
+        except BaseException as unexpected:  # kept for wait(); a background thread must not print it
+            if self.error is None:
+                self.error = unexpected
         finally:
             self._done.set()
 
     # ------------------------------------------------------------------------------------------- the run
 
+    def _host_store(self) -> HostedStore:
+        return HostedStore(self.plan.master_addr, self.plan.use_port, self.plan.world_size)
+
     def _deliver(self, event: RankEvent) -> None:
         if isinstance(event, OutputLine):
             self.outputs[event.rank].append(event.text)
-        self.view.handle(event)
+        try:
+            self.view.handle(event)
+        except Exception as error:  # a display bug must not abandon running ranks or lose the result
+            self._view_failed(error)
 
-    def _run(self) -> None:
+    def _tick(self) -> None:
+        try:
+            self.view.tick()
+        except Exception as error:
+            self._view_failed(error)
+
+    def _view_failed(self, error: Exception) -> None:
+        warnings.warn(f"notebook_accel: the {type(self.view).__name__} display failed and was turned off "
+                      f"({type(error).__name__}: {error}); the launch goes on", RuntimeWarning, stacklevel=2)
+        self.view = NullView()
+
+    def _run(self, store: HostedStore) -> None:
         plan = self.plan
         started = time.monotonic()
-        store = HostedStore(plan.master_addr, plan.use_port, plan.world_size)
         try:
             self._deliver(LaunchStarted(rank=-1, world_size=plan.world_size, device=plan.device,
                                         start_method=plan.start_method, mixed_precision=plan.mixed_precision,
@@ -116,7 +138,7 @@ class Launch:
         try:
             ranks = backend.start(store.env())
             supervisor = Supervisor(
-                ranks, self._deliver, self.view.tick, timeout=self.plan.timeout,
+                ranks, self._deliver, self._tick, timeout=self.plan.timeout,
                 expect_results=lambda rank: self.plan.return_all or rank == 0,
                 stop_requested=self._stop_requested)
             return supervisor.run()

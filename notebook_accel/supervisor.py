@@ -114,7 +114,7 @@ class Supervisor:
                 self._poll(TICK_SECONDS)
                 self._decide(deadline)
                 self.tick()
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or a bug: either way no rank may outlive the launch
             self._interrupt_cleanup()
             raise
         finally:

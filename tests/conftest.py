@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import multiprocessing.process
+import multiprocessing.util
 import os
 import shutil
 import sys
@@ -19,8 +20,9 @@ SESSION_TMP = tempfile.mkdtemp(prefix="notebook_accel-tests-")
 os.environ["TMPDIR"] = tempfile.tempdir = SESSION_TMP
 
 
-def pytest_unconfigure(config):
-    shutil.rmtree(SESSION_TMP, ignore_errors=True)
+# Removed at exit after multiprocessing removed its own temp dir inside it (priority -100 runs first).
+multiprocessing.util.Finalize(None, shutil.rmtree, args=(SESSION_TMP,), kwargs={"ignore_errors": True},
+                              exitpriority=-101)
 
 
 def is_kept_helper(process: psutil.Process) -> bool:

@@ -118,7 +118,7 @@ def test_every_printed_line_arrives_labelled_and_in_order(capsys):
     notebook_launcher(many_lines, args=(count,), num_processes=2, display="text")
     out, err = capsys.readouterr()
     for rank in (0, 1):
-        lines = [line for line in out.splitlines() if line.startswith(f"[rank {rank}] ")]
+        lines = [line for line in out.splitlines() if line.startswith(f"[rank {rank}] line ")]
         assert lines == [f"[rank {rank}] line {index} from {rank}" for index in range(count)]
         assert f"[rank {rank}] done {rank}" in err.splitlines()
 

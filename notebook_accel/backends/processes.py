@@ -64,6 +64,13 @@ class ProcessBackend:
         try:
             for rank in range(self.plan.world_size):
                 ranks.append(self._start_rank(rank, rendezvous_env, ranks))
+        except BaseException:  # e.g. Ctrl-C between two starts: the supervisor never saw these ranks
+            for started in ranks:
+                started.signal_group(signal.SIGKILL)
+                started.process.join()
+                for fd in (started.stdout_fd, started.stderr_fd, started.events_fd):
+                    os.close(fd)
+            raise
         finally:
             os.close(self._lifeline_r)  # only the ranks hold the read end now
         return ranks
