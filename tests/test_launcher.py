@@ -272,3 +272,42 @@ def test_result_that_cannot_be_pickled_is_a_clear_error():
 
     with pytest.raises(TypeError, match="cannot be sent back to the kernel"):
         notebook_launcher(lambda: threading.Lock(), num_processes=2, display="none")
+
+
+def test_one_in_kernel_rank_has_the_same_output_errors_and_timeout(capsys):
+    from notebook_accel import LaunchTimeout
+
+    def chatty():
+        print("hello from the kernel rank")
+        return 5
+
+    assert notebook_launcher(chatty, num_processes=1, display="text") == 5
+    assert "[rank 0] hello from the kernel rank" in capsys.readouterr().out
+
+    def broken():
+        raise KeyError("missing column")
+
+    with pytest.raises(KeyError, match="missing column"):
+        notebook_launcher(broken, num_processes=1, display="none")
+    with pytest.raises(LaunchTimeout, match="ranks still running: 0"):
+        notebook_launcher(lambda: time.sleep(30), num_processes=1, timeout=0.5, display="none")
+
+
+class ExplodingView:
+    def handle(self, event):
+        if type(event).__name__ == "OutputLine":
+            raise RuntimeError("display bug")
+
+    def tick(self):
+        pass
+
+
+def test_a_failing_display_does_not_lose_the_launch():
+    def talks():
+        print("some output")
+        return os.environ["RANK"]
+
+    job = start_launch(talks, num_processes=2, view=ExplodingView(), display="none")
+    with pytest.warns(RuntimeWarning, match="ExplodingView display failed"):
+        assert job.wait(60) == "0"
+    assert job.outputs[0] == ["some output"]
