@@ -51,15 +51,22 @@ class ProgressUpdate(RankEvent):
     closed: bool = False
     unit: str = "it"
     format_dict: Dict[str, Any] = field(default_factory=dict)
+    leave: bool = True  # tqdm's ``leave`` (None resolved): a closed bar with leave=False disappears
 
 
 @dataclass
 class MetricReport(RankEvent):
-    """Scalars a rank reported with ``report(step=..., **metrics)``."""
+    """Scalars a rank reported with ``report(step=..., **metrics)``.
+
+    A rank sends at most ~50 of these a second; calls in between are merged (latest value per name) into
+    the next one, so ``metrics`` may hold names reported at different steps. ``seq`` counts the rank's
+    ``report`` calls (the x position when ``step`` is None).
+    """
 
     step: Optional[int]
     metrics: Dict[str, float]
     time: float = field(default_factory=time.time)
+    seq: int = 0
 
 
 @dataclass

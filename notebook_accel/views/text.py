@@ -1,30 +1,100 @@
-"""display="text": ``[rank N] line`` echo of every output line on the launcher's stdout/stderr."""
+"""display="text" (terminals, scripts, nbconvert runs): labelled logs, throttled progress lines, a summary.
+
+Output::
+
+    [rank 0] loading data
+    [rank 1] loading data
+    [rank 0] train:  45%|####5     | 45/100 [00:01<00:01, 40.1it/s, loss=0.31]
+    ...
+    notebook_accel: train() · 2 × cpu · finished · 00:03
+    [rank 0] train: 100%|##########| 100/100 [00:03<00:00, 33.0it/s, loss=0.12]
+    [rank 0] finished
+
+Progress lines are new lines, not carriage-return redraws: ranks interleave, and a log file or a notebook's
+stream output keeps them readable. Each bar prints at most every ``progress_interval`` seconds (only when
+it moved) plus once when it closes.
+"""
 from __future__ import annotations
 
 import sys
+import threading
+import time
+from typing import Dict, Optional, TextIO
 
-from ..events import LaunchFinished, OutputLine, RankEvent
+from ..events import LaunchFinished, MetricReport, OutputLine, ProgressUpdate, RankEvent
+from .model import BarState, LaunchState, clean_line
 
 
 class TextView:
-    """Echoes rank output as ``[rank N] <line>``; stderr lines go to the launcher's stderr."""
+    """Echoes rank output as ``[rank N] <line>``, prints per-bar progress lines, and a final summary.
 
-    def __init__(self, stdout=None, stderr=None) -> None:
+    Example::
+
+        notebook_launcher(train, num_processes=2, display="text")
+    """
+
+    progress_interval = 2.0
+
+    def __init__(self, stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None, *,
+                 progress_interval: Optional[float] = None) -> None:
         self._stdout = stdout
         self._stderr = stderr
+        if progress_interval is not None:
+            self.progress_interval = progress_interval
+        self.state = LaunchState()
+        self._lock = threading.RLock()
+        self._printed_at: Dict[int, float] = {}  # id(bar) -> time of its last progress line
+        self._printed_n: Dict[int, float] = {}
+        self._pending: Dict[int, BarState] = {}
 
     # Resolved at write time so a view made before ipykernel swapped sys.stdout still writes to the cell.
-    def _out(self, stream: str):
+    def _out(self, stream: str) -> TextIO:
         if stream == "stderr":
             return self._stderr or sys.stderr
         return self._stdout or sys.stdout
 
     def handle(self, event: RankEvent) -> None:
-        if isinstance(event, OutputLine):
-            self._out(event.stream).write(f"[rank {event.rank}] {event.text}\n")
-        elif isinstance(event, LaunchFinished):
-            for stream in ("stdout", "stderr"):
-                self._out(stream).flush()
+        with self._lock:
+            changed = self.state.apply(event)
+            if isinstance(event, OutputLine):
+                self._out(event.stream).write(f"[rank {event.rank}] {clean_line(event.text)}\n")
+            elif isinstance(event, ProgressUpdate) and isinstance(changed, BarState):
+                self._on_bar(changed)
+            elif isinstance(event, MetricReport):
+                pass  # shown in the next progress line's postfix and in the summary
+            elif isinstance(event, LaunchFinished):
+                self._pending.clear()
+                out = self._out("stdout")
+                out.write("\n".join(self.state.summary_lines(ascii=True)) + "\n")
+                for stream in ("stdout", "stderr"):
+                    self._out(stream).flush()
 
     def tick(self) -> None:
-        pass
+        with self._lock:
+            now = time.monotonic()
+            for key, bar in list(self._pending.items()):
+                if now - self._printed_at.get(key, 0.0) >= self.progress_interval:
+                    self._print_bar(bar, now)
+
+    def _on_bar(self, bar: BarState) -> None:
+        key = id(bar)
+        now = time.monotonic()
+        if bar.closed:
+            self._print_bar(bar, now)
+            self._printed_at.pop(key, None)
+            self._printed_n.pop(key, None)
+        elif now - self._printed_at.get(key, 0.0) >= self.progress_interval:
+            self._print_bar(bar, now)
+        else:
+            self._pending[key] = bar
+
+    def _print_bar(self, bar: BarState, now: float) -> None:
+        key = id(bar)
+        self._pending.pop(key, None)
+        if not bar.closed and self._printed_n.get(key) == bar.update.n:
+            return  # nothing moved since the last line
+        self._printed_at[key] = now
+        self._printed_n[key] = bar.update.n
+        state = self.state.rank(bar.rank)
+        extra = state.metrics_postfix() if bar is state.metrics_bar() else ""
+        self._out("stdout").write(f"[rank {bar.rank}] {bar.meter(extra, ascii=True, ncols=None)}\n")

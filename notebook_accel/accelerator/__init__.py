@@ -1,0 +1,30 @@
+"""The seeds' four-line API on torch.distributed: ``Accelerator()``, ``prepare``, ``backward``, ``gather``.
+
+One module per job:
+
+- :mod:`.state`         rank, world and device from the launch environment; the process group
+- :mod:`.precision`     "no" / "fp16" / "bf16": autocast, GradScaler, fp32 outputs
+- :mod:`.operations`    nested batches: to device, gather, reduce, pad, broadcast
+- :mod:`.sharding`      splitting a sampler or an IterableDataset between ranks, with padded tails
+- :mod:`.data_loader`   the prepared DataLoader: shard + synchronized shuffling + device placement
+- :mod:`.optimizer`     optimizer wrapper: loss scaling, accumulation steps
+- :mod:`.scheduler`     scheduler wrapper: once per real optimizer step
+- :mod:`.rng`           seeding, RNG snapshots, the RNG stream all ranks share for data order
+- :mod:`.checkpointing` save_state / load_state
+- :mod:`.accelerator`   the :class:`Accelerator` that ties them together
+"""
+from .accelerator import Accelerator
+from .data_loader import PreparedDataLoader
+from .optimizer import AcceleratedOptimizer
+from .rng import set_seed
+from .scheduler import AcceleratedScheduler
+from .state import DistributedType
+
+__all__ = [
+    "Accelerator",
+    "AcceleratedOptimizer",
+    "AcceleratedScheduler",
+    "DistributedType",
+    "PreparedDataLoader",
+    "set_seed",
+]

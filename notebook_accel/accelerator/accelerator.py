@@ -1,0 +1,516 @@
+"""The :class:`Accelerator`: what a training function writes to run unchanged on 1 or N processes."""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import gc
+from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from . import operations
+from .checkpointing import load_checkpoint, save_checkpoint
+from .data_loader import PreparedDataLoader, prepare_data_loader
+from .gradient_state import GradientState
+from .optimizer import AcceleratedOptimizer, move_state_to_params
+from .precision import (
+    add_autocast_to_forward,
+    autocast_context,
+    check_precision_supported,
+    make_grad_scaler,
+    remove_autocast_from_forward,
+    resolve_mixed_precision,
+)
+from .rng import set_seed as _set_seed
+from .scheduler import AcceleratedScheduler
+from .state import DistributedType, ProcessState, destroy_process_group, resolve_process_state
+
+__all__ = ["Accelerator"]
+
+Tree = Any
+_PREPARE_ORDER = ("model", "optimizer", "data_loader", "scheduler")  # each needs the ones before it
+
+
+def _is_scheduler(obj: Any) -> bool:
+    lr_scheduler = torch.optim.lr_scheduler
+    return isinstance(obj, (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau))
+
+
+class Accelerator:
+    """Run a plain PyTorch training loop on CPU, one GPU, N GPUs or TPU cores, with mixed precision.
+
+    Inside a function started by ``notebook_launcher`` (or torchrun, or nothing at all: one process),
+    add four things to the loop: ``Accelerator()``, ``prepare``, ``backward`` and, for evaluation,
+    ``gather_for_metrics``.
+
+    Example::
+
+        def train():
+            accelerator = Accelerator()                    # rank, world, device, precision: from the launch
+            model = torch.nn.Linear(10, 2)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            loader = DataLoader(dataset, batch_size=16, shuffle=True)
+            model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+            for x, y in loader:                            # this rank's shard, already on the device
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            return accelerator.unwrap_model(model).state_dict()
+
+        notebook_launcher(train, num_processes=2)
+
+    Args:
+        cpu: use the CPU even when an accelerator is present.
+        mixed_precision: "no", "fp16" (CUDA) or "bf16"; None reads the launcher's choice
+            (``ACCELERATE_MIXED_PRECISION``).
+        gradient_accumulation_steps: optimizer steps happen every this many ``accumulate`` blocks.
+        device_placement: move prepared models and every batch to ``device``.
+        split_batches: cut each loader batch between the ranks (the batch size is global) instead of
+            giving each rank whole batches (the batch size is per process; the default).
+        seed: if given, ``set_seed(seed)`` right away (before any model is built from it).
+        ddp_kwargs: extra keyword arguments for ``DistributedDataParallel`` (e.g.
+            ``find_unused_parameters=True``).
+    """
+
+    def __init__(
+        self,
+        cpu: bool = False,
+        mixed_precision: Optional[str] = None,
+        gradient_accumulation_steps: int = 1,
+        device_placement: bool = True,
+        split_batches: bool = False,
+        seed: Optional[int] = None,
+        *,
+        ddp_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        self.state: ProcessState = resolve_process_state(cpu=cpu)
+        self._mixed_precision = resolve_mixed_precision(mixed_precision)
+        check_precision_supported(self._mixed_precision, self.state.device)
+        self.scaler = make_grad_scaler(self._mixed_precision, self.state.device)
+        self.gradient_state = GradientState(gradient_accumulation_steps)
+        self.device_placement = device_placement
+        self.split_batches = split_batches
+        self.ddp_kwargs: Dict[str, Any] = dict(ddp_kwargs or {})
+        self._models: List[torch.nn.Module] = []
+        self._optimizers: List[AcceleratedOptimizer] = []
+        self._schedulers: List[AcceleratedScheduler] = []
+        self._data_loaders: List[PreparedDataLoader] = []
+        self._accumulation_count = 0
+        if seed is not None:
+            self.set_seed(seed)
+
+    # ------------------------------------------------------------------------------------------ where am I
+    @property
+    def device(self) -> torch.device:
+        """The device of this rank: ``cuda:<local rank>``, ``xla``, ``mps`` or ``cpu``."""
+        return self.state.device
+
+    @property
+    def process_index(self) -> int:
+        """Global rank of this process (0 .. num_processes - 1)."""
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        """Rank of this process on its node."""
+        return self.state.local_process_index
+
+    @property
+    def num_processes(self) -> int:
+        """Number of processes (ranks) in the launch."""
+        return self.state.num_processes
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on global rank 0 (do logging and saving here)."""
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """True on the first rank of each node."""
+        return self.state.is_local_main_process
+
+    @property
+    def mixed_precision(self) -> str:
+        """"no", "fp16" or "bf16"."""
+        return self._mixed_precision
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """NO, MULTI_CPU, MULTI_GPU or XLA."""
+        return self.state.distributed_type
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.accumulation_steps
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True when the current step ends an accumulation cycle: the optimizer will really step."""
+        return self.gradient_state.sync_gradients
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """True when the last optimizer step was skipped because fp16 gradients overflowed."""
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(device={self.device}, process {self.process_index}/{self.num_processes}, "
+            f"distributed_type={self.distributed_type.value}, mixed_precision={self.mixed_precision!r})"
+        )
+
+    # -------------------------------------------------------------------------------------------- prepare
+    def prepare(self, *objects: Any) -> Any:
+        """Prepare models, optimizers, data loaders and LR schedulers; returns them in the same order.
+
+        - a model is moved to ``device`` (and runs under autocast with mixed precision) and wrapped in
+          DistributedDataParallel when there are several processes;
+        - an optimizer handles gradient accumulation and fp16 loss scaling in ``step()``;
+        - a DataLoader yields this rank's shard of every epoch, on the device;
+        - a scheduler steps once per real optimizer step.
+
+        A single object comes back as itself, several as a tuple.
+
+        Example::
+
+            model, optimizer, train_loader, scheduler = accelerator.prepare(
+                model, optimizer, train_loader, scheduler)
+        """
+        kinds = [self._kind_of(obj, position) for position, obj in enumerate(objects)]
+        prepared = list(objects)
+        for kind in _PREPARE_ORDER:
+            for position, obj in enumerate(objects):
+                if kinds[position] == kind:
+                    prepared[position] = getattr(self, f"prepare_{kind}")(obj)
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    @staticmethod
+    def _kind_of(obj: Any, position: int) -> Optional[str]:
+        if isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler, PreparedDataLoader)):
+            return None  # already prepared: returned unchanged
+        if isinstance(obj, torch.nn.Module):
+            return "model"
+        if isinstance(obj, torch.optim.Optimizer):
+            return "optimizer"
+        if isinstance(obj, DataLoader):
+            return "data_loader"
+        if _is_scheduler(obj):
+            return "scheduler"
+        raise TypeError(
+            f"prepare() got a {type(obj).__module__}.{type(obj).__qualname__} (argument {position}); it accepts "
+            "torch.nn.Module (models), torch.optim.Optimizer, torch.utils.data.DataLoader and "
+            "torch.optim.lr_scheduler.LRScheduler objects. Wrap a Dataset in a DataLoader first."
+        )
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move ``model`` to the device, add autocast for mixed precision, wrap it in DDP for N > 1."""
+        if isinstance(model, DistributedDataParallel):
+            if model not in self._models:
+                self._models.append(model)
+            return model
+        if self.device_placement:
+            model = model.to(self.device)
+        add_autocast_to_forward(model, self.device, self._mixed_precision)
+        if self.num_processes > 1:
+            options = dict(self.ddp_kwargs)
+            if self.device.type == "cuda":
+                options.setdefault("device_ids", [self.device.index])
+                options.setdefault("output_device", self.device.index)
+            elif self.device.type == "xla":
+                options.setdefault("gradient_as_bucket_view", True)  # what torch_xla's DDP guide asks for
+            model = DistributedDataParallel(model, **options)
+        self._models.append(model)
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
+        """Wrap ``optimizer`` (its state moves to its parameters' device)."""
+        if self.device_placement:
+            move_state_to_params(optimizer)
+        wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler)
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
+        """This rank's shard of ``data_loader``; see :mod:`notebook_accel.accelerator.data_loader`."""
+        # The data-order seed: rank 0's initial seed (what set_seed / torch.manual_seed chose), everywhere.
+        base_seed = operations.broadcast_object(torch.initial_seed())
+        prepared = prepare_data_loader(
+            data_loader,
+            process_index=self.process_index,
+            num_processes=self.num_processes,
+            device=self.device if self.device_placement else None,
+            gradient_state=self.gradient_state,
+            base_seed=base_seed,
+            split_batches=self.split_batches,
+        )
+        self._data_loaders.append(prepared)
+        return prepared
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap an LR scheduler so it steps once per real optimizer step."""
+        target = scheduler.optimizer
+        optimizers = [opt for opt in self._optimizers if target is opt or target is opt.optimizer]
+        wrapped = AcceleratedScheduler(scheduler, optimizers, self.gradient_state)
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    # -------------------------------------------------------------------------------------- training step
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided for gradient accumulation and scaled for fp16.
+
+        Example::
+
+            loss = criterion(model(x), y)
+            accelerator.backward(loss)      # instead of loss.backward()
+        """
+        if self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward(**kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """One micro-batch of gradient accumulation; put the whole step (through zero_grad) inside.
+
+        Every ``gradient_accumulation_steps``-th block (and the last batch of a prepared loader) is a
+        sync step: DDP all-reduces and the optimizer steps. On the others, DDP skips its all-reduce
+        (``no_sync``) and ``optimizer.step()``/``zero_grad()``/``scheduler.step()`` do nothing.
+
+        Example::
+
+            accelerator = Accelerator(gradient_accumulation_steps=4)
+            for x, y in loader:
+                with accelerator.accumulate(model):
+                    accelerator.backward(loss_fn(model(x), y))
+                    optimizer.step()
+                    optimizer.zero_grad()
+        """
+        if self.gradient_state.end_of_dataloader:
+            self._accumulation_count = 0  # an epoch boundary closes the cycle; the next one starts fresh
+            sync = True
+        else:
+            self._accumulation_count += 1
+            sync = self._accumulation_count % self.gradient_accumulation_steps == 0
+        self.gradient_state.sync_gradients = sync
+        with contextlib.ExitStack() as stack:
+            if not sync and self.num_processes > 1:
+                for model in models:
+                    if isinstance(model, DistributedDataParallel):
+                        stack.enter_context(model.no_sync())
+            yield
+
+    def _unscale_gradients(self) -> None:
+        for optimizer in self._optimizers:
+            optimizer.unscale_gradients()
+
+    def clip_grad_norm_(
+        self, parameters: Union[torch.Tensor, Iterable[torch.Tensor]], max_norm: float, norm_type: float = 2.0
+    ) -> Optional[torch.Tensor]:
+        """Clip the (unscaled) gradient norm; returns the total norm before clipping.
+
+        On accumulation steps it does nothing and returns None: the gradients are a partial sum (and,
+        under DDP's no_sync, differ per rank), so the clip belongs to the sync step.
+        """
+        if not self.sync_gradients:
+            return None
+        self._unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Union[torch.Tensor, Iterable[torch.Tensor]], clip_value: float) -> None:
+        """Clamp every (unscaled) gradient to [-clip_value, clip_value]; a no-op on accumulation steps."""
+        if not self.sync_gradients:
+            return
+        self._unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def autocast(self, enabled: bool = True) -> ContextManager[Any]:
+        """Autocast for code outside a prepared model's forward (fp16 on CUDA, bf16 on CPU/CUDA/TPU).
+
+        Prepared models already run their forward under it; this is for extra computations.
+        """
+        return autocast_context(self.device, self._mixed_precision, enabled=enabled)
+
+    # ---------------------------------------------------------------------------------------- collectives
+    def gather(self, tree: Tree) -> Tree:
+        """Every rank's tensors, concatenated along dim 0 in rank order (0-dim tensors count as 1 row).
+
+        Example::
+
+            losses = accelerator.gather(loss.detach())      # shape [num_processes]
+        """
+        return operations.gather(tree)
+
+    def gather_for_metrics(self, tree: Tree) -> Tree:
+        """Like :meth:`gather`, minus the samples that only pad the last step: call it once per eval batch.
+
+        Over one pass of a prepared loader the results concatenate to exactly ``len(dataset)`` items, in
+        the order a single process would see them. Python objects (e.g. lists of strings) work too.
+
+        Example::
+
+            for x, y in eval_loader:
+                preds, refs = accelerator.gather_for_metrics((model(x).argmax(-1), y))
+                correct += (preds == refs).sum().item(); total += len(refs)   # total == len(dataset)
+        """
+        layout = self.gradient_state.current_layout
+        leaves = operations.tree_leaves(tree)
+        if not leaves or any(not operations.is_tensor(leaf) for _, leaf in leaves):
+            return self._gather_objects_for_metrics(tree, layout)
+        _, per_rank = operations.gather_per_rank(tree)
+        if layout is None or not layout.has_padding or len(layout.real) != self.num_processes:
+            return operations.fill_leaves(tree, [torch.cat(chunks) for chunks in per_rank])
+        trimmed = []
+        for chunks in per_rank:
+            kept = [self._keep_real(chunk, rank, layout) for rank, chunk in enumerate(chunks)]
+            trimmed.append(torch.cat(kept))
+        return operations.fill_leaves(tree, trimmed)
+
+    @staticmethod
+    def _keep_real(rows: Any, rank: int, layout: Any) -> Any:
+        """A rank's contribution minus padding: rows beyond ``real`` if it is per-sample, else all or none."""
+        size, real = layout.sizes[rank], layout.real[rank]
+        if size is not None and len(rows) == size:
+            return rows[:real]
+        return rows if real > 0 else rows[:0]
+
+    def _gather_objects_for_metrics(self, obj: Any, layout: Any) -> List[Any]:
+        everyone = operations.gather_object(obj)
+        result: List[Any] = []
+        for rank, contribution in enumerate(everyone):
+            if layout is not None and layout.has_padding and isinstance(contribution, (list, tuple)):
+                result.extend(self._keep_real(list(contribution), rank, layout))
+            elif isinstance(contribution, (list, tuple)):
+                result.extend(contribution)
+            elif layout is None or not layout.has_padding or layout.real[rank] > 0:
+                result.append(contribution)
+        return result
+
+    def reduce(self, tree: Tree, reduction: str = "sum") -> Tree:
+        """Every tensor reduced over the ranks ("sum", "mean", "max" or "min"); inputs are unchanged."""
+        return operations.reduce(tree, reduction)
+
+    def pad_across_processes(self, tree: Tree, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Tree:
+        """Pad tensors along ``dim`` to the largest size on any rank (e.g. generated sequences)."""
+        return operations.pad_across_processes(tree, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def wait_for_everyone(self) -> None:
+        """A barrier: returns once every rank has called it."""
+        operations.barrier()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Rank 0 runs the block first (e.g. to download or preprocess), the others after it.
+
+        Example::
+
+            with accelerator.main_process_first():
+                dataset = load_or_build_cache()
+        """
+        if not self.is_main_process:
+            self.wait_for_everyone()
+        try:
+            yield
+        finally:
+            if self.is_main_process:
+                self.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Like :meth:`main_process_first`, per node."""
+        if not self.is_local_main_process:
+            self.wait_for_everyone()
+        try:
+            yield
+        finally:
+            if self.is_local_main_process:
+                self.wait_for_everyone()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only."""
+        if self.is_main_process:
+            builtins.print(*args, **kwargs)
+
+    # ------------------------------------------------------------------------------------ models and files
+    def unwrap_model(self, model: torch.nn.Module, keep_autocast: bool = True) -> torch.nn.Module:
+        """The user's own module inside DDP (and ``torch.compile``) wrappers.
+
+        ``keep_autocast=False`` also removes the mixed-precision forward that ``prepare`` added, in
+        place (the prepared model then runs in full precision too).
+        """
+        while True:
+            if isinstance(model, (DistributedDataParallel, torch.nn.DataParallel)):
+                model = model.module
+            elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):  # torch.compile
+                model = model._orig_mod
+            else:
+                break
+        if not keep_autocast:
+            remove_autocast_from_forward(model)
+        return model
+
+    def save(self, obj: Any, path: str) -> None:
+        """``torch.save`` on the main process, once every rank got here; all ranks return when it is written.
+
+        Example::
+
+            accelerator.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
+        """
+        self.wait_for_everyone()
+        if self.is_main_process:
+            torch.save(obj, path)
+        self.wait_for_everyone()
+
+    def save_state(self, directory: str) -> str:
+        """Save models, optimizers, schedulers, the fp16 scaler and every rank's RNG (call on all ranks).
+
+        Example::
+
+            accelerator.save_state("checkpoints/epoch_3")
+            ...
+            accelerator.load_state("checkpoints/epoch_3")   # after prepare(), with the same objects
+        """
+        return save_checkpoint(directory, **self._checkpointed(), process_index=self.process_index)
+
+    def load_state(self, directory: str) -> None:
+        """Restore what :meth:`save_state` wrote into the prepared objects (call on all ranks)."""
+        load_checkpoint(directory, **self._checkpointed(), process_index=self.process_index)
+
+    def _checkpointed(self) -> Dict[str, Any]:
+        return dict(
+            models=[self.unwrap_model(model) for model in self._models],
+            optimizers=self._optimizers,
+            schedulers=self._schedulers,
+            scaler=self.scaler,
+            loaders=self._data_loaders,
+        )
+
+    def set_seed(self, seed: int, device_specific: bool = False) -> int:
+        """Seed python, numpy and torch on this rank (``device_specific`` adds the rank); returns the seed."""
+        return _set_seed(seed, device_specific=device_specific, process_index=self.process_index)
+
+    # ---------------------------------------------------------------------------------------------- the end
+    def free_memory(self) -> None:
+        """Forget every prepared object (so their memory can be freed) and empty the CUDA cache."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._data_loaders.clear()
+        self.gradient_state.active_loaders.clear()
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def end_training(self) -> None:
+        """Wait for every rank, free memory and destroy the process group (the launch is over)."""
+        self.wait_for_everyone()
+        self.free_memory()
+        destroy_process_group()

@@ -1,0 +1,117 @@
+"""``save_state`` / ``load_state``: everything needed to resume training where it stopped.
+
+Layout of a checkpoint directory (one file per object, so a partial load stays easy)::
+
+    model.pt, model_1.pt, ...          unwrapped state_dicts of the prepared models      (main process)
+    optimizer.pt, optimizer_1.pt, ...  optimizer state_dicts                              (main process)
+    scheduler.pt, ...                  scheduler state_dicts                              (main process)
+    scaler.pt                          the fp16 GradScaler, when there is one             (main process)
+    random_states_<rank>.pt            each rank's RNG states and its data loaders' epoch (every rank)
+
+Weights and optimizer states are identical on every rank after a DDP step, so one copy is enough;
+RNG states differ per rank (dropout), so every rank writes its own.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from .operations import barrier
+from .rng import capture_rng_states, restore_rng_states
+
+__all__ = ["save_checkpoint", "load_checkpoint"]
+
+
+def _numbered(stem: str, index: int) -> str:
+    return f"{stem}.pt" if index == 0 else f"{stem}_{index}.pt"
+
+
+def _loader_state(loader: Any) -> Dict[str, Any]:
+    randomness = getattr(loader, "randomness", None)
+    return {
+        "next_epoch": getattr(loader, "_next_epoch", 0),
+        "base_seed": None if randomness is None else randomness.base_seed,
+    }
+
+
+def _restore_loader(loader: Any, state: Dict[str, Any]) -> None:
+    if hasattr(loader, "set_epoch"):
+        loader.set_epoch(state["next_epoch"])
+    randomness = getattr(loader, "randomness", None)
+    if randomness is not None and state.get("base_seed") is not None:
+        randomness.base_seed = state["base_seed"]
+
+
+def save_checkpoint(
+    directory: str,
+    *,
+    models: Sequence[torch.nn.Module],
+    optimizers: Sequence[Any],
+    schedulers: Sequence[Any],
+    scaler: Optional[Any],
+    loaders: Sequence[Any],
+    process_index: int,
+) -> str:
+    """Write the checkpoint (see the module docstring); every rank must call it. Returns ``directory``."""
+    barrier()  # every rank has finished the step being saved
+    os.makedirs(directory, exist_ok=True)
+    if process_index == 0:
+        for index, model in enumerate(models):
+            torch.save(model.state_dict(), os.path.join(directory, _numbered("model", index)))
+        for index, optimizer in enumerate(optimizers):
+            torch.save(optimizer.state_dict(), os.path.join(directory, _numbered("optimizer", index)))
+        for index, scheduler in enumerate(schedulers):
+            torch.save(scheduler.state_dict(), os.path.join(directory, _numbered("scheduler", index)))
+        if scaler is not None:
+            torch.save(scaler.state_dict(), os.path.join(directory, "scaler.pt"))
+    per_rank = {"rng": capture_rng_states(), "loaders": [_loader_state(loader) for loader in loaders]}
+    torch.save(per_rank, os.path.join(directory, f"random_states_{process_index}.pt"))
+    barrier()  # the files are complete before anyone reads them
+    return directory
+
+
+def _load(path: str, trusted: bool = False) -> Any:
+    # Weights load with weights_only=True (safe even for foreign files); the RNG file holds numpy
+    # arrays and python tuples that only a full unpickle restores, and is always our own.
+    return torch.load(path, map_location="cpu", weights_only=not trusted)
+
+
+def load_checkpoint(
+    directory: str,
+    *,
+    models: Sequence[torch.nn.Module],
+    optimizers: Sequence[Any],
+    schedulers: Sequence[Any],
+    scaler: Optional[Any],
+    loaders: Sequence[Any],
+    process_index: int,
+) -> None:
+    """Restore what :func:`save_checkpoint` wrote into the (already prepared) objects, on every rank."""
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"no checkpoint directory at {directory!r}")
+    groups = (("model", models), ("optimizer", optimizers), ("scheduler", schedulers))
+    for stem, objects in groups:
+        for index, obj in enumerate(objects):
+            path = os.path.join(directory, _numbered(stem, index))
+            if not os.path.exists(path):
+                raise FileNotFoundError(
+                    f"{path!r} is missing: the checkpoint has fewer {stem}s than were prepared "
+                    f"({len(objects)}); prepare the same objects, in the same order, as when saving."
+                )
+            obj.load_state_dict(_load(path))
+    if scaler is not None and os.path.exists(os.path.join(directory, "scaler.pt")):
+        scaler.load_state_dict(_load(os.path.join(directory, "scaler.pt")))
+
+    rng_path = os.path.join(directory, f"random_states_{process_index}.pt")
+    if not os.path.exists(rng_path):
+        warnings.warn(f"{rng_path!r} is missing (saved with fewer processes?): RNG states not restored")
+    else:
+        per_rank = _load(rng_path, trusted=True)
+        restore_rng_states(per_rank["rng"])
+        saved_loaders: List[Dict[str, Any]] = per_rank.get("loaders", [])
+        for loader, state in zip(loaders, saved_loaders):
+            _restore_loader(loader, state)
+    barrier()

@@ -1,0 +1,165 @@
+"""Where this process sits in the launch: rank, world, device, and the process group.
+
+Everything here is read once from the environment the launcher (or torchrun, or torch_xla) set up:
+
+- ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` (torchrun's names; absent means one process),
+- ``ACCELERATE_MIXED_PRECISION`` ("no" | "fp16" | "bf16"), read by :mod:`.precision`,
+- ``ACCELERATE_USE_CPU`` ("true" forces the CPU, as HF accelerate reads it; so does the launcher's
+  ``NOTEBOOK_ACCEL_DEVICE=cpu``).
+
+The process group is created at most once per process and only when there is more than one rank: a
+single process needs no group, and every collective in :mod:`.operations` is an identity then.
+"""
+from __future__ import annotations
+
+import enum
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistributedType", "ProcessState", "resolve_process_state", "destroy_process_group", "xla_device"]
+
+
+class DistributedType(str, enum.Enum):
+    """How the ranks of this launch talk to each other (compares equal to its string value)."""
+
+    NO = "NO"  # one process: no process group at all
+    MULTI_CPU = "MULTI_CPU"  # several processes on CPU, gloo
+    MULTI_GPU = "MULTI_GPU"  # several processes, one CUDA device each, nccl
+    XLA = "XLA"  # TPU cores through torch_xla, xla backend
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """This rank's place in the launch; immutable once resolved."""
+
+    process_index: int
+    local_process_index: int
+    num_processes: int
+    local_num_processes: int
+    device: torch.device
+    distributed_type: DistributedType
+    backend: Optional[str]  # None when there is no process group
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    value = environ.get(name, "")
+    return int(value) if value.strip() else default
+
+
+def _env_flag(environ: Mapping[str, str], name: str) -> bool:
+    return environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _xla_is_usable() -> bool:
+    """True when torch_xla is installed *and* drives a TPU (an installed torch_xla on a CPU box is not)."""
+    if importlib.util.find_spec("torch_xla") is None:
+        return False
+    try:
+        import torch_xla.runtime as xr
+
+        return xr.device_type() == "TPU"
+    except Exception:  # a broken or device-less torch_xla install: behave as if absent
+        return False
+
+
+def _cuda_device(local_rank: int, local_world: int) -> torch.device:
+    count = torch.cuda.device_count()
+    if local_world > count:
+        raise RuntimeError(
+            f"{local_world} processes on this node but only {count} CUDA device(s) are visible; NCCL needs one "
+            f"device per process. Launch at most {count} process(es), or pass Accelerator(cpu=True)."
+        )
+    # set_device first: NCCL and torch.cuda's "current device" must agree before the group is made.
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def resolve_process_state(cpu: bool = False, environ: Optional[Mapping[str, str]] = None) -> ProcessState:
+    """Read the launch environment, pick the device and create the process group if needed (once).
+
+    Example::
+
+        state = resolve_process_state()
+        state.device, state.process_index, state.num_processes   # cpu, 0, 1 outside any launcher
+    """
+    environ = os.environ if environ is None else environ
+    # the launcher's device="cpu" arrives as both of these (HF accelerate reads the first)
+    cpu = cpu or _env_flag(environ, "ACCELERATE_USE_CPU") or environ.get("NOTEBOOK_ACCEL_DEVICE") == "cpu"
+
+    if not cpu and _xla_is_usable():
+        return _resolve_xla_state()
+
+    rank = _env_int(environ, "RANK", 0)
+    world = _env_int(environ, "WORLD_SIZE", 1)
+    local_rank = _env_int(environ, "LOCAL_RANK", rank)
+    local_world = _env_int(environ, "LOCAL_WORLD_SIZE", world)
+    if dist.is_available() and dist.is_initialized():
+        # Someone (the user, or an earlier Accelerator) already made the group: it is the truth.
+        rank, world = dist.get_rank(), dist.get_world_size()
+
+    if not cpu and torch.cuda.is_available():
+        device = _cuda_device(local_rank, local_world)
+        backend, kind = "nccl", DistributedType.MULTI_GPU
+    elif not cpu and world == 1 and torch.backends.mps.is_available():
+        device, backend, kind = torch.device("mps"), None, DistributedType.NO
+    else:
+        device, backend, kind = torch.device("cpu"), "gloo", DistributedType.MULTI_CPU
+
+    if world == 1:
+        return ProcessState(0, 0, 1, 1, device, DistributedType.NO, None)
+
+    if not dist.is_initialized():
+        # env:// rendezvous: MASTER_ADDR/MASTER_PORT come from the launcher (which may host the store
+        # itself and set TORCHELASTIC_USE_AGENT_STORE, exactly as torchrun's agent does).
+        dist.init_process_group(backend=backend, rank=rank, world_size=world)
+    else:
+        backend = dist.get_backend()
+    return ProcessState(rank, local_rank, world, local_world, device, kind, backend)
+
+
+def _resolve_xla_state() -> ProcessState:
+    """TPU cores: torch_xla's runtime knows the ranks; the group uses the xla backend (PJRT)."""
+    import torch_xla.distributed.xla_backend  # noqa: F401  (registers the "xla" backend)
+    import torch_xla.runtime as xr
+
+    rank, world = xr.global_ordinal(), xr.world_size()
+    local_rank, local_world = xr.local_ordinal(), xr.local_process_count()
+    device = xla_device()
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("xla", init_method="xla://")
+    kind = DistributedType.XLA
+    return ProcessState(rank, local_rank, world, max(local_world, 1), device, kind, "xla" if world > 1 else None)
+
+
+def xla_device() -> torch.device:
+    """This process's TPU core (``torch_xla.device()`` in recent torch_xla, ``xm.xla_device()`` before)."""
+    import torch_xla
+
+    if hasattr(torch_xla, "device"):
+        return torch_xla.device()
+    import torch_xla.core.xla_model as xm
+
+    return xm.xla_device()
+
+
+def destroy_process_group() -> None:
+    """Destroy the default process group if there is one (safe to call twice)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,132 @@
+"""``report(step=None, **metrics)``: scalars from a rank to the dashboard's plots and the bars' postfix.
+
+Runs inside ranks: imports neither torch nor ipywidgets. A value may be anything ``float()`` accepts — a
+Python number, a NumPy scalar, a one-element tensor (``float(t)`` does ``t.item()``; on a GPU that is a
+device sync, as logging a loss always is).
+
+Sending is cheap but not free (a pickle and a pipe write), and a loop may call ``report`` every iteration,
+so a rank sends at most one ``MetricReport`` every ``MIN_INTERVAL`` seconds. Calls in between are merged —
+the latest value of each name wins, so a name reported once per epoch is never dropped — and delivered by
+the next call, by a short timer, when a progress bar closes, or by ``flush()``.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from numbers import Number
+from typing import Any, Dict, Optional
+
+from .channel import rank_channel
+from .events import MetricReport
+
+__all__ = ["report", "flush"]
+
+MIN_INTERVAL = 0.02  # seconds between two MetricReports of one rank (≤ 50 a second)
+
+_lock = threading.Lock()
+_last_sent = 0.0
+_seq = 0
+_pending: Optional[MetricReport] = None
+_pending_sender: Any = None  # the channel the held-back values belong to (still known after a launch ends)
+_timer: Optional[threading.Timer] = None
+
+
+def report(step: Optional[int] = None, **metrics: Any) -> None:
+    """Report scalars (loss, accuracy, lr...) from the current rank; the dashboard plots one line per rank.
+
+    ``step`` is the x position (default: the number of ``report`` calls so far in this rank). Example::
+
+        from notebook_accel import progress, report
+
+        def train():
+            for step, batch in enumerate(progress(loader)):
+                loss = training_step(batch)
+                report(step=step, loss=loss, lr=scheduler.get_last_lr()[0])
+
+    Outside a launch the values go to the postfix of the innermost open tqdm bar, if any.
+    """
+    global _seq, _last_sent, _pending, _pending_sender
+    values = {str(name): _scalar(name, value) for name, value in metrics.items()}
+    if step is not None:
+        step = int(step)
+    sender = rank_channel()
+    if sender is None:
+        _show_locally(values)
+        return
+    with _lock:
+        _seq += 1
+        if _pending is not None:  # merge: the latest value of each name wins
+            _pending.metrics.update(values)
+            values = _pending.metrics
+            step = step if step is not None else _pending.step
+            _pending = None
+        event = MetricReport(rank=sender.rank, step=step, metrics=values, seq=_seq)
+        now = time.monotonic()
+        if now - _last_sent >= MIN_INTERVAL:
+            _last_sent = now
+            _send(sender, event)
+        else:
+            _pending, _pending_sender = event, sender
+            _arm_timer()
+
+
+def flush() -> None:
+    """Send the values ``report`` is holding back now (the worker's and inline backend's end of a rank)."""
+    global _pending, _pending_sender, _last_sent
+    with _lock:
+        event, sender = _pending, _pending_sender
+        _pending = _pending_sender = None
+        if event is not None and sender is not None:
+            _last_sent = time.monotonic()
+            _send(sender, event)
+
+
+def reset_for_rank() -> None:
+    """Forget state inherited from a forked parent (called when a rank starts)."""
+    global _lock, _last_sent, _seq, _pending, _pending_sender, _timer
+    _lock = threading.Lock()  # a forked child may inherit it held by a thread that does not exist there
+    _last_sent, _seq, _pending, _pending_sender, _timer = 0.0, 0, None, None, None
+
+
+def _send(sender: Any, event: MetricReport) -> None:
+    try:
+        sender.send(event)
+    except (OSError, ValueError):  # the rank's channel is already closed
+        pass
+
+
+def _arm_timer() -> None:
+    global _timer
+    if _timer is not None and _timer.is_alive():
+        return
+    _timer = threading.Timer(MIN_INTERVAL, flush)
+    _timer.daemon = True
+    _timer.start()
+
+
+def _scalar(name: str, value: Any) -> float:
+    if isinstance(value, Number):
+        return float(value)
+    try:
+        return float(value)  # numpy scalars, one-element tensors (→ .item())
+    except (TypeError, ValueError):
+        raise TypeError(f"report({name}=...) needs a number or a one-element tensor, "
+                        f"got {type(value).__name__}: {value!r:.80}") from None
+
+
+def _show_locally(values: Dict[str, float]) -> None:
+    """Outside a launch: put the values in the postfix of the innermost open tqdm bar (plain tqdm behaviour)."""
+    from tqdm.std import tqdm as std_tqdm
+
+    bars = [bar for bar in list(std_tqdm._instances) if not getattr(bar, "disable", True)]
+    if not bars:
+        return
+    bar = max(bars, key=lambda b: abs(getattr(b, "pos", 0)))
+    bar.set_postfix({name: _short(value) for name, value in values.items()}, refresh=False)
+
+
+def _short(value: float) -> str:
+    if math.isfinite(value) and value != 0 and (abs(value) >= 1e4 or abs(value) < 1e-3):
+        return f"{value:.3e}"
+    return f"{value:.4g}"

@@ -1,0 +1,335 @@
+"""The state of one launch as the views see it, rebuilt from events only (no widgets, no torch).
+
+``LaunchState.apply(event)`` keeps: the header facts (device, world size, status, elapsed), per rank its
+bars (in display slots), latest metrics and status, per metric one ``Series`` per rank, and the outcome.
+The widget view and the text view both render from it, so they always agree — and the text summary a
+widget leaves in the saved notebook is the same one a terminal prints.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from tqdm.std import tqdm as _tqdm_format  # formatting helpers only (format_meter, format_interval)
+
+from ..events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate, RankEvent,
+                      RankExited, RankFailed, RankResult, RankStarted)
+
+# Colours of ranks 0..9 (matplotlib's tab10), reused in the plots and the rank rows.
+RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+
+STATUS_COLOURS = {"starting": "#7f7f7f", "running": "#1f77b4", "finished": "#2ca02c", "failed": "#d62728",
+                  "stopped": "#ff7f0e", "timeout": "#d62728"}
+
+
+def rank_colour(rank: int) -> str:
+    return RANK_COLOURS[rank % len(RANK_COLOURS)]
+
+
+def format_interval(seconds: float) -> str:
+    return _tqdm_format.format_interval(max(0.0, seconds))
+
+
+def clean_line(text: str) -> str:
+    """A captured output line as a terminal would leave it: only the last carriage-return frame."""
+    if "\r" in text:
+        frames = [frame for frame in text.split("\r") if frame.strip()]
+        return frames[-1] if frames else ""
+    return text
+
+
+def format_value(value: float) -> str:
+    if not math.isfinite(value):
+        return str(value)
+    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+        return f"{value:.3e}"
+    return f"{value:.4g}"
+
+
+class Series:
+    """Points of one metric from one rank, at most ``max_points`` kept (older ones thinned 2:1 when full)."""
+
+    def __init__(self, max_points: int = 2000) -> None:
+        self.max_points = max_points
+        self.points: List[Tuple[float, float]] = []
+        self._stride = 1
+        self._skipped = 0
+        self.last: Optional[Tuple[float, float]] = None
+
+    def add(self, x: float, y: float) -> None:
+        self.last = (x, y)
+        self._skipped += 1
+        if self._skipped < self._stride:
+            return
+        self._skipped = 0
+        self.points.append((x, y))
+        if len(self.points) > self.max_points:
+            self.points = self.points[::2]
+            self._stride *= 2
+
+    def view(self) -> List[Tuple[float, float]]:
+        """The kept points, always ending with the latest one."""
+        if self.last is not None and (not self.points or self.points[-1] != self.last):
+            return self.points + [self.last]
+        return self.points
+
+
+@dataclass
+class BarState:
+    """One progress bar of one rank: its latest ``ProgressUpdate`` and the slot that shows it."""
+
+    rank: int
+    bar_id: int
+    update: ProgressUpdate
+    slot: int
+
+    @property
+    def closed(self) -> bool:
+        return self.update.closed
+
+    @property
+    def complete(self) -> bool:
+        total = self.update.total
+        return bool(total) and self.update.n >= total
+
+    def meter(self, extra_postfix: str = "", ascii: Optional[bool] = None, ncols: Optional[int] = None) -> str:
+        """tqdm's own line for this bar (``desc: 45%|████▌ | 45/100 [00:01<00:01, 40.1it/s, loss=0.3]``)."""
+        return _tqdm_format.format_meter(**self._format_args(extra_postfix, ascii=ascii, ncols=ncols))
+
+    def right_text(self, extra_postfix: str = "") -> str:
+        """What follows the bar: ``45% 45/100 [00:01<00:01, 40.1it/s, loss=0.3]``."""
+        args = self._format_args(extra_postfix)
+        args["prefix"] = ""
+        if args.get("total"):
+            args["bar_format"] = "{percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+        else:
+            args["bar_format"] = "{n_fmt}{unit} [{elapsed}, {rate_fmt}{postfix}]"
+        try:
+            return _tqdm_format.format_meter(**args).strip()
+        except Exception:  # a user bar_format/unit that does not format: still show the counts
+            return f"{self.update.n}/{self.update.total}"
+
+    def _format_args(self, extra_postfix: str, ascii: Optional[bool] = None,
+                     ncols: Optional[int] = None) -> Dict[str, object]:
+        update = self.update
+        args: Dict[str, object] = dict(update.format_dict) if update.format_dict else {
+            "n": update.n, "total": update.total, "elapsed": update.elapsed, "rate": update.rate,
+            "unit": update.unit, "prefix": update.desc, "postfix": update.postfix}
+        args.update(n=update.n, total=update.total, elapsed=update.elapsed)
+        args.pop("nrows", None)
+        args["ncols"] = ncols
+        if ascii is not None:
+            args["ascii"] = ascii
+        postfix = ", ".join(part for part in (update.postfix or "", extra_postfix) if part)
+        args["postfix"] = postfix or None
+        if args.get("total") is not None and update.n > (args["total"] or 0):
+            args["total"] = update.n  # tqdm's own behaviour when n overshoots total
+        return args
+
+    @property
+    def desc(self) -> str:
+        return (self.update.desc or "").rstrip().rstrip(":")
+
+
+@dataclass
+class RankState:
+    """One rank: status, pid, bars by slot, latest metrics, its failure if it had one."""
+
+    rank: int
+    status: str = "starting"  # starting | running | finished | failed | exited | stopped
+    pid: Optional[int] = None
+    exitcode: Optional[int] = None
+    signal_name: Optional[str] = None
+    bars: Dict[int, BarState] = field(default_factory=dict)  # bar_id -> state, open and kept ones
+    slots: List[Optional[int]] = field(default_factory=list)  # slot -> bar_id shown there
+    metrics: Dict[str, float] = field(default_factory=dict)
+    failure: Optional[RankFailed] = None
+    root_cause: bool = False
+    output_lines: int = 0
+
+    def visible_bars(self) -> List[BarState]:
+        return [self.bars[bar_id] for bar_id in self.slots if bar_id is not None]
+
+    def metrics_bar(self) -> Optional[BarState]:
+        """The bar whose postfix shows the reported metrics: the innermost open bar, else the last shown."""
+        bars = self.visible_bars()
+        if not bars:
+            return None
+        open_bars = [bar for bar in bars if not bar.closed]
+        return max(open_bars or bars, key=lambda bar: (bar.update.position, bar.slot))
+
+    def metrics_postfix(self) -> str:
+        return ", ".join(f"{name}={format_value(value)}" for name, value in self.metrics.items())
+
+
+class LaunchState:
+    """Everything a view shows about a launch, updated by ``apply(event)``."""
+
+    def __init__(self) -> None:
+        self.started: Optional[LaunchStarted] = None
+        self.finished: Optional[LaunchFinished] = None
+        self.status = "starting"
+        self.start_time = time.monotonic()
+        self.ranks: Dict[int, RankState] = {}
+        self.series: Dict[str, Dict[int, Series]] = {}  # metric -> rank -> points
+
+    # ------------------------------------------------------------------------------------------ reading
+    @property
+    def world_size(self) -> int:
+        return self.started.world_size if self.started else len(self.ranks)
+
+    @property
+    def device(self) -> str:
+        return self.started.device if self.started else "?"
+
+    def elapsed(self) -> float:
+        if self.finished is not None:
+            return self.finished.elapsed
+        return time.monotonic() - self.start_time
+
+    def rank(self, rank: int) -> RankState:
+        state = self.ranks.get(rank)
+        if state is None:
+            state = self.ranks[rank] = RankState(rank)
+        return state
+
+    # ------------------------------------------------------------------------------------------ writing
+    def apply(self, event: RankEvent) -> Optional[object]:
+        """Update the state; return the object that changed (a BarState, a RankState, a metric name...)."""
+        if isinstance(event, ProgressUpdate):
+            return self._on_progress(event)
+        if isinstance(event, MetricReport):
+            return self._on_metrics(event)
+        if isinstance(event, OutputLine):
+            state = self.rank(event.rank)
+            state.output_lines += 1
+            return state
+        if isinstance(event, LaunchStarted):
+            self.started = event
+            self.start_time = time.monotonic()
+            for rank in range(event.world_size):
+                self.rank(rank)
+            return self
+        if isinstance(event, RankStarted):
+            state = self.rank(event.rank)
+            state.pid = event.pid
+            state.status = "running"
+            if self.status == "starting" and all(r.status != "starting" for r in self.ranks.values()):
+                self.status = "running"
+            return state
+        if isinstance(event, RankResult):
+            self.rank(event.rank).status = "finished"
+            return self.rank(event.rank)
+        if isinstance(event, RankFailed):
+            state = self.rank(event.rank)
+            state.failure = event
+            state.status = "failed"
+            return state
+        if isinstance(event, RankExited):
+            state = self.rank(event.rank)
+            state.exitcode, state.signal_name = event.exitcode, event.signal_name
+            if state.status in ("starting", "running"):
+                state.status = "finished" if event.exitcode == 0 else "exited"
+            return state
+        if isinstance(event, LaunchFinished):
+            self.finished = event
+            self.status = event.status
+            if event.root_rank is not None:
+                self.rank(event.root_rank).root_cause = True
+            for state in self.ranks.values():
+                if state.root_cause or state.status in ("finished", "failed"):
+                    continue
+                if event.status == "finished":
+                    state.status = "finished"
+                    continue
+                # Ranks the launcher had to end (fail-fast, Stop, timeout) were stopped, not crashed.
+                ended_by_launcher = state.signal_name in ("SIGTERM", "SIGKILL", "SIGINT")
+                if state.rank in event.still_running or state.status in ("starting", "running") or (
+                        event.status != "finished" and ended_by_launcher):
+                    state.status = "stopped"
+            return self
+        return None
+
+    def _on_progress(self, event: ProgressUpdate) -> Optional[BarState]:
+        state = self.rank(event.rank)
+        if state.status == "starting":
+            state.status = "running"
+        bar = state.bars.get(event.bar_id)
+        if bar is None:
+            slot = self._free_slot(state, event.position)
+            bar = state.bars[event.bar_id] = BarState(event.rank, event.bar_id, event, slot)
+            state.slots[slot] = event.bar_id
+        bar.update = event
+        if event.closed and not event.leave:  # leave=False: the bar disappears, as in tqdm
+            state.slots[bar.slot] = None
+            del state.bars[event.bar_id]
+        return bar
+
+    @staticmethod
+    def _free_slot(state: RankState, position: int) -> int:
+        """A slot for a new bar: an empty one, or one whose bar is closed at the same nesting position
+        (a new epoch's inner bar replaces the last one instead of adding a row), else a new slot."""
+        for slot, bar_id in enumerate(state.slots):
+            if bar_id is None:
+                return slot
+        for slot, bar_id in enumerate(state.slots):
+            old = state.bars.get(bar_id)
+            if old is not None and old.closed and old.update.position == position:
+                del state.bars[bar_id]
+                return slot
+        state.slots.append(None)
+        return len(state.slots) - 1
+
+    def _on_metrics(self, event: MetricReport) -> List[str]:
+        state = self.rank(event.rank)
+        state.metrics.update(event.metrics)
+        x = float(event.step if event.step is not None else event.seq)
+        for name, value in event.metrics.items():
+            self.series.setdefault(name, {}).setdefault(event.rank, Series()).add(x, float(value))
+        return list(event.metrics)
+
+    # ------------------------------------------------------------------------------------------ summary
+    def header_text(self) -> str:
+        started = self.started
+        parts = [f"{self.world_size} × {self.device}"]
+        if started is not None:
+            if started.function_name:
+                parts.insert(0, f"{started.function_name}()")
+            if started.mixed_precision and started.mixed_precision != "no":
+                parts.append(started.mixed_precision)
+        parts.append(self.status)
+        parts.append(format_interval(self.elapsed()))
+        return " · ".join(parts)
+
+    def rank_status_text(self, state: RankState, mark_root: bool = True) -> str:
+        text = state.status
+        if state.root_cause and mark_root:
+            text += " (root cause)"
+        if state.status == "exited" or (state.status == "failed" and state.failure is None):
+            if state.signal_name:
+                text += f", {state.signal_name}"
+            elif state.exitcode is not None:
+                text += f", exit code {state.exitcode}"
+        return text
+
+    def summary_lines(self, ascii: bool = True, ncols: Optional[int] = None) -> List[str]:
+        """A readable final (or current) summary: header, then one line per bar per rank, then the error."""
+        lines = [f"notebook_accel: {self.header_text()}"]
+        for rank in sorted(self.ranks):
+            state = self.ranks[rank]
+            prefix = f"[rank {rank}] "
+            bars = state.visible_bars()
+            metrics_bar = state.metrics_bar()
+            for bar in bars:
+                extra = state.metrics_postfix() if bar is metrics_bar else ""
+                lines.append(prefix + bar.meter(extra, ascii=ascii, ncols=ncols))
+            if not bars and state.metrics:
+                lines.append(prefix + state.metrics_postfix())
+            lines.append(prefix + self.rank_status_text(state))
+        finished = self.finished
+        if finished is not None and finished.error:
+            lines.append(f"error: {finished.error}")
+        return lines

@@ -1,0 +1,418 @@
+"""display="widgets": the live dashboard (ipywidgets 8), fed only by events.
+
+Layout::
+
+    header   train() · 2 × cpu · running · 00:12
+    rank 0   [desc  ████████░░░░]  45% 45/100 [00:01<00:01, 40.1it/s, loss=0.31]
+    rank 1   [desc  ███████░░░░░]  41% 41/100 [00:01<00:01, 38.7it/s, loss=0.33]
+    plots    one SVG line plot per reported metric, one line per rank, axes and legend
+
+Choices, and why:
+
+* Bars are ``FloatProgress`` widgets (desc as their description) next to an ``HTML`` with tqdm's own right
+  side (``format_meter`` on the rank's ``format_dict``), so bar state is saved with the notebook.
+* Throttling happens here, per bar: a bar's widgets are updated at most every ``bar_interval`` seconds
+  (0.25 s → ≤ 4 refreshes, ≤ 8 widget messages a second per bar, whatever the rank's rate); a bar's
+  close is applied at once, and ``LaunchFinished`` flushes everything, so the final state is exact.
+* Rank output is written as plain stream output of the cell, ``[rank N] line``, coalesced every
+  ``log_interval`` seconds into one write per stream. Stream output is part of the saved notebook and is
+  rendered by GitHub and nbconvert, where widgets are not; an ``ipywidgets.Output`` would keep it only in
+  the widget state. (The background panel instead shows a bounded tail in the widget: a background thread
+  has no cell to print into.)
+* The dashboard's ``text/plain`` is the launch summary; at ``LaunchFinished`` the display is updated so a
+  saved notebook (GitHub, nbconvert) shows final n/total per rank and the status, not a frozen 0 %.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from html import escape
+from typing import Callable, Deque, Dict, List, Optional, Tuple
+
+import ipywidgets as widgets
+
+from ..events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate, RankEvent,
+                      RankExited, RankFailed, RankResult, RankStarted)
+from .model import STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, rank_colour
+from .plot import render_line_plot
+
+__all__ = ["WidgetView", "DashboardBox"]
+
+
+class DashboardBox(widgets.VBox):
+    """The dashboard's root widget; its ``text/plain`` (what GitHub/nbconvert show) is the live summary."""
+
+    def __init__(self, summary: Callable[[], str], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._summary = summary
+
+    def __repr__(self) -> str:
+        return self._summary()
+
+    def _repr_mimebundle_(self, **kwargs):
+        data = super()._repr_mimebundle_(**kwargs)
+        if data is not None:
+            data["text/plain"] = self._summary()
+        return data
+
+
+class _BarRow:
+    """The widgets of one bar slot of one rank."""
+
+    def __init__(self) -> None:
+        self.bar = widgets.FloatProgress(value=0.0, min=0.0, max=1.0, description="",
+                                         style={"description_width": "110px"},
+                                         layout=widgets.Layout(flex="1 1 auto", width="auto", min_width="200px"))
+        self.text = widgets.HTML(value="", layout=widgets.Layout(flex="0 0 auto", min_width="360px",
+                                                                 margin="0 0 0 8px"))
+        self.box = widgets.HBox([self.bar, self.text], layout=widgets.Layout(align_items="center"))
+        self.hidden = False
+        self.sent_at = 0.0
+        self.bar_id: Optional[int] = None  # the bar shown; a new one is drawn at once, not throttled
+
+    def hide(self) -> None:
+        if not self.hidden:
+            self.box.layout.display = "none"
+            self.hidden = True
+
+    def show(self) -> None:
+        if self.hidden:
+            self.box.layout.display = None
+            self.hidden = False
+
+
+class _RankRow:
+    """Label, bars and error text of one rank."""
+
+    def __init__(self, rank: int) -> None:
+        self.label = widgets.HTML(value="")
+        self.bars = widgets.VBox([])
+        self.error = widgets.HTML(value="", layout=widgets.Layout(display="none"))
+        self.box = widgets.VBox([self.label, self.bars, self.error], layout=widgets.Layout(
+            border_left=f"4px solid {rank_colour(rank)}", padding="0 0 0 8px", margin="3px 0"))
+        self.box.add_class("notebook-accel-rank")
+        self.slots: List[_BarRow] = []
+
+    def row(self, slot: int) -> _BarRow:
+        while len(self.slots) <= slot:
+            row = _BarRow()
+            self.slots.append(row)
+            self.bars.children = tuple(r.box for r in self.slots)
+        return self.slots[slot]
+
+
+class WidgetView:
+    """The live dashboard. ``notebook_launcher`` makes one for display="widgets" (or "auto" in a kernel).
+
+    Example (what the launcher does)::
+
+        view = WidgetView()
+        for event in events:     # LaunchStarted first, LaunchFinished last
+            view.handle(event)   # and view.tick() a few times a second
+        view.widget              # the DashboardBox
+
+    ``display=False`` builds the widget without displaying it (the panel embeds it); ``log_to="widget"``
+    shows rank output in a bounded tail inside the widget instead of the cell's stream output.
+    """
+
+    bar_interval = 0.25  # s between two refreshes of one bar (2 widget messages each: ≤ 8 a second)
+    header_interval = 1.0
+    plot_interval = 1.0
+    log_interval = 0.25
+    log_tail = 400  # lines kept in the widget when log_to="widget"
+
+    def __init__(self, *, display: bool = True, log_to: str = "stream",
+                 on_finished: Optional[Callable[[LaunchFinished], None]] = None) -> None:
+        if log_to not in ("stream", "widget"):
+            raise ValueError(f"log_to must be 'stream' or 'widget', got {log_to!r}")
+        self.state = LaunchState()
+        self._display = display
+        self._log_to = log_to
+        self._on_finished = on_finished
+        self._lock = threading.RLock()
+        self._display_handle = None
+
+        self.header = widgets.HTML(value=self._header_html())
+        self.ranks_box = widgets.VBox([])
+        self.plots_box = widgets.HBox([], layout=widgets.Layout(flex_flow="row wrap", display="none"))
+        self.log_box = widgets.HTML(value="", layout=widgets.Layout(display="none"))
+        self.widget = DashboardBox(self.summary, children=[self.header, self.ranks_box, self.plots_box,
+                                                           self.log_box],
+                                   layout=widgets.Layout(border="1px solid #ddd", padding="6px 8px"))
+        self.widget.add_class("notebook-accel-dashboard")
+
+        self._rank_rows: Dict[int, _RankRow] = {}
+        self._plots: Dict[str, widgets.HTML] = {}
+        self._dirty_bars: Dict[Tuple[int, int], BarState] = {}
+        self._dirty_plots: Dict[str, float] = {}  # metrics with new points since their last drawing
+        self._plot_drawn: Dict[str, float] = {}
+        self._header_at = 0.0
+        self._header_status = ""
+        self._log_buffer: List[Tuple[str, str]] = []
+        self._log_lines: Deque[str] = deque(maxlen=self.log_tail)
+        self._log_total = 0
+        self._log_at = 0.0
+
+    # ------------------------------------------------------------------------------------ View protocol
+    def handle(self, event: RankEvent) -> None:
+        with self._lock:
+            changed = self.state.apply(event)
+            now = time.monotonic()
+            if isinstance(event, ProgressUpdate):
+                self._on_bar(changed, now)  # type: ignore[arg-type]
+            elif isinstance(event, OutputLine):
+                self._log_buffer.append((event.stream, f"[rank {event.rank}] {clean_line(event.text)}\n"))
+            elif isinstance(event, MetricReport):
+                self._on_metrics(event, changed)  # type: ignore[arg-type]
+            elif isinstance(event, LaunchStarted):
+                self._on_started()
+            elif isinstance(event, (RankStarted, RankResult, RankFailed, RankExited)):
+                self._draw_rank_label(self.state.rank(event.rank))
+                if isinstance(event, RankFailed):
+                    self._draw_failure(self.state.rank(event.rank))
+            elif isinstance(event, LaunchFinished):
+                self._on_finished_event(event)
+                return
+            self._flush(now)
+
+    def tick(self) -> None:
+        with self._lock:
+            self._flush(time.monotonic())
+
+    # ------------------------------------------------------------------------------------------- summary
+    def summary(self) -> str:
+        """The launch as text: header, per rank its bars (final n/total) and status, then the error."""
+        with self._lock:  # the panel's launch thread may be applying an event right now
+            return "\n".join(self.state.summary_lines(ascii=False))
+
+    @property
+    def log_lines(self) -> List[str]:
+        """The last ``log_tail`` output lines (labelled ``[rank N]``)."""
+        return list(self._log_lines)
+
+    # ------------------------------------------------------------------------------------------ handlers
+    def _on_started(self) -> None:
+        for rank in sorted(self.state.ranks):
+            self._rank_row(rank)
+        self._draw_header()
+        if self._display:
+            from IPython.display import display
+
+            self._display_handle = display(self.widget, display_id=True)
+
+    def _on_bar(self, bar: BarState, now: float) -> None:
+        key = (bar.rank, bar.bar_id)
+        row = self._rank_row(bar.rank).row(bar.slot)
+        if bar.closed or row.bar_id != bar.bar_id or now - row.sent_at >= self.bar_interval:
+            self._dirty_bars.pop(key, None)
+            self._draw_bar(bar, row, now)
+        else:
+            self._dirty_bars[key] = bar
+
+    def _on_metrics(self, event: MetricReport, names: List[str]) -> None:
+        for name in names:
+            self._dirty_plots.setdefault(name, 0.0)
+        bar = self.state.rank(event.rank).metrics_bar()
+        if bar is not None and not bar.closed:  # the bar's postfix shows the latest values
+            self._dirty_bars.setdefault((bar.rank, bar.bar_id), bar)
+
+    def _on_finished_event(self, event: LaunchFinished) -> None:
+        now = time.monotonic()
+        for state in self.state.ranks.values():
+            for bar in state.visible_bars():
+                self._draw_bar(bar, self._rank_row(state.rank).row(bar.slot), now)
+            self._draw_rank_label(state)
+            if state.failure is not None or state.root_cause:
+                self._draw_failure(state)
+        self._dirty_bars.clear()
+        for name in list(self._dirty_plots) + list(self._plots):
+            self._draw_plot(name, now)
+        self._dirty_plots.clear()
+        self._flush_logs(now)
+        self._draw_header()
+        if self._display_handle is not None:
+            # Re-publish so the saved text/plain becomes the final summary (the widget itself is unchanged).
+            try:
+                self._display_handle.update(self.widget)
+            except Exception:
+                pass
+        if self._on_finished is not None:
+            self._on_finished(event)
+
+    # ------------------------------------------------------------------------------------------- drawing
+    def _flush(self, now: float) -> None:
+        for key, bar in list(self._dirty_bars.items()):
+            row = self._rank_row(bar.rank).row(bar.slot)
+            if now - row.sent_at >= self.bar_interval:
+                del self._dirty_bars[key]
+                self._draw_bar(bar, row, now)
+        for name in list(self._dirty_plots):
+            if now - self._plot_drawn.get(name, 0.0) >= self.plot_interval:
+                del self._dirty_plots[name]
+                self._draw_plot(name, now)
+        if now - self._header_at >= self.header_interval or self._header_status != self.state.status:
+            self._draw_header()
+        if self._log_buffer and now - self._log_at >= self.log_interval:
+            self._flush_logs(now)
+
+    def _rank_row(self, rank: int) -> _RankRow:
+        row = self._rank_rows.get(rank)
+        if row is None:
+            row = self._rank_rows[rank] = _RankRow(rank)
+            self._draw_rank_label(self.state.rank(rank))
+            self.ranks_box.children = tuple(self._rank_rows[r].box for r in sorted(self._rank_rows))
+        return row
+
+    def _draw_bar(self, bar: BarState, row: _BarRow, now: float) -> None:
+        row.sent_at = now
+        row.bar_id = bar.bar_id
+        state = self.state.rank(bar.rank)
+        if bar.slot >= len(state.slots) or state.slots[bar.slot] != bar.bar_id:
+            if bar.slot < len(state.slots) and state.slots[bar.slot] is None:
+                row.hide()  # leave=False bar closed
+            return
+        row.show()
+        update = bar.update
+        extra = state.metrics_postfix() if bar is state.metrics_bar() else ""
+        with row.bar.hold_sync():
+            if update.total:
+                row.bar.max = float(update.total)
+                row.bar.value = float(min(update.n, update.total))
+            else:  # unknown total: a full "info" bar, as tqdm.notebook shows it
+                row.bar.max = 1.0
+                row.bar.value = 1.0
+            row.bar.description = bar.desc
+            row.bar.bar_style = self._bar_style(bar, state)
+        row.text.value = ('<span style="font-family:monospace;white-space:pre">'
+                          f"{escape(bar.right_text(extra))}</span>")
+
+    def _bar_style(self, bar: BarState, state: RankState) -> str:
+        if not bar.update.total:
+            return "danger" if state.status == "failed" else "info"
+        if bar.complete:
+            return "success"
+        if state.status == "failed" or state.root_cause:
+            return "danger"
+        if bar.closed or state.status == "stopped":
+            return "warning"
+        return ""
+
+    def _draw_header(self) -> None:
+        self._header_at = time.monotonic()
+        self._header_status = self.state.status
+        self.header.value = self._header_html()
+
+    def _header_html(self) -> str:
+        state = self.state
+        colour = STATUS_COLOURS.get(state.status, "#333")
+        started = state.started
+        items = [
+            ("device", state.device if started else "…"),
+            ("world size", str(state.world_size) if started else "…"),
+            ("status", f'<span style="color:{colour}">{escape(state.status)}</span>'),
+            ("elapsed", _interval(state.elapsed())),
+        ]
+        if started is not None and started.mixed_precision not in ("", "no"):
+            items.append(("precision", escape(started.mixed_precision)))
+        cells = "".join(f'<span style="margin-right:18px">{name}: <b class="na-{name.replace(" ", "-")}">'
+                        f"{value}</b></span>" for name, value in items)
+        title = escape(f"{started.function_name}()") if started is not None and started.function_name else ""
+        return (f'<div class="notebook-accel-header" style="font-size:13px;padding:2px 0 4px 0">'
+                f'<b>notebook_accel</b> <span style="color:#666;margin-right:18px">{title}</span>{cells}</div>')
+
+    def _draw_rank_label(self, state: RankState) -> None:
+        row = self._rank_rows.get(state.rank)
+        if row is None:
+            return
+        colour = rank_colour(state.rank)
+        status_colour = STATUS_COLOURS.get(state.status, "#333")
+        pid = f" · pid {state.pid}" if state.pid else ""
+        mark = ""
+        if state.root_cause:
+            mark = ' <b style="color:#d62728">✖ root cause</b>'
+            row.box.layout.border_left = "4px solid #d62728"
+            row.box.layout.background_color = "#fdecea"
+        row.label.value = (f'<span class="notebook-accel-rank-label" style="font-size:12px">'
+                           f'<b style="color:{colour}">rank {state.rank}</b>{pid} · '
+                           f'<span style="color:{status_colour}">'
+                           f'{escape(self.state.rank_status_text(state, mark_root=False))}'
+                           f"</span>{mark}</span>")
+
+    def _draw_failure(self, state: RankState) -> None:
+        row = self._rank_rows.get(state.rank)
+        if row is None:
+            return
+        failure = state.failure
+        finished = self.state.finished
+        if failure is not None:
+            headline = f"{failure.exc_type.rsplit('.', 1)[-1]}: {failure.message}"
+            traceback = failure.traceback
+        elif finished is not None and state.root_cause:
+            headline, traceback = finished.error or "failed", finished.traceback or ""
+        else:
+            return
+        if state.root_cause or (finished is None):
+            body = (f'<details open><summary style="color:#d62728"><b>{escape(headline)}</b></summary>'
+                    f'<pre style="font-size:11px;line-height:1.3;max-height:320px;overflow:auto;'
+                    f'background:#fff5f5;padding:4px">{escape(traceback)}</pre></details>')
+        else:  # collateral failure of a peer (e.g. "Connection closed by peer"): one line, folded traceback
+            body = (f'<details><summary style="color:#a33">{escape(headline)} (collateral)</summary>'
+                    f'<pre style="font-size:11px;max-height:200px;overflow:auto">{escape(traceback)}</pre>'
+                    f"</details>")
+        row.error.value = body
+        row.error.layout.display = None
+        self._draw_rank_label(state)
+
+    def _draw_plot(self, name: str, now: float) -> None:
+        self._plot_drawn[name] = now
+        series = self.state.series.get(name)
+        if not series:
+            return
+        svg = render_line_plot(name, {rank: s.view() for rank, s in series.items()})
+        plot = self._plots.get(name)
+        if plot is None:
+            plot = self._plots[name] = widgets.HTML(value=svg, layout=widgets.Layout(margin="4px 8px 0 0"))
+            plot.add_class("notebook-accel-plot")
+            self.plots_box.children = tuple(self._plots[n] for n in self._plots)
+            self.plots_box.layout.display = None
+        else:
+            plot.value = svg
+
+    def _flush_logs(self, now: float) -> None:
+        self._log_at = now
+        buffer, self._log_buffer = self._log_buffer, []
+        if not buffer:
+            return
+        self._log_total += len(buffer)
+        if self._log_to == "widget":
+            self._log_lines.extend(text.rstrip("\n") for _, text in buffer)
+            hidden = self._log_total - len(self._log_lines)
+            note = f"… {hidden} earlier lines not shown\n" if hidden else ""
+            self.log_box.value = ('<pre style="font-size:11px;max-height:240px;overflow:auto;margin:4px 0">'
+                                  f"{escape(note + chr(10).join(self._log_lines))}</pre>")
+            self.log_box.layout.display = None
+            return
+        self._log_lines.extend(text.rstrip("\n") for _, text in buffer)
+        # One write per run of same-stream lines: a rank printing 20k lines sends a handful of messages.
+        run_stream, run = buffer[0][0], []
+        for stream, text in buffer:
+            if stream != run_stream:
+                _write(run_stream, "".join(run))
+                run_stream, run = stream, []
+            run.append(text)
+        _write(run_stream, "".join(run))
+
+
+def _write(stream: str, text: str) -> None:
+    # Resolved at write time: ipykernel swaps sys.stdout per cell.
+    target = sys.stderr if stream == "stderr" else sys.stdout
+    target.write(text)
+    target.flush()
+
+
+def _interval(seconds: float) -> str:
+    from .model import format_interval
+
+    return format_interval(seconds)

@@ -1,0 +1,414 @@
+"""The Accelerator on real ranks: ``notebook_launcher(..., display="none")``, gloo on CPU.
+
+Four launches, each grouping several checks (a launch costs ~0.1-2 s):
+
+1. equivalence: 2 ranks x batch 8 trains to the same weights as 1 process x batch 16 (plain PyTorch,
+   no Accelerator), also shuffled, and with gradient accumulation + clipping + an LR scheduler;
+2. sharding with a global-RNG sampler, a WeightedRandomSampler, a batch_sampler and an IterableDataset,
+   gather_for_metrics on an odd-sized eval set, and the collectives;
+3. the seeds' example: torch.nn.Transformer, Adam, DataLoader, prepare, backward;
+4. bf16 autocast on CPU (chosen by the launcher) + save_state / load_state resuming to the same weights.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from typing import Any, Dict, List, Optional
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset, WeightedRandomSampler
+
+from notebook_accel import Accelerator, notebook_launcher
+from test_accelerator_units import GlobalRNGSampler, RangeStream, UnevenBatchSampler, index_dataset
+
+pytestmark = pytest.mark.timeout(180)
+
+WORLD = 2
+
+
+def launch(function, *args: Any, **options: Any) -> List[Any]:
+    """Every rank's return value, by rank."""
+    # device="cpu": these are the gloo tests, also on a machine with GPUs
+    return notebook_launcher(function, args=args, num_processes=WORLD, device="cpu", display="none",
+                             return_all=True, **options)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------- 1. equivalence
+N_SAMPLES, EPOCHS = 64, 2
+
+
+def regression_data() -> TensorDataset:
+    generator = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(N_SAMPLES, 6, generator=generator), torch.randn(N_SAMPLES, 3, generator=generator))
+
+
+def teacher_data() -> TensorDataset:
+    """A target the model can learn (y = a fixed linear map of x), to see the loss fall."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(N_SAMPLES, 6, generator=generator)
+    return TensorDataset(x, x @ torch.randn(6, 3, generator=generator))
+
+
+def fresh_training_objects():
+    torch.manual_seed(0)  # same init everywhere; also the data-order seed prepare() reads
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    return model, optimizer, scheduler
+
+
+def weights_of(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    return {name: value.detach().cpu().clone() for name, value in model.state_dict().items()}
+
+
+def train_with_accelerator(batch_size: int, shuffle: bool, accumulation: int = 1, clip: Optional[float] = None):
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
+    model, optimizer, scheduler = fresh_training_objects()
+    loader = DataLoader(regression_data(), batch_size=batch_size, shuffle=shuffle)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    for _ in range(EPOCHS):
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                accelerator.backward(F.mse_loss(model(x), y))
+                if clip is not None:
+                    accelerator.clip_grad_norm_(model.parameters(), clip)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+    return weights_of(accelerator.unwrap_model(model))
+
+
+def train_plain_pytorch(batch_size: int, shuffle: bool, clip: Optional[float] = None):
+    """The single-process reference: no Accelerator at all. Epoch e shuffles with seed e, which is
+    what prepare() uses after torch.manual_seed(0) (data-order seed = initial seed + epoch)."""
+    model, optimizer, scheduler = fresh_training_objects()
+    dataset = regression_data()
+    for epoch in range(EPOCHS):
+        sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(epoch)) if shuffle else None
+        for x, y in DataLoader(dataset, batch_size=batch_size, sampler=sampler):
+            F.mse_loss(model(x), y).backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+    return weights_of(model)
+
+
+EQUIVALENCE_CASES = {
+    # name: (per-rank batch, shuffle, accumulation steps, clip) -- all make 16 samples per optimizer step
+    "ordered": (8, False, 1, None),
+    "shuffled": (8, True, 1, None),
+    "accumulated+clipped": (4, True, 2, 0.05),
+}
+
+
+def equivalence_rank():
+    return {name: train_with_accelerator(batch, shuffle, steps, clip)
+            for name, (batch, shuffle, steps, clip) in EQUIVALENCE_CASES.items()}  # fmt: skip
+
+
+def assert_same_weights(actual: Dict[str, torch.Tensor], expected: Dict[str, torch.Tensor], what: str) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        assert torch.allclose(actual[name], expected[name], rtol=1e-4, atol=1e-5), f"{what}: {name} differs"
+
+
+@pytest.mark.timeout(180)
+def test_two_ranks_train_like_one_process_with_a_doubled_batch():
+    ranks = launch(equivalence_rank)
+    for name, (batch, shuffle, steps, clip) in EQUIVALENCE_CASES.items():
+        expected = train_plain_pytorch(batch * WORLD * steps, shuffle, clip)
+        initial = weights_of(fresh_training_objects()[0])
+        assert not torch.allclose(expected["0.weight"], initial["0.weight"])  # it did train
+        for rank, result in enumerate(ranks):
+            assert_same_weights(result[name], expected, f"{name}, rank {rank}")
+    # the clip really bit (otherwise the case would not test where clipping happens)
+    assert not torch.allclose(train_plain_pytorch(16, True, 0.05)["0.weight"], train_plain_pytorch(16, True)["0.weight"])
+
+
+@pytest.mark.timeout(60)
+def test_one_process_gradient_accumulation_equals_a_doubled_batch():
+    # in this process, no launcher: batch 8 x 2 accumulation steps == batch 16, with clipping and a scheduler
+    accumulated = train_with_accelerator(8, shuffle=True, accumulation=2, clip=0.05)
+    assert_same_weights(accumulated, train_plain_pytorch(16, True, clip=0.05), "1 process, accumulation 2")
+
+
+# ------------------------------------------------------------------------------------------ 2. sharding
+ODD = 23  # samples: never a multiple of WORLD * batch, so the last step is padded
+
+
+def sharding_loaders():
+    """Fresh loaders, identical on every rank and in the single-process reference."""
+    return {
+        "global-rng-sampler": DataLoader(index_dataset(ODD), batch_size=4, sampler=GlobalRNGSampler(ODD)),
+        "weighted": DataLoader(index_dataset(ODD), batch_size=4,
+                               sampler=WeightedRandomSampler(torch.linspace(0.1, 1, ODD), 30)),  # fmt: skip
+        "batch-sampler": DataLoader(index_dataset(ODD), batch_sampler=UnevenBatchSampler(ODD)),
+        "iterable": DataLoader(RangeStream(ODD), batch_size=4),
+        "eval-ordered": DataLoader(index_dataset(ODD), batch_size=4),
+    }
+
+
+def read_passes(accelerator: Accelerator, epochs: int = 2):
+    """Per loader and epoch: this rank's batches (lists of indices) and gather_for_metrics' result."""
+    out = {}
+    for name, loader in sharding_loaders().items():
+        loader = accelerator.prepare(loader)
+        passes = []
+        for _ in range(epochs):
+            mine, gathered = [], []
+            for batch in loader:
+                values = batch[0] if isinstance(batch, (list, tuple)) else batch
+                mine.append(values.tolist())
+                gathered += accelerator.gather_for_metrics(values).tolist()
+            passes.append({"mine": mine, "gathered": gathered})
+        out[name] = passes
+    return out
+
+
+def collectives(accelerator: Accelerator, shared_dir: str) -> Dict[str, Any]:
+    rank = accelerator.process_index
+    results: Dict[str, Any] = {}
+    results["uneven"] = accelerator.gather(torch.arange(rank + 1)).tolist()
+    tree = accelerator.gather({"a": torch.tensor(float(rank)), "b": (torch.ones(2, 2) * rank,)})
+    results["tree"] = (tree["a"].tolist(), tree["b"][0].shape, type(tree["b"]).__name__)
+    results["reduce"] = [accelerator.reduce(torch.tensor(rank + 1.0), op).item() for op in ("sum", "mean", "max")]
+    padded = accelerator.pad_across_processes(torch.ones(1, rank + 2), dim=1, pad_index=-1)
+    results["padded"] = accelerator.gather(padded).tolist()
+    results["objects"] = accelerator.gather_for_metrics([f"rank{rank}"])
+    try:
+        accelerator.gather(torch.zeros(2, rank + 1))
+    except ValueError as error:  # raised on every rank (no hang): shapes are exchanged first
+        results["mismatch"] = str(error)
+    marker = os.path.join(shared_dir, "written-by-main-first")
+    with accelerator.main_process_first():
+        if accelerator.is_main_process:
+            with open(marker, "w") as handle:
+                handle.write("x")
+        results["marker_seen"] = os.path.exists(marker)
+    accelerator.save({"rank": rank}, os.path.join(shared_dir, "saved.pt"))
+    results["saved"] = torch.load(os.path.join(shared_dir, "saved.pt"))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        accelerator.print("hello from main")
+    results["printed"] = printed.getvalue()
+    results["identity"] = (accelerator.process_index, accelerator.local_process_index, accelerator.num_processes,
+                           accelerator.is_main_process, accelerator.is_local_main_process,
+                           accelerator.distributed_type.value, str(accelerator.device))  # fmt: skip
+    return results
+
+
+def sharding_rank(shared_dir: str):
+    accelerator = Accelerator(seed=1234)
+    passes, results = read_passes(accelerator), collectives(accelerator, shared_dir)
+    was_initialized = torch.distributed.is_initialized()
+    accelerator.end_training()
+    results["group"] = (was_initialized, torch.distributed.is_initialized())
+    return passes, results
+
+
+@pytest.mark.timeout(180)
+def test_shards_cover_one_pass_and_gather_for_metrics_drops_padding(tmp_path):
+    ranks = launch(sharding_rank, str(tmp_path))
+    reference = read_passes(Accelerator(cpu=True, seed=1234))  # this process alone: the 1-process order
+    for name, one_process in reference.items():
+        for epoch, expected in enumerate(one_process):
+            order = [i for batch in expected["mine"] for i in batch]
+            assert expected["gathered"] == order
+            if name in ("eval-ordered", "iterable", "batch-sampler"):
+                assert order == list(range(ODD))
+            per_rank = [ranks[r][0][name][epoch] for r in range(WORLD)]
+            steps = len(per_rank[0]["mine"])
+            assert all(len(p["mine"]) == steps for p in per_rank), f"{name}: uneven batch counts"
+            seen = [i for s in range(steps) for p in per_rank for i in p["mine"][s]]  # rank by rank
+            padding = seen[len(order):]
+            assert seen[: len(order)] == order, f"{name}: the ranks' union is not one pass"
+            assert padding == [order[i % len(order)] for i in range(len(padding))], f"{name}: padding"
+            if name in ("eval-ordered", "iterable"):
+                assert len(padding) == 3 * WORLD * 4 - ODD  # 3 steps of 2 ranks x 4, one sample short
+            for p in per_rank:  # exactly one copy of the data, in order, on every rank
+                assert p["gathered"] == order, f"{name}: gather_for_metrics"
+        assert one_process[0]["gathered"] != one_process[1]["gathered"] or name in ("eval-ordered", "iterable",
+                                                                                   "batch-sampler")  # fmt: skip
+
+    main, other = ranks[0][1], ranks[1][1]
+    for results in (main, other):
+        assert results["uneven"] == [0, 0, 1]
+        assert results["tree"] == ([0.0, 1.0], torch.Size([4, 2]), "tuple")
+        assert results["reduce"] == [3.0, 1.5, 2.0]
+        assert results["padded"] == [[1.0, 1.0, -1.0], [1.0, 1.0, 1.0]]
+        assert results["objects"] == ["rank0", "rank1"]
+        assert "ranks disagree" in results["mismatch"] and "(2, 1)" in results["mismatch"]
+        assert results["marker_seen"] and results["saved"] == {"rank": 0}
+        assert results["group"] == (True, False)  # end_training destroyed the process group
+    assert main["printed"] == "hello from main\n" and other["printed"] == ""
+    assert main["identity"] == (0, 0, 2, True, True, "MULTI_CPU", "cpu")
+    assert other["identity"] == (1, 1, 2, False, False, "MULTI_CPU", "cpu")
+
+
+# ------------------------------------------------------------------------------------ 3. seeds' example
+def seeds_example():
+    accelerator = Accelerator()
+    torch.manual_seed(0)
+    model = torch.nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                 dim_feedforward=32, batch_first=True)  # fmt: skip
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    source = torch.randn(64, 5, 16)
+    dataset = TensorDataset(source, source.flip(1))  # learn to reverse a sequence
+    data = DataLoader(dataset, batch_size=8, shuffle=True)
+
+    model, optimizer, data = accelerator.prepare(model, optimizer, data)
+
+    model.train()
+    losses = []
+    for _ in range(4):
+        for source, targets in data:
+            optimizer.zero_grad()
+            output = model(source, targets)
+            loss = F.mse_loss(output, targets)
+            accelerator.backward(loss)
+            optimizer.step()
+            losses.append(accelerator.reduce(loss.detach(), "mean").item())
+    return losses, weights_of(accelerator.unwrap_model(model))
+
+
+@pytest.mark.timeout(180)
+def test_the_seeds_transformer_example_trains_on_two_ranks():
+    (losses, weights), (other_losses, other_weights) = launch(seeds_example)
+    assert losses == other_losses and len(losses) == 4 * 64 // (8 * WORLD)
+    assert sum(losses[-4:]) < 0.8 * sum(losses[:4]), losses  # it learns
+    for name in weights:  # DDP kept the replicas identical
+        assert torch.equal(weights[name], other_weights[name]), name
+
+
+# -------------------------------------------------------------------------------- 4. bf16 + checkpoints
+def bf16_and_resume(checkpoint_dir: str):
+    def build(accelerator: Accelerator):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                    torch.nn.Linear(32, 3))  # fmt: skip
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-2)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.8)
+        loader = DataLoader(teacher_data(), batch_size=8, shuffle=True)
+        return accelerator.prepare(model, optimizer, loader, scheduler)
+
+    def run_epoch(accelerator, model, optimizer, loader, scheduler) -> List[float]:
+        losses = []
+        for x, y in loader:
+            loss = F.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+    accelerator = Accelerator()  # bf16 comes from notebook_launcher(mixed_precision="bf16")
+    objects = build(accelerator)
+    inner_dtypes = []
+    accelerator.unwrap_model(objects[0])[0].register_forward_hook(lambda m, a, out: inner_dtypes.append(out.dtype))
+    output_dtype = objects[0](torch.randn(2, 6)).dtype
+    losses = run_epoch(accelerator, *objects)
+    accelerator.save_state(checkpoint_dir)
+    at_save = weights_of(accelerator.unwrap_model(objects[0]))
+    for _ in range(3):
+        losses += run_epoch(accelerator, *objects)
+    finished = weights_of(accelerator.unwrap_model(objects[0]))
+
+    # a "new session": fresh objects, RNG moved on, then load_state and the same remaining epochs
+    resumed_accelerator = Accelerator()
+    resumed = build(resumed_accelerator)
+    torch.rand(100)
+    resumed_accelerator.load_state(checkpoint_dir)
+    loaded = weights_of(resumed_accelerator.unwrap_model(resumed[0]))
+    for _ in range(3):
+        run_epoch(resumed_accelerator, *resumed)
+    return {
+        "precision": accelerator.mixed_precision,
+        "dtypes": (inner_dtypes[0], output_dtype),
+        "losses": losses,
+        "at_save": at_save,
+        "loaded": loaded,
+        "finished": finished,
+        "resumed": weights_of(resumed_accelerator.unwrap_model(resumed[0])),
+        "files": sorted(os.listdir(checkpoint_dir)),
+    }
+
+
+@pytest.mark.timeout(180)
+def test_bf16_on_cpu_trains_and_save_load_state_resumes_to_the_same_weights(tmp_path):
+    ranks = launch(bf16_and_resume, str(tmp_path / "checkpoint"), mixed_precision="bf16")
+    for rank, result in enumerate(ranks):
+        assert result["precision"] == "bf16"
+        assert result["dtypes"] == (torch.bfloat16, torch.float32)  # autocast inside, fp32 out
+        steps = len(result["losses"]) // 4
+        assert sum(result["losses"][-steps:]) < 0.5 * sum(result["losses"][:steps])  # it learns in bf16
+        assert_same_weights(result["loaded"], result["at_save"], f"rank {rank}: load_state")
+        assert not torch.allclose(result["finished"]["0.weight"], result["at_save"]["0.weight"])
+        for name in result["finished"]:  # dropout RNG, data order, Adam and scheduler state all restored
+            assert torch.equal(result["resumed"][name], result["finished"][name]), f"rank {rank}: {name}"
+    assert ranks[0]["files"] == ["model.pt", "optimizer.pt", "random_states_0.pt", "random_states_1.pt",
+                                 "scheduler.pt"]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- 5. CUDA
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
+
+
+@cuda
+@pytest.mark.timeout(120)
+def test_fp16_grad_scaler_on_one_cuda_device():
+    accelerator = Accelerator(mixed_precision="fp16")
+    assert accelerator.device.type == "cuda" and accelerator.scaler is not None
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.5)
+    loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=16)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    inner = []
+    model[0].register_forward_hook(lambda m, a, out: inner.append(out.dtype))
+    losses, skipped = [], []
+    for _ in range(5):
+        for x, y in loader:
+            assert x.device.type == "cuda"
+            loss = F.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            norm = accelerator.clip_grad_norm_(model.parameters(), 1.0)  # unscaled before clipping
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+            skipped.append(optimizer.step_was_skipped)
+            if not skipped[-1]:  # the first steps may overflow while the scaler finds its scale
+                assert torch.isfinite(norm) and norm < 1e3  # a real, unscaled gradient norm
+    assert inner[0] == torch.float16 and losses[-1] < losses[0] and skipped.count(False) >= 15
+    # an overflowing step is skipped: weights, and the scheduler, stay where they were
+    before = weights_of(model)
+    lr_before = scheduler.get_last_lr()
+    accelerator.backward(model(x).sum() * float("inf"))
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+    assert optimizer.step_was_skipped and accelerator.optimizer_step_was_skipped
+    assert scheduler.get_last_lr() == lr_before
+    after = weights_of(model)
+    assert all(torch.equal(before[name], after[name]) for name in before)
+
+
+@cuda
+@pytest.mark.timeout(120)
+def test_bf16_on_one_cuda_device():
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip("this CUDA device has no bf16")
+    accelerator = Accelerator(mixed_precision="bf16")
+    assert accelerator.scaler is None
+    model = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(8, 8)))
+    inner = []
+    model[0].register_forward_hook(lambda m, a, out: inner.append(out.dtype))
+    out = model(torch.randn(4, 8, device=accelerator.device))
+    assert inner == [torch.bfloat16] and out.dtype == torch.float32

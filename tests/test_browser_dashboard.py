@@ -1,0 +1,236 @@
+"""The dashboard in a real browser: JupyterLab on localhost, headless Chromium driven by Playwright.
+
+The test starts JupyterLab (free port, random token, everything in a temp dir), opens a notebook, runs the
+launch cell, and checks the page: one progress row per rank reaching 100 %, a metric plot with one line per
+rank, the finished status. A screenshot is saved to ``tests/artifacts/dashboard.png``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import nbformat
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARTIFACTS = os.path.join(REPO, "tests", "artifacts")
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+
+SETUP = f"""import sys, time
+sys.path.insert(0, {REPO!r})
+from notebook_accel import notebook_launcher, progress, report, launch_panel"""
+
+LAUNCH = """def train(steps):
+    import os
+    rank = int(os.environ["RANK"])
+    print(f"rank {rank} starts")
+    for epoch in progress(range(2), desc="epoch"):
+        for step in progress(range(steps), desc="step", leave=False):
+            time.sleep(0.01)
+            report(step=epoch * steps + step, loss=1.0 / (1 + epoch * steps + step) + 0.05 * rank)
+    return rank
+
+notebook_launcher(train, args=(100,), num_processes=2)"""
+
+PANEL = """panel = launch_panel(train, args=(40,), num_processes=2)
+panel"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def jupyter_lab(tmp_path):
+    """A JupyterLab server on a free localhost port; yields (base_url, token, root_dir); killed after."""
+    root = tmp_path / "root"
+    root.mkdir()
+    config = tmp_path / "config"
+    (config / "labconfig").mkdir(parents=True)
+    # No "news" pop-up (it would try the network and cover part of the page).
+    (config / "labconfig" / "page_config.json").write_text(json.dumps(
+        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), IPYTHONDIR=str(tmp_path / "ipython"),
+               TMPDIR=str(tmp_path), PYTHONPATH=REPO)
+    port, token = _free_port(), secrets.token_hex(16)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+         f"--IdentityProvider.token={token}", "--allow-root", f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"), start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("JupyterLab did not start:\n" + (tmp_path / "server.log").read_text())
+                time.sleep(0.3)
+        yield base, token, root
+    finally:
+        # SIGTERM lets the server shut its kernels down (and the kernels' ranks die with them); then the group.
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(server.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            server.wait(timeout=10)
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"needs Chromium at {CHROMIUM} (.ci/run installs it)")
+@pytest.mark.timeout(240)
+def test_dashboard_in_jupyterlab(jupyter_lab, tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    base, token, root = jupyter_lab
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)
+                                         for source in (SETUP, LAUNCH, PANEL)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(root / "dashboard.ipynb"))
+
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    screenshot = os.path.join(ARTIFACTS, "dashboard.png")
+    old_tmp = os.environ.get("TMPDIR")
+    # Playwright's driver and Chromium's profile go to a dir removed below; short, as Chromium's singleton
+    # socket path must fit in a sockaddr_un.
+    short_tmp = tempfile.mkdtemp(prefix="na-")
+    os.environ["TMPDIR"] = short_tmp
+    try:
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 1100})
+                page.goto(f"{base}/lab/tree/dashboard.ipynb?token={token}", wait_until="domcontentloaded")
+                try:
+                    _run_all_cells(page)
+                    page.wait_for_selector(".notebook-accel-dashboard", timeout=60_000)
+                    page.wait_for_function(
+                        "() => [...document.querySelectorAll('.notebook-accel-header .na-status')]"
+                        ".some(e => e.textContent.trim() === 'finished')", timeout=120_000)
+                except Exception:
+                    page.screenshot(path=os.path.join(ARTIFACTS, "dashboard-failure.png"))
+                    raise
+                page.wait_for_timeout(500)  # let the last widget messages render
+                dashboard = page.locator(".notebook-accel-dashboard").first
+                dashboard.scroll_into_view_if_needed()
+                page.screenshot(path=screenshot, full_page=False)
+                facts = page.evaluate(_FACTS_JS)
+                panel_facts = _press_launch_in_the_panel(page)
+            finally:
+                browser.close()
+    finally:
+        if old_tmp is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = old_tmp
+        shutil.rmtree(short_tmp, ignore_errors=True)
+
+    assert facts["ranks"] == 2, facts
+    # one visible progress row per rank (the inner leave=False bar is gone), each at 100 %
+    assert facts["visible_bars_per_rank"] == [1, 1], facts
+    assert all(width == "100%" for width in facts["bar_widths"]), facts
+    assert all("2/2" in text for text in facts["bar_texts"]), facts
+    # a metric plot with axes, a legend and one line per rank
+    assert facts["plots"] >= 1 and facts["plot_lines"] >= 2, facts
+    assert "rank 0:" in facts["plot_text"] and "rank 1:" in facts["plot_text"] and "step" in facts["plot_text"]
+    # rank output reached the cell as labelled stream output
+    assert "[rank 0] rank 0 starts" in facts["stream"] and "[rank 1] rank 1 starts" in facts["stream"]
+    assert os.path.getsize(screenshot) > 10_000
+    # the panel: Launch pressed in the page, the launch ran in the background, its dashboard under the panel
+    assert panel_facts["slider"] == "2" and panel_facts["ranks"] == 2, panel_facts
+    assert all(width == "100%" for width in panel_facts["bar_widths"]) and len(panel_facts["bar_widths"]) == 2
+    assert panel_facts["launch_enabled"] and not panel_facts["stop_enabled"], panel_facts
+
+
+def _press_launch_in_the_panel(page) -> dict:
+    panel = page.locator(".notebook-accel-panel").first
+    panel.wait_for(timeout=60_000)
+    panel.scroll_into_view_if_needed()
+    panel.get_by_role("button", name="Launch").click()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.notebook-accel-panel .notebook-accel-header .na-status')]"
+        ".some(e => e.textContent.trim() === 'finished')", timeout=120_000)
+    page.wait_for_timeout(500)
+    panel.scroll_into_view_if_needed()
+    page.screenshot(path=os.path.join(ARTIFACTS, "panel.png"), full_page=False)
+    return page.evaluate("""() => {
+      const panel = document.querySelector('.notebook-accel-panel');
+      const buttons = [...panel.querySelectorAll('button')];
+      const button = name => buttons.find(b => b.textContent.trim() === name);
+      return {
+        slider: (panel.querySelector('.widget-readout') || {}).textContent,
+        ranks: panel.querySelectorAll('.notebook-accel-rank').length,
+        bar_widths: [...panel.querySelectorAll('.notebook-accel-rank .progress-bar')]
+                      .filter(b => b.offsetParent !== null).map(b => b.style.width),
+        launch_enabled: !button('Launch').disabled,
+        stop_enabled: !button('Stop').disabled,
+      };
+    }""")
+
+
+def _run_all_cells(page) -> None:
+    """Wait for the notebook and an idle kernel, then Run > Run All Cells (retried once if it was early)."""
+    page.wait_for_selector(".jp-Notebook .jp-Cell .cm-content", timeout=60_000)
+    page.wait_for_function(  # the status bar reads "Python 3 (ipykernel) | Idle"
+        "() => [...document.querySelectorAll('.jp-StatusBar-TextItem')].some(e => /\\| Idle/.test(e.textContent))",
+        timeout=60_000)
+    first_prompt = page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt").first
+    for attempt in range(3):
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).first.click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).first.click()
+        try:
+            page.wait_for_function(
+                "(el) => /\\[(\\d+|\\*)\\]/.test(el.textContent)", arg=first_prompt.element_handle(),
+                timeout=15_000)
+            return
+        except Exception:
+            if attempt == 2:
+                raise
+
+
+_FACTS_JS = """() => {
+  const dash = document.querySelector('.notebook-accel-dashboard');
+  const ranks = [...dash.querySelectorAll('.notebook-accel-rank')];
+  const visible = el => el.offsetParent !== null;
+  const rows = ranks.map(r => [...r.querySelectorAll('.widget-hprogress, .widget-progress')]
+                                 .filter(visible).filter(p => !p.parentElement.closest('.widget-hprogress')));
+  const bars = rows.flat();
+  const plots = [...dash.querySelectorAll('.notebook-accel-plot svg')];
+  const cell = dash.closest('.jp-Cell');
+  return {
+    ranks: ranks.length,
+    visible_bars_per_rank: rows.map(r => r.length),
+    bar_widths: bars.map(b => (b.querySelector('.progress-bar') || {style: {}}).style.width),
+    bar_texts: ranks.map(r => r.innerText),
+    plots: plots.length,
+    plot_lines: plots.length ? plots[0].querySelectorAll('polyline, circle').length : 0,
+    plot_text: plots.map(p => p.textContent).join(' '),
+    stream: [...cell.querySelectorAll('.jp-RenderedText')].map(e => e.innerText).join('\\n'),
+  };
+}"""

@@ -1,0 +1,326 @@
+"""The views fed with synthetic events (no kernel, no ranks): throttling, slots, failure, summaries, plots."""
+from __future__ import annotations
+
+import io
+import math
+import re
+
+import ipywidgets
+import pytest
+
+from notebook_accel.events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate,
+                                   RankExited, RankFailed, RankResult, RankStarted)
+from notebook_accel.views import make_view
+from notebook_accel.views.plot import nice_ticks, render_line_plot
+from notebook_accel.views.text import TextView
+from notebook_accel.views.widgets import WidgetView
+
+
+class Clock:
+    """Replaces time.monotonic in the views, so throttling is tested without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = Clock()
+    import notebook_accel.views.model as model
+    import notebook_accel.views.text as text
+    import notebook_accel.views.widgets as widgets_module
+
+    for module in (model, text, widgets_module):
+        monkeypatch.setattr(module.time, "monotonic", clock)
+    return clock
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """Every widget state message: (widget, state dict)."""
+    messages = []
+    original = ipywidgets.Widget.send_state
+
+    def record(self, key=None):
+        state = self.get_state(key=key)
+        if state:
+            messages.append((self, state))
+        return original(self, key)
+
+    monkeypatch.setattr(ipywidgets.Widget, "send_state", record)
+    return messages
+
+
+def update(rank, bar_id, n, total=100, desc="train", closed=False, position=0, leave=True, elapsed=1.0):
+    return ProgressUpdate(rank=rank, bar_id=bar_id, desc=desc, n=n, total=total, elapsed=elapsed, rate=None,
+                          position=position, closed=closed, leave=leave,
+                          format_dict={"n": n, "total": total, "elapsed": elapsed, "prefix": desc,
+                                       "unit": "it", "ascii": False})
+
+
+def start(view, world_size=2):
+    view.handle(LaunchStarted(rank=-1, world_size=world_size, device="cpu", start_method="fork",
+                              function_name="train"))
+    for rank in range(world_size):
+        view.handle(RankStarted(rank=rank, pid=4000 + rank))
+
+
+def bar_rows(view, rank):
+    return [row for row in view._rank_rows[rank].slots if not row.hidden]
+
+
+def test_widget_updates_per_bar_are_throttled_and_the_final_state_is_exact(clock, sent):
+    view = WidgetView(display=False)
+    start(view, 1)
+    total = 1_000_000
+    # a rank sending 10 states a second for 10 s (what progress does), the supervisor ticking at 10 Hz
+    for step in range(101):
+        clock.now += 0.1
+        view.handle(update(0, 1, n=step * total // 100, total=total, closed=step == 100))
+        view.tick()
+    row = bar_rows(view, 0)[0]
+    assert row.bar.value == total and row.bar.max == total and row.bar.bar_style == "success"
+    assert "1000000/1000000" in row.text.value
+    bar_messages = [state for widget, state in sent if widget is row.bar]
+    text_messages = [state for widget, state in sent if widget is row.text]
+    # 10 s at ≤ 4 refreshes a second, 1 message per widget per refresh: ≤ 10 messages a second per bar
+    assert len(bar_messages) <= 10 * 4 + 2 and len(text_messages) <= 10 * 4 + 2
+    assert (len(bar_messages) + len(text_messages)) / 10 <= 8.5
+
+
+def test_a_burst_of_updates_between_ticks_costs_one_refresh(clock, sent):
+    view = WidgetView(display=False)
+    start(view, 1)
+    clock.now += 1
+    for n in range(1, 1001):  # 1000 states within one instant
+        view.handle(update(0, 1, n=n, total=1000, closed=False))
+    row = bar_rows(view, 0)[0]
+    assert sum(1 for widget, _ in sent if widget is row.bar) <= 2
+    clock.now += 0.25
+    view.tick()  # the pending state is flushed by the next tick
+    assert row.bar.value == 1000
+
+
+def test_inner_bars_reuse_their_row(clock):
+    view = WidgetView(display=False)
+    start(view, 1)
+    bar_id = 1
+    view.handle(update(0, bar_id, 0, total=50, desc="epoch"))
+    for epoch in range(50):
+        bar_id += 1
+        view.handle(update(0, bar_id, 0, total=10, desc="step", position=1, leave=False))
+        clock.now += 1
+        view.handle(update(0, bar_id, 10, total=10, desc="step", position=1, leave=False, closed=True))
+        view.handle(update(0, 1, epoch + 1, total=50, desc="epoch"))
+    assert len(view._rank_rows[0].slots) == 2  # epoch row + one reused step row, not 51 rows
+    visible = bar_rows(view, 0)
+    assert [row.bar.description for row in visible] == ["epoch"]  # leave=False: the step bar is gone
+
+
+def test_sequential_bars_with_leave_replace_the_closed_one(clock):
+    view = WidgetView(display=False)
+    start(view, 1)
+    view.handle(update(0, 1, 5, total=5, desc="first", closed=True))
+    view.handle(update(0, 2, 0, total=7, desc="second"))
+    rows = bar_rows(view, 0)
+    assert len(rows) == 1 and rows[0].bar.description == "second" and rows[0].bar.max == 7
+
+
+def test_unknown_total_shows_an_info_bar_with_counts(clock):
+    view = WidgetView(display=False)
+    start(view, 1)
+    view.handle(update(0, 1, 42, total=None, desc="stream", closed=True))
+    row = bar_rows(view, 0)[0]
+    assert row.bar.bar_style == "info" and "42it" in row.text.value
+
+
+def test_output_lines_are_coalesced_labelled_and_cleaned(clock, monkeypatch):
+    out = io.StringIO()
+    writes = []
+    real_write = out.write
+    monkeypatch.setattr(out, "write", lambda text: writes.append(text) or real_write(text))
+    monkeypatch.setattr("sys.stdout", out)
+    view = WidgetView(display=False)
+    start(view)
+    for i in range(20_000):
+        view.handle(OutputLine(rank=i % 2, stream="stdout", text=f"line {i}"))
+        if i % 1000 == 0:
+            clock.now += 0.3
+            view.tick()
+    view.handle(OutputLine(rank=1, stream="stdout", text="  0%|   | 0/3\r 33%|#  | 1/3\r100%|###| 3/3"))
+    view.handle(LaunchFinished(rank=-1, status="finished", elapsed=5.0))
+    text = out.getvalue()
+    assert len(writes) <= 25
+    assert text.count("\n") == 20_001
+    assert "[rank 0] line 0\n[rank 1] line 1\n" in text and "[rank 1] line 19999\n" in text
+    assert text.endswith("[rank 1] 100%|###| 3/3\n")
+
+
+def test_metrics_feed_plots_and_the_bar_postfix(clock):
+    view = WidgetView(display=False)
+    start(view)
+    for rank in range(2):
+        view.handle(update(rank, 1, 0, total=100))
+    for step in range(50):
+        clock.now += 0.1
+        for rank in range(2):
+            view.handle(MetricReport(rank=rank, step=step, metrics={"loss": 1.0 / (step + 1) + rank, "lr": 0.1}))
+            view.handle(update(rank, 1, step, total=100))
+        view.tick()
+    view.handle(LaunchFinished(rank=-1, status="finished", elapsed=5.0))
+    assert set(view._plots) == {"loss", "lr"}
+    svg = view._plots["loss"].value
+    assert svg.count("<polyline") == 2 and 'data-rank="0"' in svg and 'data-rank="1"' in svg
+    assert "rank 1: 1.02" in svg  # legend with the latest value
+    assert "loss=0.02" in bar_rows(view, 0)[0].text.value and "lr=0.1" in bar_rows(view, 0)[0].text.value
+
+
+def test_failure_marks_the_root_cause_and_shows_its_traceback(clock):
+    view = WidgetView(display=False)
+    start(view)
+    for rank in range(2):
+        view.handle(update(rank, 1, 30, total=100))
+    view.handle(RankFailed(rank=1, exc_type="builtins.ValueError", message="bad batch",
+                           traceback="Traceback (most recent call last):\n  File \"train.py\", line 3\n"
+                                     "ValueError: bad batch", exception=None))
+    view.handle(RankExited(rank=1, exitcode=1))
+    view.handle(RankExited(rank=0, exitcode=-15, signal_name="SIGTERM"))
+    view.handle(LaunchFinished(rank=-1, status="failed", elapsed=3.0, root_rank=1,
+                               error="ValueError: bad batch", traceback="..."))
+    root = view._rank_rows[1]
+    assert "root cause" in root.label.value and root.box.layout.border_left.endswith("#d62728")
+    assert "ValueError: bad batch" in root.error.value and "train.py" in root.error.value
+    assert root.error.layout.display is None
+    assert "root cause" not in view._rank_rows[0].label.value and "stopped" in view._rank_rows[0].label.value
+    assert bar_rows(view, 1)[0].bar.bar_style == "danger"
+    assert bar_rows(view, 0)[0].bar.bar_style == "warning"
+    summary = view.summary()
+    assert "failed" in summary and "[rank 1] failed (root cause)" in summary and "[rank 0] stopped" in summary
+    assert "error: ValueError: bad batch" in summary
+
+
+def test_text_plain_fallback_is_the_final_summary_not_a_frozen_zero(clock):
+    view = WidgetView(display=False)
+    start(view)
+    for rank in range(2):
+        view.handle(update(rank, 1, 0, total=100))
+    for rank in range(2):
+        clock.now += 1
+        view.handle(update(rank, 1, 100, total=100, closed=True, elapsed=4.0))
+        view.handle(RankResult(rank=rank, payload=b""))
+    view.handle(LaunchFinished(rank=-1, status="finished", elapsed=4.2))
+    plain = view.widget._repr_mimebundle_()["text/plain"]
+    lines = plain.splitlines()
+    assert lines[0].startswith("notebook_accel: train() · 2 × cpu · finished · 00:04")
+    assert len([line for line in lines if "100/100" in line and "100%" in line]) == 2
+    assert not re.search(r"\b0%", plain)
+    assert repr(view.widget) == plain
+
+
+def test_widget_view_displays_itself_and_republishes_the_summary(clock, monkeypatch):
+    published = []
+
+    class Handle:
+        def update(self, obj):
+            published.append(("update", obj._repr_mimebundle_()["text/plain"]))
+
+    def fake_display(obj, display_id=None):
+        published.append(("display", obj._repr_mimebundle_()["text/plain"]))
+        return Handle()
+
+    monkeypatch.setattr("IPython.display.display", fake_display)
+    view = WidgetView()
+    start(view, 1)
+    view.handle(update(0, 1, 3, total=3, closed=True))
+    view.handle(LaunchFinished(rank=-1, status="finished", elapsed=1.0))
+    assert published[0][0] == "display" and "starting" in published[0][1] or "running" in published[0][1]
+    assert published[-1][0] == "update" and "3/3" in published[-1][1] and "finished" in published[-1][1]
+
+
+def test_stopped_launch_marks_running_ranks_stopped(clock):
+    view = WidgetView(display=False)
+    start(view)
+    for rank in range(2):
+        view.handle(update(rank, 1, 10, total=100))
+    view.handle(LaunchFinished(rank=-1, status="stopped", elapsed=2.0, error="KeyboardInterrupt: stopped",
+                               still_running=[0, 1]))
+    assert all(bar_rows(view, rank)[0].bar.bar_style == "warning" for rank in range(2))
+    assert "stopped" in view.header.value
+
+
+def test_header_shows_device_world_size_status_and_elapsed(clock):
+    view = WidgetView(display=False)
+    assert "starting" in view.header.value
+    view.handle(LaunchStarted(rank=-1, world_size=4, device="cuda", start_method="forkserver",
+                              mixed_precision="bf16", function_name="fit"))
+    clock.now += 75
+    view.tick()
+    header = view.header.value
+    for fact in ("cuda", "4", "starting", "01:15", "bf16", "fit()"):
+        assert fact in header
+    for rank in range(4):
+        view.handle(RankStarted(rank=rank, pid=rank + 1))
+    assert "running" in view.header.value
+
+
+# ------------------------------------------------------------------------------------------------ text view
+
+def test_text_view_prints_throttled_progress_labelled_logs_and_a_summary(clock):
+    out, err = io.StringIO(), io.StringIO()
+    view = TextView(stdout=out, stderr=err)
+    start(view)
+    for step in range(1, 101):
+        clock.now += 0.1
+        for rank in range(2):
+            view.handle(update(rank, 1, step, total=100, closed=step == 100))
+        view.tick()
+    view.handle(OutputLine(rank=1, stream="stderr", text="warning: slow"))
+    view.handle(MetricReport(rank=0, step=100, metrics={"loss": 0.125}))
+    view.handle(LaunchFinished(rank=-1, status="finished", elapsed=10.0))
+    lines = out.getvalue().splitlines()
+    progress_lines = [line for line in lines if "it/s" in line or "?it/s" in line or "|" in line]
+    # 10 s at one line per bar every 2 s, plus the close, plus the summary: a few a second at most
+    assert len(progress_lines) <= 2 * (10 / 2 + 2) + 2, lines
+    assert err.getvalue() == "[rank 1] warning: slow\n"
+    assert lines[-5].startswith("notebook_accel: train() · 2 × cpu · finished")
+    assert "100/100" in lines[-4] and "loss=0.125" in lines[-4] and lines[-3] == "[rank 0] finished"
+
+
+def test_make_view_picks_text_outside_a_kernel():
+    assert isinstance(make_view("text"), TextView)
+    assert isinstance(make_view("auto"), TextView)
+    assert isinstance(make_view("widgets"), WidgetView)
+
+
+# ------------------------------------------------------------------------------------------------ plot
+
+def test_plot_has_axes_legend_and_one_line_per_rank():
+    svg = render_line_plot("loss", {0: [(0, 1.0), (10, 0.5), (20, 0.25)], 1: [(0, 1.2), (20, 0.3)]})
+    assert svg.startswith("<svg") and svg.endswith("</svg>")
+    assert svg.count("<polyline") == 2 and ">step<" in svg and ">loss<" in svg
+    assert "rank 0: 0.25" in svg and "rank 1: 0.3" in svg
+    assert re.search(r">0\.5<|>0\.50<", svg)  # y tick labels
+
+
+def test_plot_survives_nan_single_points_and_constants():
+    assert "no finite values" in render_line_plot("x", {0: [(0, math.nan)]})
+    single = render_line_plot("x", {0: [(3, 1.0)]})
+    assert "<circle" in single
+    constant = render_line_plot("x", {0: [(0, 2.0), (1, 2.0)], 1: [(0, math.inf), (1, 2.0)]})
+    assert constant.count("<polyline") == 1 and "<circle" in constant
+
+
+def test_plot_downsamples_long_series():
+    svg = render_line_plot("x", {0: [(i, math.sin(i / 100)) for i in range(100_000)]}, max_points=300)
+    points = re.search(r'points="([^"]+)"', svg).group(1).split()
+    assert len(points) == 300 and len(svg) < 20_000
+
+
+def test_nice_ticks_are_round():
+    assert nice_ticks(0, 1, 5) == pytest.approx([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    assert nice_ticks(0, 950, 5) == [0, 200, 400, 600, 800]
+    ticks = nice_ticks(-0.013, 0.087, 4)
+    assert all(abs(t * 40 - round(t * 40)) < 1e-9 for t in ticks)
