@@ -5,7 +5,7 @@ the three variants are built once, then timed epoch by epoch in rotating order (
 different variant), so drift and noise from the machine hit all three alike; the table reports the
 median over rounds of steps/s and of the per-round ratios.
 
-    python benchmarks/bench_accelerator.py            # ~1 minute on 2 cores
+    python benchmarks/bench_accelerator.py            # ~30 s on 2 cores
     python benchmarks/bench_accelerator.py --rounds 3 --quick
 """
 from __future__ import annotations
@@ -159,6 +159,13 @@ def rank_benchmark(rounds: int, quick: bool) -> Dict[str, Any]:
     return results
 
 
+def ratio_summary(numerator: List[float], denominator: List[float]) -> str:
+    """Median of the per-round ratios, with the middle half of them (rounds are paired in time)."""
+    ratios = sorted(n / d for n, d in zip(numerator, denominator))
+    low, high = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
+    return f"{statistics.median(ratios):.3f} ({low:.2f}-{high:.2f})"
+
+
 def summarize(results: Dict[str, Any]) -> str:
     lines = [
         "| model | batch/rank | DDP steps/s | ours steps/s | ours/DDP | accelerate steps/s | ours/accelerate |",
@@ -167,21 +174,21 @@ def summarize(results: Dict[str, Any]) -> str:
     for kind, data in results.items():
         rates = data["rates"]
         median = {name: statistics.median(values) for name, values in rates.items()}
-        vs_ddp = statistics.median(o / d for o, d in zip(rates["ours"], rates["ddp"]))
+        vs_ddp = ratio_summary(rates["ours"], rates["ddp"])
         if "hf" in rates:
-            vs_hf = f"{statistics.median(o / h for o, h in zip(rates['ours'], rates['hf'])):.3f}"
-            hf = f"{median['hf']:.1f}"
+            vs_hf, hf = ratio_summary(rates["ours"], rates["hf"]), f"{median['hf']:.1f}"
         else:
             vs_hf = hf = "n/a (accelerate not installed)"
         lines.append(
-            f"| {kind} | {data['batch']} | {median['ddp']:.1f} | {median['ours']:.1f} | {vs_ddp:.3f} | {hf} | {vs_hf} |"
+            f"| {kind} | {data['batch']} | {median['ddp']:.1f} | {median['ours']:.1f} | {vs_ddp} | {hf} | {vs_hf} |"
         )
+    lines.append("ratios: median over rounds (interquartile range in brackets); > 1 means ours is faster")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=9, help="timed epochs per variant (default 9)")
+    parser.add_argument("--rounds", type=int, default=15, help="timed epochs per variant (default 15)")
     parser.add_argument("--quick", action="store_true", help="shorter epochs (smoke run)")
     args = parser.parse_args()
 

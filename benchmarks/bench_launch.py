@@ -12,8 +12,10 @@ import argparse
 import contextlib
 import io
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -85,6 +87,16 @@ def torch_start_processes(function=trivial, args=()):
 
 
 def main() -> None:
+    # accelerate's launcher (torch elastic) leaves torchelastic_* dirs in the temp dir: keep them in ours.
+    scratch = tempfile.mkdtemp(prefix="bench_launch-")
+    os.environ["TMPDIR"] = tempfile.tempdir = scratch
+    try:
+        run_benchmarks()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run_benchmarks() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--lines", type=int, default=50_000)

@@ -33,10 +33,11 @@ class EventSender:
         data = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
         frame = _HEADER.pack(len(data)) + data
         with self._lock:
-            view = memoryview(frame)
-            while view:
-                written = os.write(self.fd, view)
-                view = view[written:]
+            # Only bytes and ints inside the lock: neither is tracked by the cyclic GC, so no collection
+            # (which may finalize a tqdm bar that sends from this same thread) can start in here.
+            while frame:
+                written = os.write(self.fd, frame)
+                frame = frame[written:]
 
     def close(self) -> None:
         with self._lock:

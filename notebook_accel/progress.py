@@ -30,7 +30,7 @@ import itertools
 import sys
 import time
 import types
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
 from tqdm.asyncio import tqdm_asyncio as _asyncio_tqdm
 from tqdm.std import tqdm as _std_tqdm
@@ -201,8 +201,6 @@ _STD_METHODS = {"__init__": _rank_init, "display": _rank_display, "close": _rank
                 "status_printer": staticmethod(_rank_status_printer)}
 
 _MISSING = object()
-_patch_depth = 0
-_saved_local_class: Optional[type] = None
 
 
 def _notebook_methods(notebook_class: type) -> Dict[str, Any]:
@@ -214,12 +212,11 @@ def _notebook_methods(notebook_class: type) -> Dict[str, Any]:
 
 
 def _local_tqdm_class() -> type:
-    """What ``progress`` is outside a launch: tqdm.auto's class (the original one while patched)."""
-    if _saved_local_class is not None:
-        return _saved_local_class
+    """What ``progress`` is outside a launch: tqdm.auto's class (imported only then: in a forked rank,
+    importing tqdm.auto would pull in tqdm.notebook and ipywidgets)."""
     from tqdm.auto import tqdm as auto_tqdm
 
-    return _std_tqdm if auto_tqdm is progress else auto_tqdm
+    return _asyncio_tqdm if auto_tqdm is progress else auto_tqdm  # (the former only while patched)
 
 
 def patch_tqdm() -> Callable[[], None]:
@@ -238,13 +235,9 @@ def patch_tqdm() -> Callable[[], None]:
         finally:
             undo()
     """
-    global _patch_depth, _saved_local_class
     from . import metrics
 
     metrics.reset_for_rank()
-    if _saved_local_class is None:
-        _saved_local_class = _local_tqdm_class()
-    _patch_depth += 1
     undo: List[Callable[[], None]] = []
 
     def set_attr(owner: Any, name: str, value: Any) -> None:
@@ -279,7 +272,6 @@ def patch_tqdm() -> Callable[[], None]:
     done = False
 
     def unpatch() -> None:
-        global _patch_depth, _saved_local_class
         nonlocal done
         if done:
             return
@@ -287,8 +279,5 @@ def patch_tqdm() -> Callable[[], None]:
         metrics.flush()
         for step in reversed(undo):
             step()
-        _patch_depth -= 1
-        if _patch_depth == 0:
-            _saved_local_class = None
 
     return unpatch

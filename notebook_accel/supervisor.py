@@ -262,7 +262,8 @@ class Supervisor:
         results = {rank: _decode_result(rank, state.result) for rank, state in self.ranks.items()
                    if state.result is not None}
         if self.failures and self.status in (None, "failed"):
-            return Outcome("failed", results, root=choose_root_cause(self.failures), exitcodes=exitcodes)
+            return Outcome("failed", results, root=choose_root_cause(self.failures),
+                           still_running=self.still_running, exitcodes=exitcodes)
         return Outcome(self.status or "finished", results, still_running=self.still_running, exitcodes=exitcodes)
 
 

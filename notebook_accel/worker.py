@@ -68,23 +68,33 @@ def run_function(payload: bytes, sender, send_result: bool) -> int:
     from .progress import patch_tqdm
 
     set_rank_channel(sender)
+    undo_patch = lambda: None  # noqa: E731
     try:
-        patch_tqdm()
+        undo_patch = patch_tqdm()
         function, args, kwargs = loads_payload(payload)
         value = function(*args, **kwargs)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            return _send_failure(sender, exc, undo_patch)
+        value = None  # sys.exit() / sys.exit(0) inside the function: a normal end, no value
+    except BaseException as exc:  # KeyboardInterrupt too: the kernel decides whether it was an interrupt
+        return _send_failure(sender, exc, undo_patch)
+    try:
+        undo_patch()  # delivers the metrics report() still held back, before the result ends the rank
         if send_result:
             sender.send(RankResult(rank=sender.rank, payload=dumps_result(value)))
-        return 0
-    except SystemExit as exc:
-        if exc.code in (None, 0):  # sys.exit() / sys.exit(0) inside the function: a normal end, no value
-            if send_result:
-                sender.send(RankResult(rank=sender.rank, payload=dumps_result(None)))
-            return 0
-        sender.send(failure_event(sender.rank, exc))
-        return 1
-    except BaseException as exc:  # KeyboardInterrupt too: the kernel decides whether it was an interrupt
-        sender.send(failure_event(sender.rank, exc))
-        return 1
+    except BaseException as exc:  # e.g. a return value that cannot be pickled
+        return _send_failure(sender, exc, lambda: None)
+    return 0
+
+
+def _send_failure(sender, exc: BaseException, undo_patch) -> int:
+    try:
+        undo_patch()
+    except Exception:
+        pass
+    sender.send(failure_event(sender.rank, exc))
+    return 1
 
 
 def dumps_result(value: Any) -> bytes:

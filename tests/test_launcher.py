@@ -307,7 +307,7 @@ def test_a_failing_display_does_not_lose_the_launch():
         print("some output")
         return os.environ["RANK"]
 
-    job = start_launch(talks, num_processes=2, view=ExplodingView(), display="none")
     with pytest.warns(RuntimeWarning, match="ExplodingView display failed"):
+        job = start_launch(talks, num_processes=2, view=ExplodingView(), display="none")
         assert job.wait(60) == "0"
     assert job.outputs[0] == ["some output"]

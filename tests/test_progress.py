@@ -264,3 +264,27 @@ def test_mininterval_zero_still_sends_at_most_50_a_second(rank):
     seconds = time.monotonic() - start
     assert len(rank.bars()) <= seconds * 50 + 3
     assert rank.bars()[-1].n == 200_000
+
+
+def test_patch_in_a_forked_kernel_child_never_imports_ipywidgets():
+    """A rank forked from a kernel (ipykernel loaded) that had not imported tqdm.auto: importing it after the
+    patch must not choose tqdm.notebook (which imports ipywidgets and would draw widgets from the rank)."""
+    result = run_script("""
+        import sys
+        import ipykernel.zmqshell  # what tqdm.autonotebook looks for to pick the notebook frontend
+        assert "ipywidgets" not in sys.modules
+        from notebook_accel.channel import set_rank_channel
+        from notebook_accel.progress import patch_tqdm, progress
+        class Sender:
+            rank = 1
+            events = []
+            def send(self, event): self.events.append(event)
+        set_rank_channel(Sender())
+        patch_tqdm()
+        from tqdm.auto import tqdm
+        list(tqdm(range(3)))
+        assert tqdm is progress
+        print("ipywidgets" in sys.modules)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False"]
