@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import multiprocessing
 import numbers
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -48,10 +49,24 @@ class LaunchPlan:
         }
         if self.device == "cpu":
             env["ACCELERATE_USE_CPU"] = "true"
-            # As torchrun does: N ranks sharing the cores must not each start a thread per core.
-            env["OMP_NUM_THREADS"] = str(max(1, environment.cpu_count() // self.world_size))
+        env["OMP_NUM_THREADS"] = str(self.threads_per_rank())
         env.update(rendezvous_env)
         return env
+
+    def threads_per_rank(self) -> int:
+        """torch's intra-op threads in each rank (the worker also calls ``torch.set_num_threads`` with it).
+
+        A forked rank always gets 1: GNU OpenMP's thread pool does not survive fork, so once the kernel
+        ran one multi-threaded op, a forked rank using more than one thread hangs in its first one
+        (torchrun's default for several ranks is 1 as well). Ranks started by the fork server or spawn
+        have a fresh pool: they get the user's ``OMP_NUM_THREADS`` if set, else on CPU a share of the cores.
+        """
+        if self.start_method == "fork":
+            return 1
+        explicit = os.environ.get("OMP_NUM_THREADS", "")
+        if explicit.isdigit() and int(explicit) > 0:
+            return int(explicit)
+        return max(1, environment.cpu_count() // self.world_size) if self.device == "cpu" else 1
 
 
 def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_processes: Any = None, *,

@@ -52,6 +52,7 @@ def rank_main(spec: RankSpec) -> None:
     for fd in spec.inherited_fds:
         _close_quietly(fd)
     os.environ.update(spec.env)
+    _set_torch_threads(int(spec.env.get("OMP_NUM_THREADS", "0")))
     _capture_output(_take_fd(spec.stdout_fd), _take_fd(spec.stderr_fd))
     sender = EventSender(_take_fd(spec.events_fd), spec.rank)
     sender.send(RankStarted(rank=spec.rank, pid=os.getpid()))
@@ -187,6 +188,13 @@ def _die_with_launcher(spec: RankSpec) -> None:
         os.killpg(0, signal.SIGKILL)
 
     threading.Thread(target=watch, name="notebook_accel-lifeline", daemon=True).start()
+
+
+def _set_torch_threads(threads: int) -> None:
+    """A forked or fork-server rank inherited an initialized torch, which no longer reads OMP_NUM_THREADS."""
+    torch = sys.modules.get("torch")
+    if threads > 0 and torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(threads)
 
 
 def _take_fd(passed: Any) -> int:

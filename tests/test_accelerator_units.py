@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import collections
 import random
-from typing import Any, List, Tuple
+from typing import Any, List
 
 import pytest
 import torch
 from torch.utils.data import (
-    BatchSampler,
     DataLoader,
     IterableDataset,
     RandomSampler,
     Sampler,
-    SequentialSampler,
     TensorDataset,
     WeightedRandomSampler,
 )
@@ -169,6 +167,13 @@ def test_split_batches_cut_each_batch(n):
     assert order == list(range(n))
 
 
+def test_layouts_stay_matched_to_batches_with_worker_processes():
+    # workers prefetch batches ahead of the consumer; each batch's layout must still be its own
+    make = lambda: DataLoader(index_dataset(23), batch_size=4, shuffle=True, num_workers=2)  # noqa: E731
+    first, second = check_shards(make, 2, epochs=2)
+    assert sorted(first) == sorted(second) == list(range(23)) and first != second
+
+
 def test_split_batches_needs_divisible_batch():
     with pytest.raises(ValueError, match="not divisible"):
         shard_all_ranks(lambda: DataLoader(index_dataset(8), batch_size=4), 3, split=True)
@@ -228,7 +233,9 @@ def test_set_epoch_selects_the_order():
     assert epochs[0] == epochs[2] != epochs[1]
 
 
-@pytest.mark.parametrize("n,batch,world,split", [(24, 4, 3, False), (23, 4, 3, False), (22, 6, 3, True), (2, 4, 3, False)])
+@pytest.mark.parametrize(
+    "n,batch,world,split", [(24, 4, 3, False), (23, 4, 3, False), (22, 6, 3, True), (2, 4, 3, False)]
+)
 def test_iterable_dataset_shards_and_pads(n, batch, world, split):
     (order,) = check_shards(lambda: DataLoader(RangeStream(n), batch_size=batch), world, split=split)
     assert order == list(range(n))

@@ -311,3 +311,21 @@ def test_a_failing_display_does_not_lose_the_launch():
         job = start_launch(talks, num_processes=2, view=ExplodingView(), display="none")
         assert job.wait(60) == "0"
     assert job.outputs[0] == ["some output"]
+
+
+def threaded_matmul():
+    big = torch.randn(600, 600)
+    return float((big @ big).sum() * 0) + torch.get_num_threads()
+
+
+@pytest.mark.timeout(60)
+def test_forked_ranks_work_after_the_kernel_used_torch_threads():
+    # GNU OpenMP's pool does not survive fork: a forked rank using >1 thread would hang in its first matmul.
+    big = torch.randn(600, 600)
+    (big @ big).sum()
+    assert notebook_launcher(threaded_matmul, num_processes=2, start_method="fork", display="none",
+                             return_all=True) == [1.0, 1.0]
+    # A fork-server rank has a fresh pool: the cores are shared between the ranks.
+    expected = float(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert notebook_launcher(threaded_matmul, num_processes=2, start_method="forkserver", display="none",
+                             return_all=True) == [expected, expected]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import gc
-from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Union
 
 import torch
 from torch.nn.parallel import DistributedDataParallel

@@ -107,7 +107,8 @@ def load_checkpoint(
 
     rng_path = os.path.join(directory, f"random_states_{process_index}.pt")
     if not os.path.exists(rng_path):
-        warnings.warn(f"{rng_path!r} is missing (saved with fewer processes?): RNG states not restored")
+        warnings.warn(f"{rng_path!r} is missing (saved with fewer processes?): RNG states not restored",
+                      stacklevel=3)
     else:
         per_rank = _load(rng_path, trusted=True)
         restore_rng_states(per_rank["rng"])

@@ -163,15 +163,15 @@ class PreparedDataLoader(DataLoader):
         self._next_epoch = epoch
 
     def _announce_epoch(self, epoch: int) -> None:
-        shard = self.batch_sampler if isinstance(self.batch_sampler, BatchSamplerShard) else None
+        """Pass the epoch on to whatever has a ``set_epoch`` (DistributedSampler, streaming datasets...)."""
         candidates = [self.dataset, self.sampler, self.batch_sampler]
-        if shard is not None:
-            candidates += [shard.batch_sampler, shard.sampler]
+        for shard in (self.batch_sampler, self.sampler):
+            if isinstance(shard, BatchSamplerShard):
+                candidates += [shard.batch_sampler, shard.sampler]
         announced: List[int] = []
         for candidate in candidates:
             if callable(getattr(candidate, "set_epoch", None)) and id(candidate) not in announced:
-                if candidate is not self:  # our shards have none; guard against recursion anyway
-                    candidate.set_epoch(epoch)
+                candidate.set_epoch(epoch)
                 announced.append(id(candidate))
 
     def _layout_queue(self) -> Optional[Any]:

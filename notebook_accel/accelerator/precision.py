@@ -71,7 +71,9 @@ def make_grad_scaler(mixed_precision: str, device: torch.device) -> Optional["to
     """A GradScaler for fp16 on CUDA; None otherwise (bf16 and fp32 need no loss scaling)."""
     if mixed_precision != "fp16":
         return None
-    return torch.amp.GradScaler(device.type)
+    if hasattr(torch.amp, "GradScaler"):  # torch >= 2.3
+        return torch.amp.GradScaler(device.type)
+    return torch.cuda.amp.GradScaler()
 
 
 def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
