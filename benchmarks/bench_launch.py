@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import multiprocessing.util
 import os
 import shutil
 import statistics
@@ -90,10 +91,10 @@ def main() -> None:
     # accelerate's launcher (torch elastic) leaves torchelastic_* dirs in the temp dir: keep them in ours.
     scratch = tempfile.mkdtemp(prefix="bench_launch-")
     os.environ["TMPDIR"] = tempfile.tempdir = scratch
-    try:
-        run_benchmarks()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    # Removed at exit, after multiprocessing removed the fork server's dir inside it (priority -100 first).
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(scratch,), kwargs={"ignore_errors": True},
+                                  exitpriority=-101)
+    run_benchmarks()
 
 
 def run_benchmarks() -> None:

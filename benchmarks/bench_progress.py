@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -156,7 +157,9 @@ def bench_traffic():
         os.environ["PYTHONPATH"] = REPO + (os.pathsep + saved["PYTHONPATH"] if saved["PYTHONPATH"] else "")
         os.environ["TMPDIR"] = tmp
         try:
-            client.execute()
+            # The kernel's own log (ipykernel dropping the forked ranks' widget messages under accelerate's
+            # launcher, one warning per message) would bury the tables: keep it off the terminal.
+            client.execute(stderr=subprocess.DEVNULL)
         finally:
             for key, value in saved.items():
                 os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
