@@ -20,7 +20,6 @@ from .rendezvous import HostedStore
 from .supervisor import Outcome, Supervisor
 from .views import NullView, View, make_view
 
-_NO_RESULT = object()
 _TAIL_LINES = 25  # last output lines of a rank that died without an exception, quoted in the LaunchError
 
 
@@ -41,7 +40,6 @@ class Launch:
         self.outputs: Dict[int, List[str]] = {rank: [] for rank in range(plan.world_size)}
         self.result: Any = None
         self.error: Optional[BaseException] = None
-        self._value: Any = _NO_RESULT
         self._stop_requested = threading.Event()
         self._done = threading.Event()
         self._thread: Optional[threading.Thread] = None

@@ -10,6 +10,7 @@ import codecs
 import os
 import pickle
 import re
+import select
 import selectors
 import signal
 import threading
@@ -115,7 +116,7 @@ class Supervisor:
                 self._decide(deadline)
                 self.tick()
         except BaseException:  # Ctrl-C, or a bug: either way no rank may outlive the launch
-            self._interrupt_cleanup()
+            self._emergency_stop()
             raise
         finally:
             self.selector.close()
@@ -205,9 +206,8 @@ class Supervisor:
         if silent and self.status is None and not state.stopped_by_us:
             self.failures.append(Failure(handle.rank, state.exited_at, exitcode=state.exitcode))
 
-    def _fd_ready(self, fd: int) -> bool:
-        import select
-
+    @staticmethod
+    def _fd_ready(fd: int) -> bool:
         return bool(select.select([fd], [], [], 0)[0])
 
     def _close_fd(self, state: _RankState, fd: int) -> None:
@@ -233,8 +233,9 @@ class Supervisor:
             if state.exited_at is None:
                 state.handle.signal_group(sig)
 
-    def _interrupt_cleanup(self) -> None:
-        """Ctrl-C: stop everything now; a second Ctrl-C during this is ignored until the ranks are gone."""
+    def _emergency_stop(self) -> None:
+        """Ctrl-C (or an unexpected error in the loop): stop everything now; a second Ctrl-C during this is
+        ignored until the ranks are gone."""
         previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
         if previous is not None:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
