@@ -10,18 +10,14 @@ def describe_environment() -> str:
     """A few lines saying which devices a launch would find here and how it would start ranks."""
     from . import environment
 
-    best = environment.best_device()
     safe, reason = environment.fork_safety()
-    lines = [f"best device:   {best} ({environment.describe(best).description})"]
-    for kind in environment.DEVICES:
-        if kind == "xla" and not (environment.tpu_detected() and environment.torch_xla_importable()):
-            lines.append("xla:           no TPU detected" + ("" if environment.torch_xla_importable()
-                                                            else " (torch_xla not installed)"))
-            continue
-        info = environment.describe(kind)
-        lines.append(f"{kind + ':':<14} {info.count} rank(s) possible - {info.description}")
+    found = environment.available_devices()
+    lines = [f"best device:   {found[0].kind} ({found[0].description})"]
+    lines += [f"{info.kind + ':':<14} up to {info.count} rank(s) - {info.description}" for info in found]
+    missing = [kind for kind in environment.DEVICES if kind not in {info.kind for info in found}]
+    lines.append(f"not here:      {', '.join(missing)}" if missing else "")
     lines.append("start method:  " + ("fork (safe here)" if safe else f"forkserver ({reason})"))
-    return "\n".join(lines)
+    return "\n".join(line for line in lines if line)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

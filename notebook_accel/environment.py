@@ -5,7 +5,7 @@ import multiprocessing
 import os
 import sys
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 DEVICES = ("cuda", "cpu", "xla", "mps")
 
@@ -68,17 +68,23 @@ def cpu_count() -> int:
 
 def best_device() -> str:
     """The device a launch uses when none is named: CUDA, then TPU, then MPS, then CPU."""
-    if cuda_device_count() > 0:
-        return "cuda"
-    if tpu_detected() and torch_xla_importable():
-        return "xla"
-    if mps_available():
-        return "mps"
-    return "cpu"
+    return available_devices()[0].kind
+
+
+def available_devices() -> List[DeviceInfo]:
+    """The device kinds a launch can use here, best first (CPU always last and always present)."""
+    found = []
+    for kind in ("cuda", "xla", "mps", "cpu"):
+        if kind == "xla" and not (tpu_detected() and torch_xla_importable()):
+            continue
+        info = describe(kind)
+        if info.count > 0:
+            found.append(info)
+    return found
 
 
 def describe(kind: str) -> DeviceInfo:
-    """How many ranks ``kind`` can host here, with a line for people ("2 × CUDA (NVIDIA H100)")."""
+    """How many ranks ``kind`` can host here, with a line for people ("2 CUDA device(s)")."""
     if kind == "cuda":
         count = cuda_device_count()
         return DeviceInfo("cuda", count, f"{count} CUDA device(s)")

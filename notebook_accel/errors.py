@@ -33,6 +33,12 @@ class LaunchConfigError(ValueError):
     """Bad input to the launcher, raised before any process starts."""
 
 
+def one_line(error: BaseException) -> str:
+    """``"TypeName: first line of the message"``, for headers and status lines."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
 class RemoteTraceback(Exception):
     """Carries a rank's formatted traceback as the ``__cause__`` of the re-raised exception.
 

@@ -89,10 +89,12 @@ class RankFailed(RankEvent):
 
 @dataclass
 class RankExited(RankEvent):
-    """Made by the supervisor when a rank's process is gone. ``signal_name`` is set when it died by a signal."""
+    """Made by the supervisor when a rank's process is gone. ``signal_name`` is set when it died by a signal;
+    ``stopped`` when the launcher ended it."""
 
     exitcode: Optional[int]
     signal_name: Optional[str] = None
+    stopped: bool = False  # ended by the launcher (fail-fast, Stop, timeout, interrupt), not by itself
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 from .backends.inline import InlineBackend
 from .backends.processes import ProcessBackend
-from .errors import LaunchError, LaunchTimeout, rebuild_exception
+from .errors import LaunchError, LaunchTimeout, one_line, rebuild_exception
 from .events import LaunchFinished, LaunchStarted, OutputLine, RankEvent
 from .plan import LaunchPlan, plan_launch
 from .rendezvous import HostedStore
@@ -167,7 +167,7 @@ class Launch:
         failure = root.event if root is not None else None
         self._deliver(LaunchFinished(
             rank=-1, status=self.status, elapsed=elapsed, root_rank=root.rank if root else None,
-            error=None if self.error is None else _one_line(self.error),
+            error=None if self.error is None else one_line(self.error),
             traceback=failure.traceback if failure is not None else None,
             still_running=outcome.still_running))
 
@@ -187,11 +187,6 @@ class Launch:
         tail = self.outputs.get(root.rank, [])[-_TAIL_LINES:]
         last = ("; its last output:\n    " + "\n    ".join(tail)) if tail else ""
         return LaunchError(f"rank {root.rank} {how}{last}", rank=root.rank, exitcode=code, signal_name=name)
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
 def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,

@@ -18,28 +18,14 @@ from typing import Any, Callable, Dict, List, Optional
 
 import ipywidgets as widgets
 
-from . import environment
+from .environment import available_devices
+from .errors import one_line
+from .plan import MIXED_PRECISIONS
 from .events import LaunchFinished
 from .views.widgets import WidgetView
 
 __all__ = ["launch_panel", "LaunchPanel"]
 
-MIXED_PRECISIONS = ("no", "fp16", "bf16")
-_DEVICE_ORDER = ("cuda", "xla", "mps", "cpu")
-
-
-def available_devices() -> List[environment.DeviceInfo]:
-    """The device kinds a launch can use here, best first (CPU always last and always present)."""
-    found = []
-    for kind in _DEVICE_ORDER:
-        if kind == "xla" and not (environment.tpu_detected() and environment.torch_xla_importable()):
-            continue
-        if kind == "mps" and not environment.mps_available():
-            continue
-        info = environment.describe(kind)
-        if info.count > 0:
-            found.append(info)
-    return found
 
 
 class LaunchPanel(widgets.VBox):
@@ -152,7 +138,7 @@ class LaunchPanel(widgets.VBox):
                                             num_processes=self.num_processes, view=view, device=self.device,
                                             mixed_precision=self.mixed_precision, **self._options)
             except BaseException as error:
-                self._set_running(False, f'<span style="color:#d62728">{escape(_one_line(error))}</span>')
+                self._set_running(False, f'<span style="color:#d62728">{escape(one_line(error))}</span>')
                 raise
             return self._launch
 
@@ -275,8 +261,3 @@ def launch_panel(function: Callable, args: tuple = (), kwargs: Optional[Dict[str
         panel          # in a notebook: press Launch; panel.result holds rank 0's return value afterwards
     """
     return LaunchPanel(function, args, kwargs, **launcher_options)
-
-
-def _one_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"

@@ -200,7 +200,8 @@ class Supervisor:
         # silent death.
         while handle.events_fd in state.open_fds and self._fd_ready(handle.events_fd):
             self._read(state, handle.events_fd)
-        self.deliver(RankExited(rank=handle.rank, exitcode=state.exitcode, signal_name=signal_name(state.exitcode)))
+        self.deliver(RankExited(rank=handle.rank, exitcode=state.exitcode, signal_name=signal_name(state.exitcode),
+                                stopped=state.stopped_by_us))
         silent = state.failed is None and (state.exitcode != 0 or
                                            (state.result is None and self.expect_result(handle.rank)))
         if silent and self.status is None and not state.stopped_by_us:

@@ -187,7 +187,7 @@ def test_failure_marks_the_root_cause_and_shows_its_traceback(clock):
                            traceback="Traceback (most recent call last):\n  File \"train.py\", line 3\n"
                                      "ValueError: bad batch", exception=None))
     view.handle(RankExited(rank=1, exitcode=1))
-    view.handle(RankExited(rank=0, exitcode=-15, signal_name="SIGTERM"))
+    view.handle(RankExited(rank=0, exitcode=-15, signal_name="SIGTERM", stopped=True))  # as the supervisor sends
     view.handle(LaunchFinished(rank=-1, status="failed", elapsed=3.0, root_rank=1,
                                error="ValueError: bad batch", traceback="..."))
     root = view._rank_rows[1]

@@ -6,7 +6,8 @@ import re
 import pytest
 
 from notebook_accel import launch_panel
-from notebook_accel.panel import LaunchPanel, available_devices
+from notebook_accel.environment import available_devices
+from notebook_accel.panel import LaunchPanel
 from test_dashboard_kernel import REPO, WidgetTraffic, run_notebook
 
 SETUP = f"""

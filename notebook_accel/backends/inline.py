@@ -55,10 +55,10 @@ class InlineBackend:
                     _captured_output(deliver_outside_capture), _alarm(self.plan.timeout):
                 value = function(*args, **kwargs)
         except _InlineTimeout:
-            deliver(RankExited(rank=0, exitcode=None))
+            deliver(RankExited(rank=0, exitcode=None, stopped=True))
             return Outcome("timeout", still_running=[0])
         except KeyboardInterrupt:
-            deliver(RankExited(rank=0, exitcode=None))
+            deliver(RankExited(rank=0, exitcode=None, stopped=True))
             return Outcome("stopped", still_running=[0])
         except BaseException as exc:
             event = failure_event(0, exc)

@@ -231,7 +231,9 @@ class LaunchState:
         if isinstance(event, RankExited):
             state = self.rank(event.rank)
             state.exitcode, state.signal_name = event.exitcode, event.signal_name
-            if state.status in ("starting", "running"):
+            if event.stopped and state.status != "failed":  # a rank that raised stays failed (root cause)
+                state.status = "stopped"
+            elif state.status in ("starting", "running"):
                 state.status = "finished" if event.exitcode == 0 else "exited"
             return state
         if isinstance(event, LaunchFinished):
@@ -245,10 +247,7 @@ class LaunchState:
                 if event.status == "finished":
                     state.status = "finished"
                     continue
-                # Ranks the launcher had to end (fail-fast, Stop, timeout) were stopped, not crashed.
-                ended_by_launcher = state.signal_name in ("SIGTERM", "SIGKILL", "SIGINT")
-                if state.rank in event.still_running or state.status in ("starting", "running") or (
-                        event.status != "finished" and ended_by_launcher):
+                if state.rank in event.still_running or state.status in ("starting", "running"):
                     state.status = "stopped"
             return self
         return None
