@@ -54,22 +54,22 @@ class InlineBackend:
             with _environment(self.plan.rank_env(0, rendezvous_env)), \
                     _captured_output(deliver_outside_capture), _alarm(self.plan.timeout):
                 value = function(*args, **kwargs)
+            outcome = Outcome("finished", results={0: to_cpu(value)}, exitcodes={0: 0})
         except _InlineTimeout:
-            deliver(RankExited(rank=0, exitcode=None, stopped=True))
-            return Outcome("timeout", still_running=[0])
+            outcome = Outcome("timeout", still_running=[0])
         except KeyboardInterrupt:
-            deliver(RankExited(rank=0, exitcode=None, stopped=True))
-            return Outcome("stopped", still_running=[0])
+            outcome = Outcome("stopped", still_running=[0])
         except BaseException as exc:
             event = failure_event(0, exc)
-            deliver(event)
-            deliver(RankExited(rank=0, exitcode=1))
-            return Outcome("failed", root=Failure(0, time.monotonic(), event=event), local_exception=exc)
+            outcome = Outcome("failed", root=Failure(0, time.monotonic(), event=event), local_exception=exc)
         finally:
+            undo_patch()  # as in a worker: metrics report() held back arrive before the rank's end
             set_rank_channel(None)
-            undo_patch()
-        deliver(RankExited(rank=0, exitcode=0))
-        return Outcome("finished", results={0: to_cpu(value)}, exitcodes={0: 0})
+        if outcome.root is not None:
+            deliver(outcome.root.event)
+        exitcode = {"finished": 0, "failed": 1}.get(outcome.status)
+        deliver(RankExited(rank=0, exitcode=exitcode, stopped=outcome.status in ("timeout", "stopped")))
+        return outcome
 
 
 @contextmanager
