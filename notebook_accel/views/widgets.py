@@ -35,7 +35,7 @@ import ipywidgets as widgets
 
 from ..events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate, RankEvent,
                       RankExited, RankFailed, RankResult, RankStarted)
-from .model import STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, rank_colour
+from .model import STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, rank_colour
 from .plot import render_line_plot
 
 __all__ = ["WidgetView", "DashboardBox"]
@@ -312,7 +312,7 @@ class WidgetView:
             ("device", state.device if started else "…"),
             ("world size", str(state.world_size) if started else "…"),
             ("status", f'<span style="color:{colour}">{escape(state.status)}</span>'),
-            ("elapsed", _interval(state.elapsed())),
+            ("elapsed", format_interval(state.elapsed())),
         ]
         if started is not None and started.mixed_precision not in ("", "no"):
             items.append(("precision", escape(started.mixed_precision)))
@@ -411,8 +411,3 @@ def _write(stream: str, text: str) -> None:
     target.write(text)
     target.flush()
 
-
-def _interval(seconds: float) -> str:
-    from .model import format_interval
-
-    return format_interval(seconds)
