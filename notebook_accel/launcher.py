@@ -6,6 +6,7 @@ inline backend) turns what they send into events for the view → the outcome is
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 import warnings
@@ -13,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 from .backends.inline import InlineBackend
 from .backends.processes import ProcessBackend
+from .config import fill_from_config
 from .errors import LaunchError, LaunchTimeout, one_line, rebuild_exception
 from .events import LaunchFinished, LaunchStarted, OutputLine, RankEvent
 from .plan import LaunchPlan, plan_launch
@@ -194,7 +196,11 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
                       mixed_precision: str = "no", start_method: str = "auto",
                       master_addr: str = "127.0.0.1", use_port: Optional[int] = None,
                       timeout: Optional[float] = None, return_all: bool = False,
-                      display: str = "auto") -> Union[Any, List[Any]]:
+                      display: str = "auto", num_nodes: int = 1, node_rank: int = 0,
+                      rdzv_backend: str = "static", rdzv_endpoint: Optional[str] = None,
+                      rdzv_id: Optional[str] = None, rdzv_conf: Optional[Dict[str, Any]] = None,
+                      max_restarts: int = 0, monitor_interval: float = 0.1,
+                      config: Union[bool, str, None] = None) -> Union[Any, List[Any]]:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return rank 0's return value.
 
     Each rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
@@ -213,6 +219,17 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
         timeout: seconds; past it every rank is stopped and ``LaunchTimeout`` (a ``TimeoutError``) raised.
         return_all: return a list of every rank's value (by rank) instead of rank 0's.
         display: "auto" (dashboard in a notebook, text elsewhere) | "widgets" | "text" | "none".
+        num_nodes, node_rank: several machines, one notebook (or ``notebook-accel launch``) per node;
+            ``num_processes`` is per node and global ranks follow the node order.
+        rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf: torch elastic's rendezvous: "static" (node 0 at
+            ``rdzv_endpoint="host:port"``), "c10d", "etcd" or a plugin; ``rdzv_conf={"join_timeout": 60}``.
+            The rendezvous store is a TCP listener without authentication: trusted networks only.
+        max_restarts: after a failure, stop every rank on every node and run the whole world again this many
+            times (``TORCHELASTIC_RESTART_COUNT`` tells the function which attempt it is: resume from a
+            checkpoint when it is > 0). Never after an interrupt or a timeout.
+        monitor_interval: seconds between checks of the other nodes' state.
+        config: ``True`` or a path: take the saved defaults (``notebook-accel config``) for the options
+            left at their defaults here. Off by default: a shared notebook carries its own settings.
 
     Raises:
         The root-cause rank's own exception (with its remote traceback as ``__cause__``), or
@@ -226,10 +243,19 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
         >>> notebook_launcher(train, args=(0.1,), num_processes=2, return_all=True)  # doctest: +SKIP
         [0.0, 0.1]
     """
-    plan = plan_launch(function, args, kwargs, num_processes, device=device, mixed_precision=mixed_precision,
-                       start_method=start_method, master_addr=master_addr, use_port=use_port,
-                       timeout=timeout, return_all=return_all, display=display)
+    options = dict(num_processes=num_processes, device=device, mixed_precision=mixed_precision,
+                   start_method=start_method, master_addr=master_addr, use_port=use_port, timeout=timeout,
+                   return_all=return_all, display=display, num_nodes=num_nodes, node_rank=node_rank,
+                   rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_conf=rdzv_conf,
+                   max_restarts=max_restarts, monitor_interval=monitor_interval)
+    options = fill_from_config(config, options, _LAUNCHER_DEFAULTS)
+    plan = plan_launch(function, args, kwargs, options.pop("num_processes"), **options)
     return Launch(plan).run()
+
+
+_LAUNCHER_DEFAULTS = {name: parameter.default for name, parameter
+                      in inspect.signature(notebook_launcher).parameters.items()
+                      if parameter.default is not inspect.Parameter.empty}
 
 
 def start_launch(function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,

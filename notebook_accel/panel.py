@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import ipywidgets as widgets
 
+from .config import load_config
 from .environment import available_devices
 from .errors import one_line
 from .plan import MIXED_PRECISIONS
@@ -39,6 +40,10 @@ class LaunchPanel(widgets.VBox):
         self.args = args
         self.kwargs = kwargs
         self._options = dict(launcher_options)
+        config = self._options.pop("config", None)
+        if config:  # the saved defaults preset the panel only when asked: a shared notebook carries its own
+            for name, value in load_config(None if config is True else config).launcher_options().items():
+                self._options.setdefault(name, value)
         self._launch = None
         self._view: Optional[WidgetView] = None
         self._lock = threading.RLock()
@@ -255,7 +260,8 @@ def launch_panel(function: Callable, args: tuple = (), kwargs: Optional[Dict[str
     """A widget to launch ``function`` interactively: device, number of processes, precision, Launch, Stop.
 
     ``launcher_options`` are ``notebook_launcher``'s (``num_processes``, ``device``, ``mixed_precision``
-    preset the pickers; ``timeout``, ``return_all``, ``start_method``... are passed through). Example::
+    preset the pickers; ``timeout``, ``return_all``, ``start_method``... are passed through;
+    ``config=True`` or a path takes the saved defaults of ``notebook-accel config`` for the rest). Example::
 
         panel = launch_panel(train, args=(3e-4,), timeout=3600)
         panel          # in a notebook: press Launch; panel.result holds rank 0's return value afterwards

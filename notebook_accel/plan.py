@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from . import environment
 from .channel import rank_channel
 from .errors import LaunchConfigError
+from .multinode import NodeOptions, check_node_options
 from .payload import dumps_payload
 from .views import DISPLAYS
 
@@ -33,6 +34,7 @@ class LaunchPlan:
     timeout: Optional[float]
     return_all: bool
     display: str
+    nodes: Optional[NodeOptions] = None  # set for several nodes or restarts: the nodes backend runs it
 
     def rank_env(self, rank: int, rendezvous_env: Dict[str, str]) -> Dict[str, str]:
         """The environment of ``rank``: what torchrun sets, plus the precision HF accelerate reads."""
@@ -72,7 +74,8 @@ class LaunchPlan:
 def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_processes: Any = None, *,
                 device: Any = None, mixed_precision: Any = "no", start_method: Any = "auto",
                 master_addr: Any = "127.0.0.1", use_port: Any = None, timeout: Any = None,
-                return_all: Any = False, display: Any = "auto", allow_inline: bool = True) -> LaunchPlan:
+                return_all: Any = False, display: Any = "auto", allow_inline: bool = True,
+                **node_options: Any) -> LaunchPlan:
     """Validate every option and serialize the function; raise a clear error on the first bad one."""
     if rank_channel() is not None:
         raise RuntimeError("notebook_launcher was called inside a launched rank; launches cannot be nested")
@@ -99,6 +102,11 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
                                 or not timeout > 0):
         raise LaunchConfigError(f"timeout must be None or a positive number of seconds, got {timeout!r}")
 
+    unknown = sorted(set(node_options) - set(_NODE_OPTION_NAMES))
+    if unknown:
+        raise TypeError(f"unexpected launcher option(s): {', '.join(unknown)}")
+    nodes = check_node_options(**node_options)
+
     device = device or environment.best_device()
     available = _check_device(device)
     world_size = _resolve_world_size(num_processes, device, available)
@@ -106,7 +114,7 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
         raise LaunchConfigError(f"mixed_precision='fp16' needs CUDA; on {device.upper()} use 'bf16'")
     # One rank runs in the kernel itself (no process to start) unless a start method was asked for, or the
     # launch runs in a background thread, where an in-kernel run could not be stopped.
-    inline = (allow_inline and world_size == 1 and start_method == "auto"
+    inline = (allow_inline and nodes is None and world_size == 1 and start_method == "auto"
               and threading.current_thread() is threading.main_thread())
     method = "inline" if inline else _resolve_start_method(start_method)
 
@@ -115,8 +123,12 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
         payload=dumps_payload(function, args, kwargs),
         world_size=world_size, device=device, start_method=method, mixed_precision=mixed_precision,
         master_addr=master_addr, use_port=use_port, timeout=None if timeout is None else float(timeout),
-        return_all=return_all, display=display,
+        return_all=return_all, display=display, nodes=nodes,
     )
+
+
+_NODE_OPTION_NAMES = ("num_nodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf",
+                      "max_restarts", "monitor_interval")
 
 
 def _check_choice(name: str, value: Any, valid: Tuple[str, ...]) -> None:

@@ -296,7 +296,7 @@ class LaunchState:
         parts = [f"{self.world_size} × {self.device}"]
         if started is not None:
             if started.function_name:
-                parts.insert(0, f"{started.function_name}()")
+                parts.insert(0, launch_title(started.function_name))
             if started.mixed_precision and started.mixed_precision != "no":
                 parts.append(started.mixed_precision)
         parts.append(self.status)
@@ -332,3 +332,8 @@ class LaunchState:
         if finished is not None and finished.error:
             lines.append(f"error: {finished.error}")
         return lines
+
+
+def launch_title(function_name: str) -> str:
+    """``train()`` for a function; a script launch's ``python train.py --lr 3`` is shown as it is."""
+    return f"{function_name}()" if function_name.replace(".", "").isidentifier() else function_name

@@ -35,7 +35,8 @@ import ipywidgets as widgets
 
 from ..events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate, RankEvent,
                       RankExited, RankFailed, RankResult, RankStarted)
-from .model import STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, rank_colour
+from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, launch_title,
+                    rank_colour)
 from .plot import render_line_plot
 
 __all__ = ["WidgetView", "DashboardBox"]
@@ -318,7 +319,7 @@ class WidgetView:
             items.append(("precision", escape(started.mixed_precision)))
         cells = "".join(f'<span style="margin-right:18px">{name}: <b class="na-{name.replace(" ", "-")}">'
                         f"{value}</b></span>" for name, value in items)
-        title = escape(f"{started.function_name}()") if started is not None and started.function_name else ""
+        title = escape(launch_title(started.function_name)) if started is not None and started.function_name else ""
         return (f'<div class="notebook-accel-header" style="font-size:13px;padding:2px 0 4px 0">'
                 f'<b>notebook_accel</b> <span style="color:#666;margin-right:18px">{title}</span>{cells}</div>')
 
