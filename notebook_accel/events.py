@@ -106,6 +106,22 @@ class LaunchStarted(RankEvent):
     start_method: str
     mixed_precision: str = "no"
     function_name: str = ""
+    # Several nodes: this node's place, and the global ranks it runs (None: every rank of world_size).
+    num_nodes: int = 1
+    node_rank: int = 0
+    ranks: Optional[List[int]] = None
+
+
+@dataclass
+class AttemptStarted(RankEvent):
+    """A launch with restarts runs the whole world again (rank = -1): attempt 1 is the first restart.
+
+    ``previous_errors`` holds one line per earlier attempt's root cause, oldest first.
+    """
+
+    attempt: int
+    max_restarts: int
+    previous_errors: List[str] = field(default_factory=list)
 
 
 @dataclass

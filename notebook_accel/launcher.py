@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections import defaultdict
 import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
@@ -39,7 +40,7 @@ class Launch:
         self.plan = plan
         self.view: View = view if view is not None else make_view(plan.display)
         self.status = "starting"           # starting | running | finished | failed | stopped | timeout
-        self.outputs: Dict[int, List[str]] = {rank: [] for rank in range(plan.world_size)}
+        self.outputs: Dict[int, List[str]] = defaultdict(list)  # by global rank
         self.result: Any = None
         self.error: Optional[BaseException] = None
         self._stop_requested = threading.Event()
@@ -93,6 +94,8 @@ class Launch:
     # ------------------------------------------------------------------------------------------- the run
 
     def _host_store(self) -> HostedStore:
+        if self.plan.nodes is not None:  # the nodes backend hosts a fresh store for every attempt itself
+            return NoStore()
         return HostedStore(self.plan.master_addr, self.plan.use_port, self.plan.world_size)
 
     def _deliver(self, event: RankEvent) -> None:
@@ -118,9 +121,8 @@ class Launch:
         plan = self.plan
         started = time.monotonic()
         try:
-            self._deliver(LaunchStarted(rank=-1, world_size=plan.world_size, device=plan.device,
-                                        start_method=plan.start_method, mixed_precision=plan.mixed_precision,
-                                        function_name=plan.function_name))
+            if plan.nodes is None:  # the nodes backend says it once the rendezvous placed this node
+                self._deliver(launch_started(plan))
             self.status = "running"
             try:
                 outcome = self._run_backend(store)
@@ -134,6 +136,10 @@ class Launch:
     def _run_backend(self, store: HostedStore) -> Outcome:
         if self.plan.start_method == "inline":
             return InlineBackend(self.plan).run(self._deliver, store.env())
+        if self.plan.nodes is not None:
+            from .backends.nodes import NodesBackend
+
+            return NodesBackend(self.plan).run(self._deliver, self._tick, self._stop_requested)
         backend = ProcessBackend(self.plan)
         try:
             ranks = backend.start(store.env())
@@ -150,13 +156,15 @@ class Launch:
         self.status = outcome.status
         root = outcome.root
         if outcome.status == "finished":
-            missing = [rank for rank in self._expected_ranks() if rank not in outcome.results]
+            ranks = outcome.ranks if outcome.ranks is not None else list(range(self.plan.world_size))
+            expected = ranks if self.plan.return_all else ranks[:1]
+            missing = [rank for rank in expected if rank not in outcome.results]
             if missing:
                 self.error = LaunchError(f"rank {missing[0]} ended without returning a result", rank=missing[0])
                 self.status = "failed"
-            else:
-                self.result = ([outcome.results[rank] for rank in range(self.plan.world_size)]
-                               if self.plan.return_all else outcome.results[0])
+            else:  # this node's lowest rank (rank 0 on node 0), or all of this node's ranks in order
+                self.result = ([outcome.results[rank] for rank in ranks] if self.plan.return_all
+                               else outcome.results[ranks[0]])
         elif outcome.status == "failed" and root is not None:
             self.error = outcome.local_exception or self._root_cause_error(root, outcome)
         elif outcome.status == "timeout":
@@ -165,16 +173,13 @@ class Launch:
                 f"the launch ran past timeout={self.plan.timeout:g} s and was stopped; ranks still running: "
                 f"{ranks}", still_running=outcome.still_running)
         elif outcome.status == "stopped" and self.error is None:
-            self.error = KeyboardInterrupt("the launch was stopped")
+            self.error = outcome.local_exception or KeyboardInterrupt("the launch was stopped")
         failure = root.event if root is not None else None
         self._deliver(LaunchFinished(
             rank=-1, status=self.status, elapsed=elapsed, root_rank=root.rank if root else None,
             error=None if self.error is None else one_line(self.error),
             traceback=failure.traceback if failure is not None else None,
             still_running=outcome.still_running))
-
-    def _expected_ranks(self) -> List[int]:
-        return list(range(self.plan.world_size)) if self.plan.return_all else [0]
 
     def _root_cause_error(self, root, outcome: Outcome) -> BaseException:
         if root.event is not None:
@@ -189,6 +194,24 @@ class Launch:
         tail = self.outputs.get(root.rank, [])[-_TAIL_LINES:]
         last = ("; its last output:\n    " + "\n    ".join(tail)) if tail else ""
         return LaunchError(f"rank {root.rank} {how}{last}", rank=root.rank, exitcode=code, signal_name=name)
+
+
+def launch_started(plan: LaunchPlan, **where: Any) -> LaunchStarted:
+    """The first event of a launch; ``where`` adds a node's place (num_nodes, node_rank, ranks, world_size)."""
+    fields = dict(rank=-1, world_size=plan.world_size, device=plan.device, start_method=plan.start_method,
+                  mixed_precision=plan.mixed_precision, function_name=plan.function_name)
+    fields.update(where)
+    return LaunchStarted(**fields)
+
+
+class NoStore:
+    """Stands in for ``HostedStore`` when the backend hosts its own (a fresh one per attempt)."""
+
+    def env(self) -> Dict[str, str]:
+        return {}
+
+    def close(self) -> None:
+        pass
 
 
 def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,

@@ -35,15 +35,29 @@ class LaunchPlan:
     return_all: bool
     display: str
     nodes: Optional[NodeOptions] = None  # set for several nodes or restarts: the nodes backend runs it
+    # One node's share of a multi-node world, set by the nodes backend once the rendezvous placed it:
+    # ``world_size`` is then this node's count, and global rank = ``rank_offset`` + local rank.
+    rank_offset: int = 0
+    global_world_size: Optional[int] = None
+    group_rank: int = 0
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.rank_offset + local_rank
+
+    def sends_result(self, local_rank: int) -> bool:
+        """Rank 0 (the node's lowest rank on other nodes) sends its return value; every rank with return_all."""
+        return self.return_all or local_rank == 0
 
     def rank_env(self, rank: int, rendezvous_env: Dict[str, str]) -> Dict[str, str]:
-        """The environment of ``rank``: what torchrun sets, plus the precision HF accelerate reads."""
+        """The environment of local rank ``rank``: what torchrun sets, plus the precision HF accelerate reads."""
+        world = self.global_world_size or self.world_size
         env = {
-            "RANK": str(rank),
+            "RANK": str(self.global_rank(rank)),
             "LOCAL_RANK": str(rank),
-            "GROUP_RANK": "0",
-            "ROLE_RANK": str(rank),
-            "WORLD_SIZE": str(self.world_size),
+            "GROUP_RANK": str(self.group_rank),
+            "ROLE_RANK": str(self.global_rank(rank)),
+            "WORLD_SIZE": str(world),
+            "ROLE_WORLD_SIZE": str(world),
             "LOCAL_WORLD_SIZE": str(self.world_size),
             "ACCELERATE_MIXED_PRECISION": self.mixed_precision,
             "NOTEBOOK_ACCEL_DEVICE": self.device,

@@ -61,6 +61,7 @@ class Outcome:
     still_running: List[int] = field(default_factory=list)
     exitcodes: Dict[int, Optional[int]] = field(default_factory=dict)
     local_exception: Optional[BaseException] = None            # inline runs keep the exception object
+    ranks: Optional[List[int]] = None   # the global ranks that ran here (one node of several); None: all
 
 
 class _RankState:

@@ -91,9 +91,9 @@ class ProcessBackend:
             for other in started:
                 inherited += [other.stdout_fd, other.stderr_fd, other.events_fd]
         spec = RankSpec(
-            rank=rank, world_size=self.plan.world_size,
+            rank=self.plan.global_rank(rank), world_size=self.plan.global_world_size or self.plan.world_size,
             env=self.plan.rank_env(rank, rendezvous_env), payload=self.plan.payload,
-            send_result=self.plan.return_all or rank == 0,
+            send_result=self.plan.sends_result(rank),
             stdout_fd=PassedFd(pipes["stdout"][1]),
             stderr_fd=PassedFd(pipes["stderr"][1]),
             events_fd=PassedFd(pipes["events"][1]),
@@ -110,7 +110,7 @@ class ProcessBackend:
         finally:
             for _, write in pipes.values():
                 os.close(write)  # the kernel keeps only read ends: EOF once the rank is gone
-        return RankProcess(rank, process, pipes["stdout"][0], pipes["stderr"][0], pipes["events"][0])
+        return RankProcess(spec.rank, process, pipes["stdout"][0], pipes["stderr"][0], pipes["events"][0])
 
 
 class PassedFd:

@@ -14,8 +14,8 @@ from typing import Dict, List, Optional, Tuple
 
 from tqdm.std import tqdm as _tqdm_format  # formatting helpers only (format_meter, format_interval)
 
-from ..events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate, RankEvent,
-                      RankExited, RankFailed, RankResult, RankStarted)
+from ..events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate,
+                      RankEvent, RankExited, RankFailed, RankResult, RankStarted)
 
 # Colours of ranks 0..9 (matplotlib's tab10), reused in the plots and the rank rows.
 RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -175,6 +175,7 @@ class LaunchState:
         self.start_time = time.monotonic()
         self.ranks: Dict[int, RankState] = {}
         self.series: Dict[str, Dict[int, Series]] = {}  # metric -> rank -> points
+        self.attempt: Optional[AttemptStarted] = None    # set once a restart began
 
     # ------------------------------------------------------------------------------------------ reading
     @property
@@ -210,8 +211,15 @@ class LaunchState:
         if isinstance(event, LaunchStarted):
             self.started = event
             self.start_time = time.monotonic()
-            for rank in range(event.world_size):
+            for rank in (event.ranks if event.ranks is not None else range(event.world_size)):
                 self.rank(rank)
+            return self
+        if isinstance(event, AttemptStarted):
+            self.attempt = event
+            for rank in list(self.ranks):  # the whole world runs again: every row starts over
+                self.ranks[rank] = RankState(rank)
+            self.series.clear()
+            self.status = "starting"
             return self
         if isinstance(event, RankStarted):
             state = self.rank(event.rank)
@@ -239,8 +247,8 @@ class LaunchState:
         if isinstance(event, LaunchFinished):
             self.finished = event
             self.status = event.status
-            if event.root_rank is not None:
-                self.rank(event.root_rank).root_cause = True
+            if event.root_rank in self.ranks:  # on another node's dashboard the root rank has no row
+                self.ranks[event.root_rank].root_cause = True
             for state in self.ranks.values():
                 if state.root_cause or state.status in ("finished", "failed"):
                     continue
@@ -299,9 +307,19 @@ class LaunchState:
                 parts.insert(0, launch_title(started.function_name))
             if started.mixed_precision and started.mixed_precision != "no":
                 parts.append(started.mixed_precision)
+        parts += self.place_texts()
         parts.append(self.status)
         parts.append(format_interval(self.elapsed()))
         return " · ".join(parts)
+
+    def place_texts(self) -> List[str]:
+        """``node 1/2`` for a multi-node launch, ``attempt 2/3`` once a restart began."""
+        texts = []
+        if self.started is not None and self.started.num_nodes > 1:
+            texts.append(f"node {self.started.node_rank}/{self.started.num_nodes}")
+        if self.attempt is not None:
+            texts.append(f"attempt {self.attempt.attempt + 1}/{self.attempt.max_restarts + 1}")
+        return texts
 
     def rank_status_text(self, state: RankState, mark_root: bool = True) -> str:
         text = state.status
@@ -328,6 +346,8 @@ class LaunchState:
             if not bars and state.metrics:
                 lines.append(prefix + state.metrics_postfix())
             lines.append(prefix + self.rank_status_text(state))
+        if self.attempt is not None:
+            lines += [f"attempt {number + 1}: {error}" for number, error in enumerate(self.attempt.previous_errors)]
         finished = self.finished
         if finished is not None and finished.error:
             lines.append(f"error: {finished.error}")

@@ -33,7 +33,7 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import ipywidgets as widgets
 
-from ..events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate, RankEvent,
+from ..events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate, RankEvent,
                       RankExited, RankFailed, RankResult, RankStarted)
 from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, launch_title,
                     rank_colour)
@@ -169,6 +169,10 @@ class WidgetView:
                 self._on_metrics(event, changed)  # type: ignore[arg-type]
             elif isinstance(event, LaunchStarted):
                 self._on_started()
+            elif isinstance(event, AttemptStarted):
+                self._draw_header()
+                for state in self.state.ranks.values():
+                    self._draw_rank_label(state)
             elif isinstance(event, (RankStarted, RankResult, RankFailed, RankExited)):
                 self._draw_rank_label(self.state.rank(event.rank))
                 if isinstance(event, RankFailed):
@@ -317,6 +321,11 @@ class WidgetView:
         ]
         if started is not None and started.mixed_precision not in ("", "no"):
             items.append(("precision", escape(started.mixed_precision)))
+        for text in state.place_texts():  # "node 1/2", "attempt 2/3"
+            name, value = text.split(" ", 1)
+            items.append((name, escape(value)))
+        if state.attempt is not None and state.attempt.previous_errors:
+            items.append(("earlier attempts", escape(" | ".join(state.attempt.previous_errors))))
         cells = "".join(f'<span style="margin-right:18px">{name}: <b class="na-{name.replace(" ", "-")}">'
                         f"{value}</b></span>" for name, value in items)
         title = escape(launch_title(started.function_name)) if started is not None and started.function_name else ""
