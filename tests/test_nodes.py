@@ -1,0 +1,199 @@
+"""Multi-node launches and restarts: two real node processes on localhost (``GLOO_SOCKET_IFNAME=lo``), each
+calling ``notebook_launcher(num_nodes=2, ...)`` as a notebook per node would, with torch elastic's static
+and c10d rendezvous, real gloo ranks and real signals."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from scripts import script_env
+
+NODE = """
+import json, os, sys, time
+from notebook_accel import notebook_launcher
+
+def train(fail_rank, fail_attempts, sleep):
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    total = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(total)   # across both nodes: the fresh store of this attempt must work
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    print(f"rank {dist.get_rank()} attempt {attempt} sum {total.item():g}", flush=True)
+    if dist.get_rank() == fail_rank and attempt < fail_attempts:
+        raise ValueError(f"bad batch on rank {fail_rank} in attempt {attempt}")
+    time.sleep(sleep)
+    dist.barrier()
+    names = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT",
+             "TORCHELASTIC_MAX_RESTARTS")
+    return {name: os.environ[name] for name in names}
+
+options = json.loads(sys.argv[1])
+job = options.pop("job")
+try:
+    value = notebook_launcher(train, args=(job["fail_rank"], job["fail_attempts"], job["sleep"]),
+                              num_processes=2, display="text", return_all=True, **options)
+    print("OUTCOME " + json.dumps({"result": value}), flush=True)
+except BaseException as error:
+    print("OUTCOME " + json.dumps({"error": type(error).__name__, "message": (str(error).splitlines() or [""])[0],
+                                   "rank": getattr(error, "rank", None), "host": getattr(error, "host", None),
+                                   "notes": getattr(error, "__notes__", [])}), flush=True)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def node_env():
+    env = script_env()
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    return env
+
+
+def start_node(node_rank: int, backend: str, port: int, *, fail_rank=-1, fail_attempts=0, sleep=0.0,
+               num_nodes=2, **options) -> subprocess.Popen:
+    config = dict(num_nodes=num_nodes, node_rank=node_rank, rdzv_backend=backend,
+                  rdzv_endpoint=f"127.0.0.1:{port}", rdzv_conf={"join_timeout": 60},
+                  job=dict(fail_rank=fail_rank, fail_attempts=fail_attempts, sleep=sleep))
+    config.update(options)
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(NODE), json.dumps(config)], env=node_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen, timeout: float = 180):
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        raise AssertionError(f"node did not finish:\n{out}\n{err}")
+    lines = [line for line in out.splitlines() if line.startswith("OUTCOME ")]
+    assert lines, f"no outcome (exit {process.returncode}):\n{out}\n{err}"
+    return json.loads(lines[-1][len("OUTCOME "):]), out
+
+
+def run_two_nodes(backend: str, **job):
+    port = free_port()
+    nodes = [start_node(rank, backend, port, **job) for rank in (0, 1)]
+    return [finish(node) for node in nodes]
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_two_nodes_run_four_ranks_with_global_ranks(backend):
+    (first, out0), (second, out1) = run_two_nodes(backend)
+    assert "result" in first and "result" in second, (first, second)
+    seen = [(int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["GROUP_RANK"]), env["WORLD_SIZE"],
+             env["LOCAL_WORLD_SIZE"]) for env in first["result"] + second["result"]]
+    assert seen == [(0, 0, 0, "4", "2"), (1, 1, 0, "4", "2"), (2, 0, 1, "4", "2"), (3, 1, 1, "4", "2")]
+    for rank, out in ((0, out0), (1, out0), (2, out1), (3, out1)):  # labelled by global rank on its node
+        assert f"[rank {rank}] rank {rank} attempt 0 sum 6" in out
+    assert "node 0/2 · finished" in out0 and "node 1/2 · finished" in out1
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_a_failure_on_node_1_is_the_root_cause_on_both_nodes(backend):
+    (first, out0), (second, out1) = run_two_nodes(backend, fail_rank=3, fail_attempts=1, sleep=20)
+    for outcome in (first, second):
+        assert outcome["error"] == "ValueError", outcome
+        assert outcome["message"] == "bad batch on rank 3 in attempt 0"
+        assert outcome["rank"] == 3 and outcome["host"] == socket.gethostname()
+        assert any("rank 3 ran on node 1" in note for note in outcome["notes"])
+    assert "[rank 3] failed (root cause)" in out1
+    assert "error: ValueError: bad batch on rank 3" in out0  # node 0's dashboard names the remote root cause
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_a_restart_runs_the_whole_world_again_on_a_fresh_store(backend):
+    # Rank 3 fails in attempt 0 only. With torch's cached rendezvous store, attempt 1's gloo would connect
+    # to attempt 0's addresses ("Connection refused"); a fresh store per attempt makes it succeed.
+    (first, out0), (second, out1) = run_two_nodes(backend, fail_rank=3, fail_attempts=1, max_restarts=1)
+    assert "result" in first and "result" in second, (first, second, out0, out1)
+    counts = {env["TORCHELASTIC_RESTART_COUNT"] for env in first["result"] + second["result"]}
+    assert counts == {"1"}
+    assert [env["RANK"] for env in first["result"] + second["result"]] == ["0", "1", "2", "3"]
+    for out in (out0, out1):
+        assert "attempt 2/2 · finished" in out
+        assert "attempt 1: rank 3 on node 1" in out  # the earlier attempt's root cause stays visible
+
+
+def test_restarts_stop_when_they_run_out_and_the_error_lists_every_attempt():
+    (first, _), (second, _) = run_two_nodes("static", fail_rank=1, fail_attempts=5, max_restarts=1)
+    for outcome in (first, second):
+        assert outcome["error"] == "ValueError" and outcome["message"] == "bad batch on rank 1 in attempt 1"
+        assert any("attempt 1 failed first: rank 1 on node 0" in note for note in outcome["notes"])
+
+
+def test_a_node_that_never_joins_gives_a_clear_error():
+    port = free_port()
+    lonely = start_node(0, "static", port, rdzv_conf={"join_timeout": 3})
+    outcome, _ = finish(lonely)
+    assert outcome["error"] == "LaunchError"
+    assert "the 2 nodes did not all join the 'static' rendezvous" in outcome["message"]
+    assert "within 3 s" in outcome["message"]
+
+
+def test_ctrl_c_on_one_node_stops_both():
+    port = free_port()
+    nodes = [start_node(rank, "c10d", port, sleep=120) for rank in (0, 1)]
+    started = time.monotonic()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until all four ranks run (forked children of the two nodes)
+        if sum(len(psutil.Process(node.pid).children()) for node in nodes) >= 4:
+            break
+        time.sleep(0.2)
+    time.sleep(3)  # past init_process_group: the ranks sleep in train()
+    nodes[0].send_signal(signal.SIGINT)
+    (first, _), (second, _) = finish(nodes[0]), finish(nodes[1])
+    assert first["error"] == "KeyboardInterrupt"
+    assert second["error"] == "KeyboardInterrupt" and "stopped on node 0" in second["message"]
+    assert time.monotonic() - started < 100  # not the ranks' 120 s sleep
+
+
+def test_restarts_on_one_node_need_no_rendezvous():
+    code = """
+        import os
+        from notebook_accel import notebook_launcher
+        def job():
+            import torch.distributed as dist
+            dist.init_process_group("gloo")
+            dist.barrier()
+            if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and dist.get_rank() == 1:
+                raise RuntimeError("first attempt fails")
+            return os.environ["TORCHELASTIC_RESTART_COUNT"]
+        print("RESULT", notebook_launcher(job, num_processes=2, max_restarts=2, display="none", return_all=True))
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=node_env(), capture_output=True,
+                          text=True, timeout=180)
+    assert "RESULT ['1', '1']" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_cli_runs_a_script_over_two_nodes_with_accelerates_flags(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        print(f"hello from {os.environ['RANK']} of {os.environ['WORLD_SIZE']}", flush=True)
+        if os.environ["RANK"] == "3":
+            sys.exit(7)
+    """))
+    port = free_port()
+    env = node_env()
+    env["HF_HOME"] = str(tmp_path / "hf")
+    nodes = [subprocess.Popen([sys.executable, "-m", "notebook_accel.cli", "launch", "--num_processes", "4",
+                               "--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip",
+                               "127.0.0.1", "--main_process_port", str(port), str(script)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    outputs = [node.communicate(timeout=180) for node in nodes]
+    assert [node.returncode for node in nodes] == [7, 7], outputs
+    assert "[rank 0] hello from 0 of 4" in outputs[0][0] and "[rank 3] hello from 3 of 4" in outputs[1][0]
