@@ -197,3 +197,48 @@ def test_the_cli_runs_a_script_over_two_nodes_with_accelerates_flags(tmp_path):
     outputs = [node.communicate(timeout=180) for node in nodes]
     assert [node.returncode for node in nodes] == [7, 7], outputs
     assert "[rank 0] hello from 0 of 4" in outputs[0][0] and "[rank 3] hello from 3 of 4" in outputs[1][0]
+
+
+def test_a_node_whose_launcher_dies_is_named_and_not_waited_for():
+    port = free_port()
+    nodes = [start_node(rank, "static", port, sleep=120, rdzv_conf={"join_timeout": 60, "node_timeout": 5})
+             for rank in (0, 1)]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until all four ranks run
+        if sum(len(psutil.Process(node.pid).children()) for node in nodes) >= 4:
+            break
+        time.sleep(0.2)
+    time.sleep(2)
+    nodes[1].kill()  # node 1's kernel dies; its ranks die with it (PR_SET_PDEATHSIG)
+    nodes[1].communicate()
+    started = time.monotonic()
+    outcome, out = finish(nodes[0])
+    assert outcome["error"] == "LaunchError", outcome
+    assert "node 1 stopped responding" in outcome["message"]
+    assert time.monotonic() - started < 60  # not the ranks' 120 s sleep
+
+
+def test_the_timeout_counts_over_the_whole_world():
+    port = free_port()
+    nodes = [start_node(rank, "static", port, sleep=120, timeout=15) for rank in (0, 1)]
+    outcomes = [finish(node)[0] for node in nodes]
+    for outcome in outcomes:
+        assert outcome["error"] == "LaunchTimeout", outcome
+        assert "ran past timeout=15 s" in outcome["message"]
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(num_nodes=2), "num_nodes > 1 needs rdzv_endpoint='host:port'"),
+    (dict(num_nodes=2, node_rank=2, rdzv_endpoint="127.0.0.1:1"), "node_rank must be an int in 0..1"),
+    (dict(num_nodes=2, rdzv_backend="zookeeper", rdzv_endpoint="h:1"), "'zookeeper' is not a registered torch"),
+    (dict(num_nodes=2, rdzv_endpoint="h"), "must be 'host:port'"),
+    (dict(max_restarts=-1), "max_restarts must be an int >= 0"),
+    (dict(num_nodes=2, rdzv_endpoint="h:1", rdzv_conf={"join_timeout": "soon"}), "rdzv_conf['join_timeout']"),
+])
+def test_bad_node_options_are_refused_before_anything_starts(options, message):
+    from notebook_accel.errors import LaunchConfigError
+    from notebook_accel.plan import plan_launch
+
+    with pytest.raises(LaunchConfigError) as caught:
+        plan_launch(print, num_processes=1, device="cpu", **options)
+    assert message in str(caught.value)

@@ -31,7 +31,7 @@ from typing import Callable, Deque, Dict, List, Optional
 
 from ..errors import LaunchError, rebuild_exception
 from ..events import AttemptStarted, OutputLine, RankEvent, RankExited, RankFailed
-from ..multinode import NodeOptions
+from ..multinode import OUR_RDZV_KEYS, NodeOptions
 from ..plan import LaunchPlan
 from ..rendezvous import HostedStore
 from ..supervisor import Failure, Outcome
@@ -41,7 +41,8 @@ _TAIL_LINES = 25          # last output lines of a rank that died without an exc
 _GOODBYE_SECONDS = 15.0
 # After every node left, linger a few monitor intervals before releasing the stores: we do not know which
 # node hosts the rendezvous store (c10d picks one), and one still polling must not find it gone.
-_LINGER_INTERVALS = 3   # how long a node waits for the others before releasing the stores, when ending early
+_LINGER_INTERVALS = 3
+_LIVENESS_SECONDS = 1.0   # how often a node checks that the others' launchers still beat   # how long a node waits for the others before releasing the stores, when ending early
 
 
 @dataclass
@@ -56,6 +57,7 @@ class NodeFailure:
     event: Optional[RankFailed] = None   # None: the rank died without an exception
     exitcode: Optional[int] = None
     tail: List[str] = dataclasses.field(default_factory=list)
+    lost_after: Optional[float] = None   # set when the whole node stopped responding (rank is then -1)
 
     @property
     def collateral(self) -> bool:
@@ -63,8 +65,12 @@ class NodeFailure:
 
     def describe(self) -> str:
         """One line: ``rank 3 on node 1 (host-b): ValueError: boom``."""
+        if self.lost_after is not None:
+            return (f"node {self.node} stopped responding for {self.lost_after:g} s "
+                    f"(its kernel, launcher or machine is gone?)")
         if self.event is not None:
-            what = f"{self.event.exc_type.rpartition('.')[2]}: {self.event.message.strip().splitlines()[0] if self.event.message.strip() else ''}"
+            first_line = (self.event.message.strip().splitlines() or [""])[0]
+            what = f"{self.event.exc_type.rpartition('.')[2]}: {first_line}"
         else:
             what = _death(self.exitcode)
         return f"rank {self.rank} on node {self.node} ({self.host}): {what}"
@@ -101,7 +107,7 @@ class Membership:
             return
         from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 
-        conf = dict(options.rdzv_conf)
+        conf = {key: value for key, value in options.rdzv_conf.items() if key not in OUR_RDZV_KEYS}
         if options.rdzv_backend == "static":
             conf.setdefault("rank", options.node_rank)
             conf.setdefault("timeout", int(options.join_timeout))
@@ -145,8 +151,14 @@ class AttemptWatch:
     interrupts, and stops this node's ranks once another node aborted the attempt."""
 
     def __init__(self, store, prefix: str, node: int, attempt: int, deliver: Callable[[RankEvent], None],
-                 tick: Callable[[], None], user_stop: threading.Event, interval: float) -> None:
+                 tick: Callable[[], None], user_stop: threading.Event, options: NodeOptions) -> None:
         self.store = store
+        self.num_nodes = options.num_nodes
+        self.silence_limit = options.node_timeout
+        self.ended_nodes: set = set()      # other nodes known to have ended this attempt
+        self.lost_nodes: set = set()       # other nodes whose launcher stopped beating
+        self._beats: Dict[int, tuple] = {}  # node -> (its beat count, when we saw it change)
+        self._liveness_at = time.monotonic()
         self.prefix = prefix
         self.node = node
         self.host = socket.gethostname()
@@ -154,7 +166,7 @@ class AttemptWatch:
         self._deliver = deliver
         self._tick = tick
         self.user_stop = user_stop
-        self.interval = interval
+        self.interval = options.monitor_interval
         self.stop = threading.Event()      # the local supervisor's stop_requested
         self.published = 0
         self.store_error: Optional[str] = None
@@ -188,6 +200,42 @@ class AttemptWatch:
             self.stop.set()
         elif self.aborted() is not None:
             self.stop.set()
+        try:
+            self.store.add(self.key(f"beat/{self.node}"), 1)  # "this node's launcher is alive"
+        except Exception as err:
+            self._lost(err)
+        if now - self._liveness_at >= _LIVENESS_SECONDS:
+            self._liveness_at = now
+            self.check_nodes(now)
+
+    def check_nodes(self, now: float) -> None:
+        """Notice other nodes whose launcher stopped beating (a killed kernel, a lost machine): they will
+        never say they ended, so they are published as a failure and no longer waited for."""
+        for other in range(self.num_nodes):
+            if other == self.node or other in self.lost_nodes or other in self.ended_nodes:
+                continue
+            try:
+                if self.store.check([self.key(f"ended/{other}")]):
+                    self.ended_nodes.add(other)
+                    continue
+                count = int(self.store.add(self.key(f"beat/{other}"), 0))
+            except Exception as err:
+                self._lost(err)
+                return
+            seen = self._beats.get(other)
+            if seen is None or seen[0] != count:
+                self._beats[other] = (count, now)
+            elif now - seen[1] > self.silence_limit:
+                self.lost_nodes.add(other)
+                self.publish_record(NodeFailure(0, other, "?", self.attempt, -1, lost_after=round(now - seen[1])))
+
+    def all_ended(self) -> bool:
+        """Every node said it ended this attempt, or was found lost."""
+        waiting = [other for other in range(self.num_nodes) if other not in self.lost_nodes]
+        return bool(self.store.check([self.key(f"ended/{other}") for other in waiting]))
+
+    def say_ended(self) -> None:
+        self.store.set(self.key(f"ended/{self.node}"), "1")
 
     # ------------------------------------------------------------------------------- the store's side
     def key(self, name: str) -> str:
@@ -195,7 +243,10 @@ class AttemptWatch:
 
     def publish(self, rank: int, event: Optional[RankFailed] = None, exitcode: Optional[int] = None) -> None:
         """Add a failure candidate; its sequence number orders it among every node's."""
-        record = NodeFailure(0, self.node, self.host, self.attempt, rank, event, exitcode, list(self._tails[rank]))
+        self.publish_record(NodeFailure(0, self.node, self.host, self.attempt, rank, event, exitcode,
+                                        list(self._tails[rank])))
+
+    def publish_record(self, record: NodeFailure) -> None:
         try:
             record.seq = int(self.store.add(self.key("failures"), 1))
             self.store.set(self.key(f"failure/{record.seq}"), pickle.dumps(record))
@@ -233,6 +284,7 @@ class AttemptEnd:
     status: str                          # finished | failed | stopped | timeout
     root: Optional[NodeFailure] = None
     by_node: Optional[int] = None        # who stopped it or let it time out
+    node_lost: int = 0                   # nodes that stopped responding: the world cannot run again
 
 
 class NodesBackend:
@@ -282,9 +334,9 @@ class NodesBackend:
                                        group_rank=node, nodes=None)
             local, end = self._run_attempt(membership, plan, attempt, deadline, deliver, tick, stop_requested)
             restartable = (end.status == "failed" and attempt < options.max_restarts and end.root is not None
-                           and not _payload_failed(end.root))
+                           and not end.node_lost and not _payload_failed(end.root))
             if not restartable:
-                self._say_goodbye(store)
+                self._say_goodbye(store, options.num_nodes - end.node_lost)
                 return self._outcome(end, local, ranks, world_size, history)
             history.append(end.root)
             attempt += 1
@@ -299,33 +351,35 @@ class NodesBackend:
                      deliver, tick, stop_requested: threading.Event):
         store, node = membership.store, membership.group_rank
         prefix = f"{_PREFIX}/attempt{attempt}"
-        watch = AttemptWatch(store, prefix, node, attempt, deliver, tick, stop_requested,
-                             self.options.monitor_interval)
+        watch = AttemptWatch(store, prefix, node, attempt, deliver, tick, stop_requested, self.options)
         hosted: Optional[HostedStore] = None
         ended = False
         try:
             if node == 0:  # a fresh store per attempt: nothing of the previous attempt can be read from it
                 hosted = HostedStore(membership.node0_addr, None, plan.global_world_size or plan.world_size)
                 store.set(watch.key("master"), f"{hosted.addr}:{hosted.port}")
-            self._wait_until(lambda: bool(store.check([watch.key("master")]) or watch.aborted()), tick,
+            self._wait_until(lambda: bool(store.check([watch.key("master")]) or watch.aborted()), watch.tick,
                              what="node 0's store for this attempt")
             local = self._run_local_ranks(plan, attempt, deadline, watch)
+            if watch.store_error is not None:
+                raise LaunchError(f"node {node} lost the rendezvous store during attempt {attempt + 1} "
+                                  f"({watch.store_error}); the node hosting it (node 0 for 'static') may be gone")
             if local.status == "failed" and not watch.published and local.root is not None:
                 watch.publish(local.root.rank, event=local.root.event, exitcode=local.root.exitcode)
             elif local.status == "timeout":
                 watch.abort("timeout")
-            store.add(watch.key("ended"), 1)
+            watch.say_ended()
             ended = True
-            self._wait_for_all_nodes(watch, deadline, tick)
+            self._wait_for_all_nodes(watch, deadline)
             return local, self._decide(watch)
         except BaseException:  # Ctrl-C here, or an error: tell the others, give them a moment, then go
             watch.abort("stopped")
             if not ended:
                 try:
-                    store.add(watch.key("ended"), 1)
+                    watch.say_ended()
                 except Exception:
                     pass
-            self._say_goodbye(store)
+            self._say_goodbye(store, self.options.num_nodes - len(watch.lost_nodes))
             raise
         finally:
             if hosted is not None:
@@ -355,16 +409,15 @@ class NodesBackend:
         finally:
             backend.close()
 
-    def _wait_for_all_nodes(self, watch: AttemptWatch, deadline: Optional[float], tick) -> None:
-        """This node's ranks are done; wait for the other nodes' (Stop and the timeout still apply)."""
+    def _wait_for_all_nodes(self, watch: AttemptWatch, deadline: Optional[float]) -> None:
+        """This node's ranks are done; wait for the other nodes' (Stop, the timeout and the check for lost
+        nodes still apply, and this node keeps beating)."""
         def all_ended() -> bool:
-            if watch.user_stop.is_set():
-                watch.abort("stopped")
             if deadline is not None and time.monotonic() > deadline:
                 watch.abort("timeout")
-            return int(watch.store.add(watch.key("ended"), 0)) >= self.options.num_nodes
+            return watch.all_ended()
 
-        self._wait_until(all_ended, tick, what="the other nodes to finish")
+        self._wait_until(all_ended, watch.tick, what="the other nodes to finish")
 
     def _decide(self, watch: AttemptWatch) -> AttemptEnd:
         """The same reading of the store on every node gives the same ending and root cause."""
@@ -378,13 +431,15 @@ class NodesBackend:
         if not failures:
             return AttemptEnd("finished")
         primary = [failure for failure in failures if not failure.collateral]
-        return AttemptEnd("failed", root=min(primary or failures, key=lambda failure: failure.seq))
+        lost = len({failure.node for failure in failures if failure.lost_after is not None})
+        return AttemptEnd("failed", root=min(primary or failures, key=lambda failure: failure.seq), node_lost=lost)
 
     # ------------------------------------------------------------------------------------------- helpers
 
     def _wait_until(self, ready: Callable[[], bool], tick, what: str) -> None:
         """Poll ``ready`` every monitor interval, keeping the view's clock going; the store's errors become
         a ``LaunchError`` that says what this node was waiting for."""
+        pause = 0.005  # short at first (the others are usually a few ms away), up to the monitor interval
         while True:
             try:
                 if ready():
@@ -393,7 +448,8 @@ class NodesBackend:
                 raise LaunchError(f"node {self.options.node_rank} lost the rendezvous store while waiting for "
                                   f"{what} ({type(err).__name__}: {err}); the node hosting it may be gone") from err
             tick()
-            time.sleep(self.options.monitor_interval)
+            time.sleep(pause)
+            pause = min(pause * 2, self.options.monitor_interval)
 
     def _wait_quietly(self, ready: Callable[[], bool], seconds: float = _GOODBYE_SECONDS) -> None:
         end = time.monotonic() + seconds
@@ -405,16 +461,16 @@ class NodesBackend:
                 return
             time.sleep(self.options.monitor_interval)
 
-    def _say_goodbye(self, store) -> None:
+    def _say_goodbye(self, store, expected: int) -> None:
         """Every node read the outcome before the node hosting the shared store may release it (bounded:
         a node that ended early, e.g. on Ctrl-C, waits at most ``_GOODBYE_SECONDS``)."""
         try:
-            if int(store.add(f"{_PREFIX}/left", 1)) >= self.options.num_nodes:
+            if int(store.add(f"{_PREFIX}/left", 1)) >= expected:
                 time.sleep(_LINGER_INTERVALS * self.options.monitor_interval)  # let the others see it too
                 return
         except Exception:
             return
-        self._wait_quietly(lambda: int(store.add(f"{_PREFIX}/left", 0)) >= self.options.num_nodes)
+        self._wait_quietly(lambda: int(store.add(f"{_PREFIX}/left", 0)) >= expected)
         time.sleep(_LINGER_INTERVALS * self.options.monitor_interval)
 
     def _outcome(self, end: AttemptEnd, local: Outcome, ranks: List[int], world_size: int,
@@ -436,7 +492,10 @@ def root_exception(root: NodeFailure, world_size: int, history: List[NodeFailure
     """The exception every node raises: the rank's own type where it unpickles, else ``LaunchError``;
     both name the rank, its node and host, and the earlier attempts' root causes."""
     where = f"node {root.node} ({root.host})"
-    if root.event is not None:
+    if root.lost_after is not None:
+        error: BaseException = LaunchError(f"{root.describe()}; its ranks were lost with it", rank=None)
+        note = ""
+    elif root.event is not None:
         error = rebuild_exception(root.event, world_size)
         note = f"(notebook_accel: rank {root.rank} ran on {where}" + (
             f", attempt {root.attempt + 1})" if root.attempt or history else ")")
