@@ -64,6 +64,9 @@ def rank_main(spec: RankSpec) -> None:
     # What a forked rank inherited from the kernel (ipykernel's, zmq's handlers), or a forkserver rank from
     # the server, is not the rank's to run; what the rank registers itself runs when it ends.
     atexit._clear()
+    # The rank's main thread, as in any Python program: threads the function starts are non-daemon (and
+    # waited for at the end) even when the launch forked from a daemon thread (``start_launch``, the panel).
+    threading.current_thread()._daemonic = False  # type: ignore[attr-defined]  # no public setter once started
     as_launched(spec)
     _set_torch_threads(int(spec.env.get("OMP_NUM_THREADS", "0")))
     _capture_output(_take_fd(spec.stdout_fd), _take_fd(spec.stderr_fd))
