@@ -1,8 +1,8 @@
 """``notebook_launcher``: run a function on N ranks from a notebook cell and bring back what it returns.
 
 The flow: ``plan_launch`` checks every option and pickles the function (errors before any process
-starts) → the kernel hosts the rendezvous store → a backend starts the ranks → the supervisor (or the
-inline backend) turns what they send into events for the view → the outcome is returned or raised.
+starts) → the plan's backend hosts the rendezvous → the backend starts, supervises and cleans up the
+ranks, turning what they send into events for the view → the outcome is returned or raised.
 """
 from __future__ import annotations
 
@@ -13,14 +13,13 @@ import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from .backends.inline import InlineBackend
-from .backends.processes import ProcessBackend
+from .backends import LaunchSink, backend_for
 from .config import fill_from_config
 from .errors import LaunchError, LaunchTimeout, one_line, rebuild_exception
 from .events import LaunchFinished, LaunchStarted, OutputLine, RankEvent
+from .outcome import Outcome, signal_name
 from .plan import LaunchPlan, plan_launch
 from .rendezvous import HostedStore
-from .supervisor import Outcome, Supervisor
 from .views import NullView, View, make_view
 
 _TAIL_LINES = 25  # last output lines of a rank that died without an exception, quoted in the LaunchError
@@ -38,6 +37,7 @@ class Launch:
 
     def __init__(self, plan: LaunchPlan, view: Optional[View] = None) -> None:
         self.plan = plan
+        self.backend = backend_for(plan)
         self.view: View = view if view is not None else make_view(plan.display)
         self.status = "starting"           # starting | running | finished | failed | stopped | timeout
         self.outputs: Dict[int, List[str]] = defaultdict(list)  # by global rank
@@ -56,6 +56,19 @@ class Launch:
     def stop(self) -> None:
         """Ask every rank to stop (thread-safe); ``wait`` then raises ``KeyboardInterrupt``."""
         self._stop_requested.set()
+
+    def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
+        """Where is each rank? Every running rank's Python stacks, all threads (faulthandler's format), by
+        rank — for a rank stuck in a collective or a deadlock. The view shows them too.
+
+        >>> job = start_launch(train, num_processes=2)        # doctest: +SKIP
+        >>> print(job.dump_stacks()[1])                         # doctest: +SKIP
+        Thread 0x00007f... (most recent call first):
+          File "<notebook>", line 12 in train
+        """
+        if self.done:
+            return {}
+        return self.backend.dump_stacks(timeout)
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until the launch ends; return the result or raise the root cause."""
@@ -94,9 +107,7 @@ class Launch:
     # ------------------------------------------------------------------------------------------- the run
 
     def _host_store(self) -> HostedStore:
-        if self.plan.nodes is not None:  # the nodes backend hosts a fresh store for every attempt itself
-            return NoStore()
-        return HostedStore(self.plan.master_addr, self.plan.use_port, self.plan.world_size)
+        return self.backend.open_rendezvous()
 
     def _deliver(self, event: RankEvent) -> None:
         if isinstance(event, OutputLine):
@@ -134,22 +145,7 @@ class Launch:
             store.close()
 
     def _run_backend(self, store: HostedStore) -> Outcome:
-        if self.plan.start_method == "inline":
-            return InlineBackend(self.plan).run(self._deliver, store.env())
-        if self.plan.nodes is not None:
-            from .backends.nodes import NodesBackend
-
-            return NodesBackend(self.plan).run(self._deliver, self._tick, self._stop_requested)
-        backend = ProcessBackend(self.plan)
-        try:
-            ranks = backend.start(store.env())
-            supervisor = Supervisor(
-                ranks, self._deliver, self._tick, timeout=self.plan.timeout,
-                expect_results=lambda rank: self.plan.return_all or rank == 0,
-                stop_requested=self._stop_requested)
-            return supervisor.run()
-        finally:
-            backend.close()
+        return self.backend.run(store.env(), LaunchSink(self._deliver, self._tick, self._stop_requested))
 
     def _finish(self, outcome: Outcome, elapsed: float) -> None:
         """Turn the outcome into ``result`` / ``error`` and tell the view how it ended."""
@@ -166,12 +162,14 @@ class Launch:
                 self.result = ([outcome.results[rank] for rank in ranks] if self.plan.return_all
                                else outcome.results[ranks[0]])
         elif outcome.status == "failed" and root is not None:
-            self.error = outcome.local_exception or self._root_cause_error(root, outcome)
+            self.error = self._root_cause_error(root, outcome)
         elif outcome.status == "timeout":
             ranks = ", ".join(str(rank) for rank in outcome.still_running) or "none"
+            where = "".join(f"\n[rank {rank}] {text.strip()}" for rank, text in sorted(outcome.stacks.items()))
             self.error = LaunchTimeout(
                 f"the launch ran past timeout={self.plan.timeout:g} s and was stopped; ranks still running: "
-                f"{ranks}", still_running=outcome.still_running)
+                f"{ranks}" + (f". Where they were:{where}" if where else ""),
+                still_running=outcome.still_running, stacks=outcome.stacks)
         elif outcome.status == "stopped" and self.error is None:
             self.error = outcome.local_exception or KeyboardInterrupt("the launch was stopped")
         failure = root.event if root is not None else None
@@ -182,36 +180,32 @@ class Launch:
             still_running=outcome.still_running))
 
     def _root_cause_error(self, root, outcome: Outcome) -> BaseException:
+        exit_code = outcome.exitcodes.get(root.rank, root.exitcode)
+        if root.event is not None and root.event.exc_type == "builtins.SystemExit":
+            # sys.exit(n) ends a rank as it ends a script: a failure with exit code n, not an exception
+            # to re-raise in the cell (IPython would only print it).
+            return LaunchError(f"rank {root.rank} called sys.exit({root.event.message or ''}) and exited with "
+                               f"code {exit_code}", rank=root.rank, exitcode=exit_code)
+        if outcome.local_exception is not None:  # the in-kernel rank: the exception object itself
+            return outcome.local_exception
         if root.event is not None:
             return rebuild_exception(root.event, self.plan.world_size)
-        from .backends.processes import signal_name
-
-        code = outcome.exitcodes.get(root.rank, root.exitcode)
-        name = signal_name(code)
-        how = f"was killed by {name}" if name else f"exited with code {code}"
-        if code == 0:
+        name = signal_name(exit_code)
+        how = f"was killed by {name}" if name else f"exited with code {exit_code}"
+        if exit_code == 0:
             how = "exited with code 0 without returning a result (os._exit?)"
         tail = self.outputs.get(root.rank, [])[-_TAIL_LINES:]
         last = ("; its last output:\n    " + "\n    ".join(tail)) if tail else ""
-        return LaunchError(f"rank {root.rank} {how}{last}", rank=root.rank, exitcode=code, signal_name=name)
+        return LaunchError(f"rank {root.rank} {how}{last}", rank=root.rank, exitcode=exit_code, signal_name=name)
 
 
 def launch_started(plan: LaunchPlan, **where: Any) -> LaunchStarted:
     """The first event of a launch; ``where`` adds a node's place (num_nodes, node_rank, ranks, world_size)."""
-    fields = dict(rank=-1, world_size=plan.world_size, device=plan.device, start_method=plan.start_method,
-                  mixed_precision=plan.mixed_precision, function_name=plan.function_name)
+    fields = dict(rank=-1, world_size=plan.world_size, device=plan.device,
+                  start_method=plan.start_method or plan.backend, mixed_precision=plan.mixed_precision,
+                  function_name=plan.function_name)
     fields.update(where)
     return LaunchStarted(**fields)
-
-
-class NoStore:
-    """Stands in for ``HostedStore`` when the backend hosts its own (a fresh one per attempt)."""
-
-    def env(self) -> Dict[str, str]:
-        return {}
-
-    def close(self) -> None:
-        pass
 
 
 def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,

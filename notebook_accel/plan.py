@@ -4,15 +4,16 @@ from __future__ import annotations
 import multiprocessing
 import numbers
 import os
+import sys
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import environment
 from .channel import rank_channel
 from .errors import LaunchConfigError
 from .multinode import NodeOptions, check_node_options
-from .payload import dumps_payload
+from .payload import Payload
 from .views import DISPLAYS
 
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
@@ -24,16 +25,21 @@ class LaunchPlan:
     """A validated launch: what runs where, how ranks start, and what comes back."""
 
     function_name: str
-    payload: bytes
+    payload: Payload
     world_size: int
     device: str
-    start_method: str  # "inline" (in the kernel), "fork", "forkserver" or "spawn"
+    backend: str                 # how ranks start: a name in ``backends.BACKENDS`` ("inline", "processes", "nodes")
+    start_method: Optional[str]  # "fork" | "forkserver" | "spawn" for process ranks; None in the kernel
     mixed_precision: str
     master_addr: str
     use_port: Optional[int]
     timeout: Optional[float]
     return_all: bool
     display: str
+    # The kernel as it is when the launch is called: every rank starts from it, whatever its start method.
+    kernel_env: Dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    kernel_cwd: str = field(default_factory=os.getcwd)
+    kernel_sys_path: List[str] = field(default_factory=lambda: list(sys.path))
     nodes: Optional[NodeOptions] = None  # set for several nodes or restarts: the nodes backend runs it
     # One node's share of a multi-node world, set by the nodes backend once the rendezvous placed it:
     # ``world_size`` is then this node's count, and global rank = ``rank_offset`` + local rank.
@@ -70,7 +76,7 @@ class LaunchPlan:
         return env
 
     def threads_per_rank(self) -> int:
-        """torch's intra-op threads in each rank (the worker also calls ``torch.set_num_threads`` with it).
+        """torch's intra-op threads in each rank (a process rank also calls ``torch.set_num_threads`` with it).
 
         A forked rank always gets 1: GNU OpenMP's thread pool does not survive fork, so once the kernel
         ran one multi-threaded op, a forked rank using more than one thread hangs in its first one
@@ -130,12 +136,17 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
     # launch runs in a background thread, where an in-kernel run could not be stopped.
     inline = (allow_inline and nodes is None and world_size == 1 and start_method == "auto"
               and threading.current_thread() is threading.main_thread())
-    method = "inline" if inline else _resolve_start_method(start_method)
+    backend = "inline" if inline else "processes" if nodes is None else "nodes"
 
+    payload = Payload(function, args, kwargs)
+    start = None if inline else _resolve_start_method(start_method)
+    if start in ("forkserver", "spawn"):
+        payload.pickled()  # now, so that what cannot be pickled is named before any process starts
     return LaunchPlan(
         function_name=getattr(function, "__qualname__", type(function).__name__),
-        payload=dumps_payload(function, args, kwargs),
-        world_size=world_size, device=device, start_method=method, mixed_precision=mixed_precision,
+        payload=payload,
+        world_size=world_size, device=device, backend=backend,
+        start_method=start, mixed_precision=mixed_precision,
         master_addr=master_addr, use_port=use_port, timeout=None if timeout is None else float(timeout),
         return_all=return_all, display=display, nodes=nodes,
     )

@@ -21,6 +21,7 @@ replace our output capture and root cause.
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
 import socket
 import threading
@@ -32,9 +33,10 @@ from typing import Callable, Deque, Dict, List, Optional
 from ..errors import LaunchError, rebuild_exception
 from ..events import AttemptStarted, OutputLine, RankEvent, RankExited, RankFailed
 from ..multinode import OUR_RDZV_KEYS, NodeOptions
+from ..outcome import Failure, Outcome, signal_name
 from ..plan import LaunchPlan
 from ..rendezvous import HostedStore
-from ..supervisor import Failure, Outcome
+from .base import Backend, LaunchSink
 
 _PREFIX = "notebook_accel"
 _TAIL_LINES = 25          # last output lines of a rank that died without an exception, quoted in the error
@@ -77,8 +79,6 @@ class NodeFailure:
 
 
 def _death(exitcode: Optional[int]) -> str:
-    from .processes import signal_name
-
     name = signal_name(exitcode)
     if name:
         return f"was killed by {name}"
@@ -287,7 +287,17 @@ class AttemptEnd:
     node_lost: int = 0                   # nodes that stopped responding: the world cannot run again
 
 
-class NodesBackend:
+class NoStore:
+    """Stands in for the kernel-hosted store: this backend hosts a fresh one for every attempt itself."""
+
+    def env(self) -> Dict[str, str]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class NodesBackend(Backend):
     """Runs this node's ranks of a multi-node (or restarting) launch; see the module docstring.
 
     Example (one call per node; here node 1 of 2)::
@@ -299,18 +309,25 @@ class NodesBackend:
     name = "nodes"
 
     def __init__(self, plan: LaunchPlan) -> None:
+        super().__init__(plan)
         assert plan.nodes is not None
-        self.plan = plan
         self.options: NodeOptions = plan.nodes
+        self._ranks_backend = None  # this attempt's ProcessBackend, for dump_stacks
 
-    def run(self, deliver: Callable[[RankEvent], None], tick: Callable[[], None],
-            stop_requested: threading.Event) -> Outcome:
+    def open_rendezvous(self) -> NoStore:  # type: ignore[override]
+        return NoStore()
+
+    def run(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> Outcome:
         membership = Membership(self.options)
         membership.join()
         try:
-            return self._run_attempts(membership, deliver, tick, stop_requested)
+            return self._run_attempts(membership, sink.deliver, sink.tick, sink.stop_requested)
         finally:
             membership.release()
+
+    def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
+        backend = self._ranks_backend
+        return backend.dump_stacks(timeout) if backend is not None else {}
 
     # ------------------------------------------------------------------------------------------- attempts
 
@@ -388,7 +405,6 @@ class NodesBackend:
     def _run_local_ranks(self, plan: LaunchPlan, attempt: int, deadline: Optional[float],
                          watch: AttemptWatch) -> Outcome:
         """This node's ranks under the process backend's supervisor, for one attempt."""
-        from ..supervisor import Supervisor
         from .processes import ProcessBackend
 
         if watch.aborted() is not None:  # another node gave up before we could start
@@ -399,15 +415,11 @@ class NodesBackend:
                "TORCHELASTIC_MAX_RESTARTS": str(self.options.max_restarts),
                "TORCHELASTIC_RUN_ID": self.options.rdzv_id, "GROUP_WORLD_SIZE": str(self.options.num_nodes)}
         remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
-        backend = ProcessBackend(plan)
+        self._ranks_backend = ProcessBackend(dataclasses.replace(plan, timeout=remaining))
         try:
-            ranks = backend.start(env)
-            supervisor = Supervisor(ranks, watch.deliver, watch.tick, timeout=remaining,
-                                    expect_results=lambda rank: plan.sends_result(rank - plan.rank_offset),
-                                    stop_requested=watch.stop)
-            return supervisor.run()
+            return self._ranks_backend.run(env, LaunchSink(watch.deliver, watch.tick, watch.stop))
         finally:
-            backend.close()
+            self._ranks_backend = None
 
     def _wait_for_all_nodes(self, watch: AttemptWatch, deadline: Optional[float]) -> None:
         """This node's ranks are done; wait for the other nodes' (Stop, the timeout and the check for lost
@@ -480,7 +492,7 @@ class NodesBackend:
         if end.status == "failed" and end.root is not None:
             root = end.root
             return Outcome("failed", root=Failure(root.rank, float(root.seq), event=root.event,
-                                                  exitcode=root.exitcode),
+                                                  exitcode=_exit_code(root)),
                            local_exception=root_exception(root, world_size, history), **common)
         if end.status == "stopped":
             return Outcome("stopped", local_exception=KeyboardInterrupt(
@@ -500,8 +512,6 @@ def root_exception(root: NodeFailure, world_size: int, history: List[NodeFailure
         note = f"(notebook_accel: rank {root.rank} ran on {where}" + (
             f", attempt {root.attempt + 1})" if root.attempt or history else ")")
     else:
-        from .processes import signal_name
-
         tail = ("; its last output:\n    " + "\n    ".join(root.tail)) if root.tail else ""
         error = LaunchError(f"rank {root.rank} on {where} {_death(root.exitcode)}{tail}", rank=root.rank,
                             exitcode=root.exitcode, signal_name=signal_name(root.exitcode))
@@ -519,6 +529,15 @@ def root_exception(root: NodeFailure, world_size: int, history: List[NodeFailure
     return error
 
 
+def _exit_code(root: NodeFailure) -> Optional[int]:
+    """The rank's exit code; for ``sys.exit(n)`` on another node (known only by its message) n, as there."""
+    if root.event is not None and root.event.exc_type == "builtins.SystemExit":
+        code = root.event.message.strip()
+        return int(code) if code.lstrip("-").isdigit() else 1
+    return root.exitcode
+
+
 def _payload_failed(root: NodeFailure) -> bool:
-    """The function could not even be unpickled in the rank: a restart would fail the same way."""
-    return root.event is not None and "in loads_payload" in root.event.traceback
+    """The function could not even be loaded in the rank (its frames in payload.py): a restart would fail
+    the same way."""
+    return root.event is not None and f"notebook_accel{os.sep}payload.py" in root.event.traceback
