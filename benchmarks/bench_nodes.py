@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import signal
+import shutil
 import socket
 import statistics
 import subprocess
@@ -35,6 +35,7 @@ def rank_job(folder: str, fail: bool) -> int:
 
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank = int(os.environ["RANK"])
+    open(os.path.join(folder, f"entered-{attempt}-{rank}"), "w").close()  # "this attempt's rank started"
     dist.init_process_group("gloo")
     value = torch.ones(1)
     dist.all_reduce(value)
@@ -104,6 +105,13 @@ def run_once(tool: str, fail: bool, timeout: float = 90):
         _kill_everything_in(folder)
         for process in processes:
             process.wait()
+    try:
+        return _read_stamps(folder, go, fail, hung, timeout)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _read_stamps(folder: str, go: float, fail: bool, hung: bool, timeout: float):
     errors = []
     for node in (0, 1):
         with open(os.path.join(folder, f"node{node}.err")) as handle:
@@ -117,7 +125,6 @@ def run_once(tool: str, fail: bool, timeout: float = 90):
     if os.path.exists(os.path.join(folder, "failed")):
         with open(os.path.join(folder, "failed")) as handle:
             failed_at = float(handle.read())
-    subprocess.run(["rm", "-rf", folder])
     first = [stamps.get((0, rank)) for rank in range(4)]
     if None in first:
         return None, None, None, _last_error(errors)
@@ -127,7 +134,11 @@ def run_once(tool: str, fail: bool, timeout: float = 90):
     if fail:
         second = [stamps.get((1, rank)) for rank in range(4)]
         if None in second or failed_at is None:
-            return start, ready, None, _last_error(errors)
+            restarted = len(glob.glob(os.path.join(folder, "entered-1-*")))
+            if restarted:
+                return start, ready, None, (f"attempt 1: {restarted}/4 ranks restarted, their first all-reduce "
+                                            f"never returned; " + _last_error(errors))
+            return start, ready, None, "attempt 1 never started; " + _last_error(errors)
         recovery = max(done for _, done in second) - failed_at
     return start, ready, recovery, ""
 

@@ -8,8 +8,8 @@ import re
 import ipywidgets
 import pytest
 
-from notebook_accel.events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate,
-                                   RankExited, RankFailed, RankResult, RankStarted)
+from notebook_accel.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine,
+                                   ProgressUpdate, RankExited, RankFailed, RankResult, RankStarted)
 from notebook_accel.views import make_view
 from notebook_accel.views.plot import nice_ticks, render_line_plot
 from notebook_accel.views.text import TextView
@@ -324,3 +324,47 @@ def test_nice_ticks_are_round():
     assert nice_ticks(0, 950, 5) == [0, 200, 400, 600, 800]
     ticks = nice_ticks(-0.013, 0.087, 4)
     assert all(abs(t * 40 - round(t * 40)) < 1e-9 for t in ticks)
+
+
+def node_events(view):
+    """What node 1 of 2 sees: its ranks 2 and 3, a failure of rank 0 on node 0, then a restart."""
+    view.handle(LaunchStarted(rank=-1, world_size=4, device="cpu", start_method="fork", function_name="train",
+                              num_nodes=2, node_rank=1, ranks=[2, 3]))
+    view.handle(AttemptStarted(rank=-1, attempt=0, max_restarts=1))
+    for rank in (2, 3):
+        view.handle(RankStarted(rank=rank, pid=4000 + rank))
+    view.handle(update(2, 1, 30, total=100))
+    view.handle(RankFailed(rank=3, exc_type="builtins.RuntimeError", message="Connection closed by peer",
+                           traceback="RuntimeError: Connection closed by peer", exception=None))
+    view.handle(AttemptStarted(rank=-1, attempt=1, max_restarts=1,
+                               previous_errors=["rank 0 on node 0 (host-a): ValueError: bad batch"]))
+    for rank in (2, 3):
+        view.handle(RankStarted(rank=rank, pid=5000 + rank))
+
+
+def test_a_node_shows_only_its_ranks_its_place_and_the_attempt(clock):
+    out = io.StringIO()
+    view = TextView(stdout=out, stderr=out)
+    node_events(view)
+    for rank in (2, 3):
+        view.handle(RankResult(rank=rank, payload=b""))
+    view.handle(LaunchFinished(rank=-1, status="finished", elapsed=2.0))
+    lines = out.getvalue().splitlines()
+    summary = lines[[line.startswith("notebook_accel: ") for line in lines].index(True):]
+    assert summary[0].startswith("notebook_accel: train() · 4 × cpu · node 1/2 · attempt 2/2 · finished")
+    assert "attempt 1: rank 0 on node 0 (host-a): ValueError: bad batch" in summary
+    assert not any(line.startswith(("[rank 0]", "[rank 1]")) for line in summary)
+    assert "[rank 3] finished" in summary  # its failure in attempt 1 was cleared by the restart
+
+
+def test_the_dashboard_starts_fresh_rows_on_a_restart_and_names_a_remote_root_cause(clock):
+    view = WidgetView(display=False)
+    node_events(view)
+    assert sorted(view._rank_rows) == [2, 3]
+    assert view._rank_rows[3].error.layout.display == "none"   # attempt 1's failure panel is gone
+    assert bar_rows(view, 2) == []                              # and so is its progress bar
+    header = view.header.value
+    assert "node: <b" in header and "1/2" in header and "attempt: <b" in header and "2/2" in header
+    assert "rank 0 on node 0 (host-a): ValueError: bad batch" in header
+    view.handle(LaunchFinished(rank=-1, status="failed", elapsed=2.0, root_rank=0, error="ValueError: bad"))
+    assert sorted(view._rank_rows) == [2, 3] and 0 not in view.state.ranks  # rank 0 runs on the other node

@@ -216,9 +216,8 @@ class LaunchState:
             return self
         if isinstance(event, AttemptStarted):
             self.attempt = event
-            for rank in list(self.ranks):  # the whole world runs again: every row starts over
-                self.ranks[rank] = RankState(rank)
-            self.series.clear()
+            for rank in list(self.ranks):  # the whole world runs again: every row starts over (the metric
+                self.ranks[rank] = RankState(rank)  # series go on: attempt 2's curve continues attempt 1's)
             self.status = "starting"
             return self
         if isinstance(event, RankStarted):

@@ -169,10 +169,12 @@ class WidgetView:
                 self._on_metrics(event, changed)  # type: ignore[arg-type]
             elif isinstance(event, LaunchStarted):
                 self._on_started()
-            elif isinstance(event, AttemptStarted):
+            elif isinstance(event, AttemptStarted):  # the world runs again: fresh rank rows, same plots
+                self._rank_rows.clear()
+                self._dirty_bars.clear()
+                for rank in sorted(self.state.ranks):
+                    self._rank_row(rank)
                 self._draw_header()
-                for state in self.state.ranks.values():
-                    self._draw_rank_label(state)
             elif isinstance(event, (RankStarted, RankResult, RankFailed, RankExited)):
                 self._draw_rank_label(self.state.rank(event.rank))
                 if isinstance(event, RankFailed):
