@@ -16,7 +16,7 @@ DEFAULT_RDZV_ID = "none"             # torchrun's default run id
 DEFAULT_JOIN_TIMEOUT = 600.0         # seconds, torch elastic's default join timeout
 JOIN_TIMEOUT_KEYS = ("join_timeout", "timeout")  # c10d's name, static's name
 DEFAULT_NODE_TIMEOUT = 30.0          # seconds without a beat from a node's launcher before it counts as lost
-OUR_RDZV_KEYS = ("node_timeout",)    # rdzv_conf keys read by us, not passed to torch's handler
+OUR_RDZV_KEYS = ("node_timeout", "local_addr")  # rdzv_conf keys read by us, not passed to torch's handler
 
 
 @dataclass
@@ -70,7 +70,7 @@ def check_node_options(num_nodes: Any = 1, node_rank: Any = 0, rdzv_backend: Any
         rdzv_conf = {}
     if not isinstance(rdzv_conf, dict) or not all(isinstance(key, str) for key in rdzv_conf):
         raise LaunchConfigError(f"rdzv_conf must be a dict of str keys or None, got {rdzv_conf!r}")
-    for key in JOIN_TIMEOUT_KEYS + OUR_RDZV_KEYS:
+    for key in JOIN_TIMEOUT_KEYS + ("node_timeout",):
         if key in rdzv_conf and not _positive_number(rdzv_conf[key]):
             raise LaunchConfigError(f"rdzv_conf[{key!r}] must be a positive number of seconds, "
                                     f"got {rdzv_conf[key]!r}")

@@ -20,6 +20,7 @@ replace our output capture and root cause.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pickle
@@ -111,12 +112,14 @@ class Membership:
         if options.rdzv_backend == "static":
             conf.setdefault("rank", options.node_rank)
             conf.setdefault("timeout", int(options.join_timeout))
+        local_addr = options.rdzv_conf.get("local_addr")  # this node's address as the others reach it
         params = RendezvousParameters(backend=options.rdzv_backend, endpoint=options.rdzv_endpoint or "",
                                       run_id=options.rdzv_id, min_nodes=options.num_nodes,
-                                      max_nodes=options.num_nodes, **conf)
+                                      max_nodes=options.num_nodes, local_addr=local_addr, **conf)
         try:
             self.handler = rendezvous_handler_registry.create_handler(params)
-            info = self.handler.next_rendezvous()
+            with _no_shared_tcp_store():
+                info = self.handler.next_rendezvous()
         except Exception as err:
             self.release()
             raise LaunchError(
@@ -128,7 +131,9 @@ class Membership:
         self.store = info.store
         self.group_rank = info.rank
         bootstrap = getattr(info, "bootstrap_store_info", None)
-        if options.rdzv_backend == "static":  # node 0 is the endpoint's host by definition
+        if local_addr and self.group_rank == 0:
+            self.node0_addr = local_addr
+        elif options.rdzv_backend == "static":  # node 0 is the endpoint's host by definition
             self.node0_addr = (options.rdzv_endpoint or "").rpartition(":")[0] or "127.0.0.1"
         elif bootstrap is not None:  # node 0's own address as torch elastic found it (torchrun's MASTER_ADDR)
             self.node0_addr = bootstrap.master_addr
@@ -144,6 +149,22 @@ class Membership:
             except Exception:  # the store's host may be gone already: nothing left to close
                 pass
         del handler
+
+
+@contextlib.contextmanager
+def _no_shared_tcp_store():
+    """torch's c10d rendezvous would open one more unauthenticated listener on node 0 for the workers to
+    share; ours use the fresh store of each attempt instead, so ask torch not to (its documented opt-out)."""
+    variable = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    previous = os.environ.get(variable)
+    os.environ[variable] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = previous
 
 
 class AttemptWatch:
