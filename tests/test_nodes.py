@@ -39,8 +39,16 @@ def train(fail_rank, fail_attempts, sleep):
 options = json.loads(sys.argv[1])
 job = options.pop("job")
 try:
-    value = notebook_launcher(train, args=(job["fail_rank"], job["fail_attempts"], job["sleep"]),
-                              num_processes=2, display="text", return_all=True, **options)
+    call = dict(args=(job["fail_rank"], job["fail_attempts"], job["sleep"]), num_processes=2, display="text",
+                return_all=True, **options)
+    if job.get("stop_after"):  # the panel's Stop button: a background launch, stopped from this thread
+        from notebook_accel.launcher import start_launch
+        launch = start_launch(train, **call)
+        time.sleep(job["stop_after"])
+        launch.stop()
+        value = launch.wait(120)
+    else:
+        value = notebook_launcher(train, **call)
     print("OUTCOME " + json.dumps({"result": value}), flush=True)
 except BaseException as error:
     print("OUTCOME " + json.dumps({"error": type(error).__name__, "message": (str(error).splitlines() or [""])[0],
@@ -62,10 +70,10 @@ def node_env():
 
 
 def start_node(node_rank: int, backend: str, port: int, *, fail_rank=-1, fail_attempts=0, sleep=0.0,
-               num_nodes=2, **options) -> subprocess.Popen:
+               num_nodes=2, stop_after=None, **options) -> subprocess.Popen:
     config = dict(num_nodes=num_nodes, node_rank=node_rank, rdzv_backend=backend,
                   rdzv_endpoint=f"127.0.0.1:{port}", rdzv_conf={"join_timeout": 60},
-                  job=dict(fail_rank=fail_rank, fail_attempts=fail_attempts, sleep=sleep))
+                  job=dict(fail_rank=fail_rank, fail_attempts=fail_attempts, sleep=sleep, stop_after=stop_after))
     config.update(options)
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(NODE), json.dumps(config)], env=node_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -158,6 +166,18 @@ def test_ctrl_c_on_one_node_stops_both():
     assert first["error"] == "KeyboardInterrupt"
     assert second["error"] == "KeyboardInterrupt" and "stopped on node 0" in second["message"]
     assert time.monotonic() - started < 100  # not the ranks' 120 s sleep
+
+
+def test_stop_on_one_node_stops_both_and_is_never_restarted():
+    port = free_port()
+    nodes = [start_node(0, "static", port, sleep=120, max_restarts=2),
+             start_node(1, "static", port, sleep=120, max_restarts=2, stop_after=12)]
+    started = time.monotonic()
+    (first, out0), (second, out1) = finish(nodes[0]), finish(nodes[1])
+    assert first["error"] == "KeyboardInterrupt" and "stopped on node 1" in first["message"], first
+    assert second["error"] == "KeyboardInterrupt", second
+    assert "attempt 1/3 · stopped" in out0 and "attempt 2/3" not in out0
+    assert time.monotonic() - started < 100
 
 
 def test_restarts_on_one_node_need_no_rendezvous():
