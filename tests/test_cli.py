@@ -3,6 +3,7 @@ launching real ranks, with its own Hugging Face cache folder so no user config i
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -168,3 +169,34 @@ def test_notebook_launcher_reads_the_config_only_when_asked(home):
                           text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:3] == ["('1', 'no')", "('2', 'bf16')", "('1', 'bf16')"]
+
+
+def test_ctrl_c_stops_every_rank_and_exits_130(home):
+    (home / "slow.py").write_text("import os, time\nprint('up', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
+    env = script_env()
+    env["HF_HOME"] = str(home / "hf")
+    process = subprocess.Popen([sys.executable, "-m", "notebook_accel.cli", "launch", "--num-processes", "2",
+                                "slow.py"], cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    seen = set()
+    while len(seen) < 2:  # both ranks run
+        line = process.stdout.readline()
+        assert line, process.stderr.read()
+        if line.startswith("[rank ") and " up " in line:
+            seen.add(line.split()[1])
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and "interrupted; every rank was stopped" in err
+
+
+def test_max_restarts_reruns_the_script(home):
+    (home / "flaky.py").write_text(textwrap.dedent("""
+        import os, sys
+        attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+        print(f"attempt {attempt}", flush=True)
+        if attempt == "0" and os.environ["RANK"] == "1":
+            raise RuntimeError("flaky")
+    """))
+    done = cli(home, "launch", "--num-processes", "2", "--max-restarts", "1", "flaky.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[rank 1] attempt 1" in done.stdout and "attempt 2/2 · finished" in done.stdout
