@@ -78,13 +78,18 @@ class RankResult(RankEvent):
 
 @dataclass
 class RankFailed(RankEvent):
-    """The function raised. ``exception`` is the cloudpickled exception, or None if it could not be pickled."""
+    """The function raised. ``exception`` is the cloudpickled exception, or None if it could not be pickled.
+
+    ``traceback`` starts at the user's code (the launcher's leading frames hidden, see ``tracebacks``);
+    ``full_traceback`` keeps every frame, for a bug report.
+    """
 
     exc_type: str
     message: str
     traceback: str
     exception: Optional[bytes]
     time: float = field(default_factory=time.time)
+    full_traceback: Optional[str] = None
 
 
 @dataclass

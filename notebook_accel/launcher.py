@@ -56,6 +56,7 @@ class Launch:
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until the launch ends; return the result or raise the root cause."""
+        __tracebackhide__ = True  # noqa: F841 -- IPython and pytest fold this frame: the rank's frames matter
         if not self._done.wait(timeout):
             raise TimeoutError(f"the launch is still running after {timeout} s")
         if self.error is not None:
@@ -64,6 +65,7 @@ class Launch:
 
     def run(self) -> Any:
         """Run the launch in this thread (``notebook_launcher`` does this)."""
+        __tracebackhide__ = True  # noqa: F841
         store = self._host_store()
         try:
             self._run(store)
@@ -226,6 +228,7 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
         >>> notebook_launcher(train, args=(0.1,), num_processes=2, return_all=True)  # doctest: +SKIP
         [0.0, 0.1]
     """
+    __tracebackhide__ = True  # noqa: F841
     plan = plan_launch(function, args, kwargs, num_processes, device=device, mixed_precision=mixed_precision,
                        start_method=start_method, master_addr=master_addr, use_port=use_port,
                        timeout=timeout, return_all=return_all, display=display)

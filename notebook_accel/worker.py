@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import threading
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -135,19 +134,23 @@ def failure_event(rank: int, exc: BaseException) -> RankFailed:
     """A ``RankFailed`` for ``exc``, pickling the exception itself when possible."""
     import cloudpickle
 
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    from .tracebacks import format_user_traceback
+
+    text, full_text = format_user_traceback(exc)
     try:
         # Without its traceback (frames do not pickle) and cause chain (may hold unpicklable objects).
-        exc_copy_cause, exc_copy_context = exc.__cause__, exc.__context__
+        # with_traceback(None) changes exc in place: put everything back (the inline backend raises exc).
+        exc_copy_cause, exc_copy_context, exc_copy_tb = exc.__cause__, exc.__context__, exc.__traceback__
         exc.__cause__ = exc.__context__ = None
         try:
             pickled: Optional[bytes] = cloudpickle.dumps(exc.with_traceback(None))
         finally:
             exc.__cause__, exc.__context__ = exc_copy_cause, exc_copy_context
+            exc.__traceback__ = exc_copy_tb
     except Exception:
         pickled = None
     return RankFailed(rank=rank, exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-                      message=str(exc), traceback=text, exception=pickled)
+                      message=str(exc), traceback=text, exception=pickled, full_traceback=full_text)
 
 
 # --------------------------------------------------------------------------------------------- process set-up

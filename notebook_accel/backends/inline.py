@@ -18,6 +18,7 @@ from ..events import OutputLine, RankEvent, RankExited, RankStarted
 from ..payload import loads_payload
 from ..plan import LaunchPlan
 from ..supervisor import Failure, Outcome
+from ..tracebacks import hide_launcher_frames
 from ..worker import failure_event, to_cpu
 
 
@@ -61,6 +62,7 @@ class InlineBackend:
             outcome = Outcome("stopped", still_running=[0])
         except BaseException as exc:
             event = failure_event(0, exc)
+            hide_launcher_frames(exc)  # raised in the kernel: starts at the user's code, as a rank's does
             outcome = Outcome("failed", root=Failure(0, time.monotonic(), event=event), local_exception=exc)
         finally:
             undo_patch()  # as in a worker: metrics report() held back arrive before the rank's end

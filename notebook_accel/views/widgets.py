@@ -346,9 +346,14 @@ class WidgetView:
             return
         failure = state.failure
         finished = self.state.finished
+        full = ""
         if failure is not None:
             headline = f"{failure.exc_type.rsplit('.', 1)[-1]}: {failure.message}"
             traceback = failure.traceback
+            if failure.full_traceback and failure.full_traceback != failure.traceback:
+                full = (f'<details><summary style="font-size:11px;opacity:0.75">full traceback, with '
+                        f'notebook_accel\'s own frames (for a bug report)</summary><pre style="font-size:11px;'
+                        f'max-height:240px;overflow:auto">{escape(failure.full_traceback)}</pre></details>')
         elif finished is not None and state.root_cause:
             headline, traceback = finished.error or "failed", finished.traceback or ""
         else:
@@ -356,7 +361,7 @@ class WidgetView:
         if state.root_cause or (finished is None):
             body = (f'<details open><summary style="color:#d62728"><b>{escape(headline)}</b></summary>'
                     f'<pre style="font-size:11px;line-height:1.3;max-height:320px;overflow:auto;'
-                    f'background:#fff5f5;padding:4px">{escape(traceback)}</pre></details>')
+                    f'background:#fff5f5;padding:4px">{escape(traceback)}</pre>{full}</details>')
         else:  # collateral failure of a peer (e.g. "Connection closed by peer"): one line, folded traceback
             body = (f'<details><summary style="color:#a33">{escape(headline)} (collateral)</summary>'
                     f'<pre style="font-size:11px;max-height:200px;overflow:auto">{escape(traceback)}</pre>'
