@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 
 @dataclass
@@ -59,7 +59,7 @@ class MetricReport(RankEvent):
     """Scalars a rank reported with ``report(step=..., **metrics)``.
 
     A rank sends at most ~50 of these a second; calls in between are merged (latest value per name) into
-    the next one, so ``metrics`` may hold names reported at different steps. ``seq`` counts the rank's
+    the next one, so ``metrics`` may hold names reported at different steps; ``rows`` keeps each call. ``seq`` counts the rank's
     ``report`` calls (the x position when ``step`` is None).
     """
 
@@ -67,6 +67,13 @@ class MetricReport(RankEvent):
     metrics: Dict[str, float]
     time: float = field(default_factory=time.time)
     seq: int = 0
+    # Every ``report`` call merged into this event, in order, as (step, time, seq, metrics); empty when it
+    # carries a single call. Views plot the merged values; ``Launch.metrics`` keeps every call.
+    rows: List[Tuple[Optional[int], float, int, Dict[str, float]]] = field(default_factory=list)
+
+    def calls(self) -> List[Tuple[Optional[int], float, int, Dict[str, float]]]:
+        """The ``report`` calls this event carries, oldest first: (step, time, seq, metrics)."""
+        return self.rows or [(self.step, self.time, self.seq, self.metrics)]
 
 
 @dataclass

@@ -14,7 +14,8 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from .backends.inline import InlineBackend
 from .backends.processes import ProcessBackend
 from .errors import LaunchError, LaunchTimeout, one_line, rebuild_exception
-from .events import LaunchFinished, LaunchStarted, OutputLine, RankEvent
+from .events import LaunchFinished, LaunchStarted, MetricReport, OutputLine, RankEvent
+from .metric_table import MetricLog
 from .plan import LaunchPlan, plan_launch
 from .rendezvous import HostedStore
 from .supervisor import Outcome, Supervisor
@@ -43,6 +44,18 @@ class Launch:
         self._stop_requested = threading.Event()
         self._done = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self.metric_log = MetricLog()
+        global _last_launch
+        _last_launch = self
+
+    @property
+    def metrics(self) -> Any:
+        """Every value the ranks reported with ``report``: a pandas DataFrame with columns rank, step, time,
+        name, value (a list of ``MetricRow`` without pandas). Readable while the launch runs.
+
+        >>> job.metrics.groupby(["name", "rank"])["value"].min()   # doctest: +SKIP
+        """
+        return self.metric_log.table()
 
     # ------------------------------------------------------------------------------------------- control
 
@@ -98,6 +111,8 @@ class Launch:
     def _deliver(self, event: RankEvent) -> None:
         if isinstance(event, OutputLine):
             self.outputs[event.rank].append(event.text)
+        elif isinstance(event, MetricReport):
+            self.metric_log.add(event)
         try:
             self.view.handle(event)
         except Exception as error:  # a display bug must not abandon running ranks or lose the result
@@ -189,6 +204,18 @@ class Launch:
         tail = self.outputs.get(root.rank, [])[-_TAIL_LINES:]
         last = ("; its last output:\n    " + "\n    ".join(tail)) if tail else ""
         return LaunchError(f"rank {root.rank} {how}{last}", rank=root.rank, exitcode=code, signal_name=name)
+
+
+_last_launch: Optional[Launch] = None
+
+
+def last_launch() -> Optional[Launch]:
+    """The most recent ``Launch`` of this kernel (``notebook_launcher`` returns only the result).
+
+    >>> notebook_launcher(train, num_processes=2)        # doctest: +SKIP
+    >>> last_launch().metrics                             # doctest: +SKIP
+    """
+    return _last_launch
 
 
 def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,

@@ -56,12 +56,12 @@ def report(step: Optional[int] = None, **metrics: Any) -> None:
         return
     with _lock:
         _seq += 1
-        if _pending is not None:  # merge: the latest value of each name wins
-            _pending.metrics.update(values)
-            values = _pending.metrics
-            step = step if step is not None else _pending.step
-            _pending = None
         event = MetricReport(rank=sender.rank, step=step, metrics=values, seq=_seq)
+        if _pending is not None:  # merge: the latest value of each name wins; every call kept in rows
+            event.rows = _pending.calls() + [(step, event.time, _seq, values)]
+            event.metrics = {**_pending.metrics, **values}
+            event.step = step if step is not None else _pending.step
+            _pending = None
         now = time.monotonic()
         if now - _last_sent >= MIN_INTERVAL:
             _last_sent = now

@@ -52,3 +52,36 @@ def test_inline_run_raises_with_the_users_frames_and_hides_the_launchers():
             hidden.append(tb.tb_frame.f_locals.get("__tracebackhide__", False))
         tb = tb.tb_next
     assert hidden == [True, True, True]
+
+
+# ----------------------------------------------------------------------------------------- metrics
+
+def report_every_step(steps):
+    from notebook_accel import report
+
+    rank = int(os.environ["RANK"])
+    for step in range(steps):  # a tight loop: many calls are merged into one event, none may be lost
+        report(step=step, loss=1.0 / (step + 1) + rank, acc=step * 0.001)
+    report(epoch_time=1.5 + rank)  # no step
+
+
+def test_launch_metrics_has_every_reported_value():
+    import pandas
+
+    from notebook_accel.launcher import last_launch, start_launch
+
+    job = start_launch(report_every_step, args=(3000,), num_processes=2, display="none")
+    job.wait(120)
+    frame = job.metrics
+    assert isinstance(frame, pandas.DataFrame) and list(frame.columns) == ["rank", "step", "time", "name", "value"]
+    assert len(frame) == 2 * (3000 * 2 + 1)
+    for rank in (0, 1):
+        loss = frame[(frame["rank"] == rank) & (frame["name"] == "loss")].sort_values("step")
+        assert list(loss["step"]) == list(range(3000))
+        assert loss["value"].tolist() == [1.0 / (step + 1) + rank for step in range(3000)]
+        epoch = frame[(frame["rank"] == rank) & (frame["name"] == "epoch_time")]
+        assert epoch["value"].tolist() == [1.5 + rank] and epoch["step"].isna().all()
+    assert last_launch() is job
+    # without pandas: plain rows
+    rows = job.metric_log.rows()
+    assert rows[0]._fields == ("rank", "step", "time", "name", "value") and len(rows) == len(frame)

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 from tqdm.std import tqdm as _tqdm_format  # formatting helpers only (format_meter, format_interval)
 
+from ..metric_table import MetricSummary
 from ..events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate, RankEvent,
                       RankExited, RankFailed, RankResult, RankStarted)
 
@@ -175,6 +176,9 @@ class LaunchState:
         self.start_time = time.monotonic()
         self.ranks: Dict[int, RankState] = {}
         self.series: Dict[str, Dict[int, Series]] = {}  # metric -> rank -> points
+        self.x_is_time: Dict[str, bool] = {}  # metric -> x is seconds since the start (reported without step)
+        self.metric_summary = MetricSummary()
+        self.start_wall = time.time()
 
     # ------------------------------------------------------------------------------------------ reading
     @property
@@ -210,6 +214,7 @@ class LaunchState:
         if isinstance(event, LaunchStarted):
             self.started = event
             self.start_time = time.monotonic()
+            self.start_wall = time.time()
             for rank in range(event.world_size):
                 self.rank(rank)
             return self
@@ -285,9 +290,19 @@ class LaunchState:
     def _on_metrics(self, event: MetricReport) -> List[str]:
         state = self.rank(event.rank)
         state.metrics.update(event.metrics)
-        x = float(event.step if event.step is not None else event.seq)
-        for name, value in event.metrics.items():
-            self.series.setdefault(name, {}).setdefault(event.rank, Series()).add(x, float(value))
+        self.metric_summary.add(event)
+        for step, when, _seq, values in event.calls():
+            for name, value in values.items():
+                # x is the step; a metric first reported without one is plotted against time instead
+                by_time = self.x_is_time.setdefault(name, step is None)
+                if by_time:
+                    x = when - self.start_wall
+                elif step is not None:
+                    x = float(step)
+                else:  # a step-less call of a metric plotted by step: right after its last point
+                    last = self.series.get(name, {}).get(event.rank)
+                    x = last.last[0] + 1 if last is not None and last.last is not None else 0.0
+                self.series.setdefault(name, {}).setdefault(event.rank, Series()).add(x, float(value))
         return list(event.metrics)
 
     # ------------------------------------------------------------------------------------------ summary
@@ -331,4 +346,7 @@ class LaunchState:
         finished = self.finished
         if finished is not None and finished.error:
             lines.append(f"error: {finished.error}")
+        if finished is not None and self.metric_summary:
+            lines.append("metrics:")
+            lines.extend("  " + line for line in self.metric_summary.text().splitlines())
         return lines

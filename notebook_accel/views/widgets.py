@@ -138,8 +138,9 @@ class WidgetView:
         self.ranks_box = widgets.VBox([])
         self.plots_box = widgets.HBox([], layout=widgets.Layout(flex_flow="row wrap", display="none"))
         self.log_box = widgets.HTML(value="", layout=widgets.Layout(display="none"))
+        self.metrics_table = widgets.HTML(value="", layout=widgets.Layout(display="none"))
         self.widget = DashboardBox(self.summary, children=[self.header, self.ranks_box, self.plots_box,
-                                                           self.log_box],
+                                                           self.metrics_table, self.log_box],
                                    layout=widgets.Layout(border="1px solid #ddd", padding="6px 8px"))
         self.widget.add_class("notebook-accel-dashboard")
 
@@ -232,6 +233,7 @@ class WidgetView:
         self._dirty_plots.clear()
         self._flush_logs(now)
         self._draw_header()
+        self._show_metrics_table()
         if self._display_handle is not None:
             # Re-publish so the saved text/plain becomes the final summary (the widget itself is unchanged).
             try:
@@ -256,6 +258,21 @@ class WidgetView:
             self._draw_header()
         if self._log_buffer and now - self._log_at >= self.log_interval:
             self._flush_logs(now)
+
+    def _show_metrics_table(self) -> None:
+        """The final last/min/max table: in the widget, and (in a cell) as a plain HTML + text output, which
+        a saved notebook keeps where widgets do not render (GitHub, nbconvert)."""
+        summary = self.state.metric_summary
+        if not summary:
+            return
+        table = summary.html()
+        self.metrics_table.value = (f'<details open><summary style="font-size:12px"><b>metrics</b> '
+                                    f"(last / min / max per rank)</summary>{table}</details>")
+        self.metrics_table.layout.display = None
+        if self._display:
+            from IPython.display import display
+
+            display({"text/html": table, "text/plain": "metrics:\n" + summary.text()}, raw=True)
 
     def _rank_row(self, rank: int) -> _RankRow:
         row = self._rank_rows.get(rank)
