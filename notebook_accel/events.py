@@ -110,6 +110,37 @@ class RankExited(RankEvent):
 
 
 @dataclass
+class DeviceMemoryReport(RankEvent):
+    """Sent by a rank (at most about once a second, and when it fails): what its framework says about device
+    memory. ``peak_allocated`` is ``torch.cuda.max_memory_allocated()``; ``used``/``total`` come from
+    torch_xla's ``get_memory_info`` on TPU. Only sent once the rank uses the device."""
+
+    peak_allocated: Optional[int] = None
+    used: Optional[int] = None
+    total: Optional[int] = None
+    source: str = "torch.cuda"
+
+
+@dataclass
+class ResourceSample(RankEvent):
+    """Made in the kernel about once a second per running rank (``resources.ResourceSampler``).
+
+    Host figures come from psutil (the rank's process plus its children, e.g. DataLoader workers); device
+    figures from NVML for the rank's GPU, and from the rank's own ``DeviceMemoryReport``. None = unknown.
+    """
+
+    rss: Optional[int] = None               # bytes
+    peak_rss: Optional[int] = None          # highest rss sampled
+    cpu_percent: Optional[float] = None     # 100 = one core busy
+    device_used: Optional[int] = None       # bytes in use on the rank's GPU (whole device, NVML)
+    device_total: Optional[int] = None
+    device_peak: Optional[int] = None       # highest device_used sampled
+    device_util: Optional[float] = None     # percent of time a kernel ran (NVML)
+    device_peak_allocated: Optional[int] = None  # the rank's framework peak (torch.cuda.max_memory_allocated)
+    time: float = field(default_factory=time.time)
+
+
+@dataclass
 class LaunchStarted(RankEvent):
     """First event of every launch (rank = -1)."""
 

@@ -16,6 +16,7 @@ from .backends.processes import ProcessBackend
 from .errors import LaunchError, LaunchTimeout, one_line, rebuild_exception
 from .events import LaunchFinished, LaunchStarted, MetricReport, OutputLine, RankEvent
 from .metric_table import MetricLog
+from .resources import ResourceSampler
 from .plan import LaunchPlan, plan_launch
 from .rendezvous import HostedStore
 from .supervisor import Outcome, Supervisor
@@ -45,6 +46,7 @@ class Launch:
         self._done = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.metric_log = MetricLog()
+        self.resources = ResourceSampler(self._deliver, device=plan.device)  # memory/CPU/GPU per rank
         global _last_launch
         _last_launch = self
 
@@ -109,6 +111,7 @@ class Launch:
         return HostedStore(self.plan.master_addr, self.plan.use_port, self.plan.world_size)
 
     def _deliver(self, event: RankEvent) -> None:
+        self.resources.observe(event)
         if isinstance(event, OutputLine):
             self.outputs[event.rank].append(event.text)
         elif isinstance(event, MetricReport):
@@ -119,6 +122,7 @@ class Launch:
             self._view_failed(error)
 
     def _tick(self) -> None:
+        self.resources.tick()  # about once a second: a ResourceSample per running rank, to the view
         try:
             self.view.tick()
         except Exception as error:
@@ -144,6 +148,7 @@ class Launch:
                 self.error = interrupt
             self._finish(outcome, time.monotonic() - started)
         finally:
+            self.resources.close()
             store.close()
 
     def _run_backend(self, store: HostedStore) -> Outcome:

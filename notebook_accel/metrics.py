@@ -18,6 +18,7 @@ from numbers import Number
 from typing import Any, Dict, Optional
 
 from .channel import rank_channel
+from .device_memory import maybe_send_device_memory
 from .events import MetricReport
 
 __all__ = ["report", "flush"]
@@ -94,6 +95,7 @@ def _send(sender: Any, event: MetricReport) -> None:
         sender.send(event)
     except (OSError, ValueError):  # the rank's channel is already closed
         pass
+    maybe_send_device_memory(sender)  # torch's peak device memory, at most once a second
 
 
 def _arm_timer() -> None:

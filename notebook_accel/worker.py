@@ -93,6 +93,9 @@ def _send_failure(sender, exc: BaseException, undo_patch) -> int:
         undo_patch()
     except Exception:
         pass
+    from .device_memory import maybe_send_device_memory
+
+    maybe_send_device_memory(sender, force=True)  # the peak at the failure, for an out-of-memory message
     sender.send(failure_event(sender.rank, exc))
     return 1
 

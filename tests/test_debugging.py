@@ -85,3 +85,141 @@ def test_launch_metrics_has_every_reported_value():
     # without pandas: plain rows
     rows = job.metric_log.rows()
     assert rows[0]._fields == ("rank", "step", "time", "name", "value") and len(rows) == len(frame)
+
+
+# ----------------------------------------------------------------------------------------- resources
+
+class RecordingView:
+    """Keeps every event (a real view would draw them)."""
+
+    def __init__(self) -> None:
+        self.events = []
+
+    def handle(self, event) -> None:
+        self.events.append(event)
+
+    def tick(self) -> None:
+        pass
+
+    def of_type(self, kind, rank=None):
+        return [e for e in self.events if isinstance(e, kind) and (rank is None or e.rank == rank)]
+
+
+def hold_memory(seconds):
+    import subprocess
+    import time
+
+    import torch
+
+    rank = int(os.environ["RANK"])
+    child = None
+    if rank == 1:
+        block = torch.ones(500 * 2 ** 20 // 4)  # 500 MiB, written (so resident)
+    else:  # rank 0: a child process (like a DataLoader worker) holds 300 MiB; it counts for its rank
+        child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(b'x' * (300 * 2 ** 20)); "
+                                  "time.sleep(60)"])
+    end = time.time() + seconds
+    while time.time() < end:  # busy: CPU use should show
+        sum(range(10_000))
+    if child is not None:
+        child.kill()
+        child.wait()
+    return rank
+
+
+def test_memory_and_cpu_per_rank_are_sampled_and_plausible():
+    import psutil
+
+    from notebook_accel.events import ResourceSample
+    from notebook_accel.launcher import start_launch
+
+    view = RecordingView()
+    job = start_launch(hold_memory, args=(6.0,), num_processes=2, view=view)
+    job.wait(120)
+    mib = 2 ** 20
+    for rank, low in ((0, 300 * mib), (1, 500 * mib)):
+        samples = view.of_type(ResourceSample, rank)
+        assert len(samples) >= 3, f"rank {rank}: {len(samples)} samples in 6 s"
+        peak = max(sample.rss for sample in samples)
+        assert low < peak < low + 1500 * mib, (rank, peak / mib)
+        assert samples[-1].peak_rss == peak
+        cpu = [sample.cpu_percent for sample in samples if sample.cpu_percent is not None]
+        # a busy loop on a shared 2-core machine: clearly above idle, at most every core
+        assert max(cpu) > 20 and all(0 <= value <= 100 * psutil.cpu_count() + 10 for value in cpu), cpu
+        assert samples[-1].device_used is None  # CPU launch: no GPU figures
+    peaks = job.resources.peaks()
+    assert peaks[1][0] >= 500 * mib and peaks[1][1] is None
+
+
+class FakeNvml:
+    """A stand-in for nvidia-ml-py's ``pynvml`` (there is no GPU on the test machine): two 80 GiB GPUs."""
+
+    class _Info:
+        def __init__(self, **fields):
+            self.__dict__.update(fields)
+
+    def __init__(self):
+        self.used = {0: 10 * 2 ** 30, 1: 20 * 2 ** 30, 3: 30 * 2 ** 30}
+        self.initialized = 0
+
+    def nvmlInit(self):
+        self.initialized += 1
+
+    def nvmlShutdown(self):
+        self.initialized -= 1
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        return {"GPU-aaaa": 0, "GPU-bbbb": 1}[uuid]
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return self._Info(used=self.used[handle], total=80 * 2 ** 30, free=0)
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return self._Info(gpu=50 + handle, memory=0)
+
+
+def test_gpu_figures_come_from_nvml_mapped_through_local_rank_and_cuda_visible_devices():
+    from notebook_accel.events import DeviceMemoryReport, RankExited, RankStarted, ResourceSample
+    from notebook_accel.resources import ResourceSampler
+
+    nvml = FakeNvml()
+    samples = []
+    # CUDA_VISIBLE_DEVICES="3,1": local rank 0 is physical GPU 3, local rank 1 is GPU 1
+    sampler = ResourceSampler(samples.append, device="cuda", nvml=nvml, visible_devices="3,1")
+    sampler.observe(RankStarted(rank=0, pid=os.getpid()))
+    sampler.observe(RankStarted(rank=1, pid=os.getpid()))
+    sampler.observe(DeviceMemoryReport(rank=1, peak_allocated=25 * 2 ** 30))
+    sampler.tick(now=100.0)
+    by_rank = {sample.rank: sample for sample in samples}
+    assert by_rank[0].device_used == 30 * 2 ** 30 and by_rank[0].device_util == 53.0
+    assert by_rank[1].device_used == 20 * 2 ** 30 and by_rank[1].device_total == 80 * 2 ** 30
+    assert by_rank[1].device_peak_allocated == 25 * 2 ** 30
+    nvml.used[3] = 5 * 2 ** 30  # memory freed: the peak stays
+    sampler.tick(now=100.5)     # too soon: no sample
+    assert len(samples) == 2
+    sampler.tick(now=101.0)
+    assert samples[-2].device_used == 5 * 2 ** 30 and samples[-2].device_peak == 30 * 2 ** 30
+    sampler.observe(RankExited(rank=0, exitcode=0))
+    sampler.tick(now=102.0)
+    assert [sample.rank for sample in samples[4:]] == [1]  # an exited rank is no longer sampled
+    assert sampler.peaks()[1][1] == 25 * 2 ** 30
+    sampler.close()
+    assert nvml.initialized == 0
+    # UUIDs in CUDA_VISIBLE_DEVICES; no NVML at all gives no GPU figures and no error
+    uuid_sampler = ResourceSampler(samples.append, device="cuda", nvml=nvml, visible_devices="GPU-bbbb")
+    uuid_sampler.observe(RankStarted(rank=0, pid=os.getpid()))
+    uuid_sampler.tick(now=1.0)
+    assert samples[-1].device_used == 20 * 2 ** 30
+    uuid_sampler.close()
+
+    class NoDriver:
+        def nvmlInit(self):
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    plain = ResourceSampler(samples.append, device="cuda", nvml=NoDriver())
+    plain.observe(RankStarted(rank=0, pid=os.getpid()))
+    plain.tick(now=1.0)
+    assert isinstance(samples[-1], ResourceSample) and samples[-1].device_used is None and samples[-1].rss > 0

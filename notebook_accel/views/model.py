@@ -16,7 +16,7 @@ from tqdm.std import tqdm as _tqdm_format  # formatting helpers only (format_met
 
 from ..metric_table import MetricSummary
 from ..events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate, RankEvent,
-                      RankExited, RankFailed, RankResult, RankStarted)
+                      RankExited, RankFailed, RankResult, RankStarted, ResourceSample)
 
 # Colours of ranks 0..9 (matplotlib's tab10), reused in the plots and the rank rows.
 RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -48,6 +48,41 @@ def format_value(value: float) -> str:
     if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
         return f"{value:.3e}"
     return f"{value:.4g}"
+
+
+def format_bytes(value: Optional[float]) -> str:
+    """``7.9 GiB``, ``512 MiB``: binary units, as torch's out-of-memory messages and nvidia-smi use."""
+    if value is None:
+        return "?"
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}" if value / size < 100 else f"{value / size:.0f} {unit}"
+    return f"{int(value)} B"
+
+
+def resource_text(sample: Optional[ResourceSample], final: bool = False) -> str:
+    """``RSS 512 MiB · CPU 98% · GPU 3.1/80 GiB (peak 5.0, torch 4.2) · util 87%`` (``final``: the peaks)."""
+    if sample is None:
+        return ""
+    parts = []
+    if final:
+        parts.append(f"peak RSS {format_bytes(sample.peak_rss)}")
+    else:
+        parts.append(f"RSS {format_bytes(sample.rss)}")
+        if sample.cpu_percent is not None:
+            parts.append(f"CPU {sample.cpu_percent:.0f}%")
+    if sample.device_used is not None:
+        peaks = [f"peak {format_bytes(sample.device_peak)}"]
+        if sample.device_peak_allocated is not None:
+            peaks.append(f"torch peak {format_bytes(sample.device_peak_allocated)}")
+        used = (f"GPU {format_bytes(sample.device_used)}/{format_bytes(sample.device_total)}" if not final
+                else "GPU")
+        parts.append(f"{used} ({', '.join(peaks)})")
+        if sample.device_util is not None and not final:
+            parts.append(f"util {sample.device_util:.0f}%")
+    elif sample.device_peak_allocated is not None:
+        parts.append(f"torch peak {format_bytes(sample.device_peak_allocated)}")
+    return " · ".join(parts)
 
 
 class Series:
@@ -150,6 +185,7 @@ class RankState:
     failure: Optional[RankFailed] = None
     root_cause: bool = False
     output_lines: int = 0
+    resources: Optional[ResourceSample] = None  # the latest sample (memory, CPU, GPU)
 
     def visible_bars(self) -> List[BarState]:
         return [self.bars[bar_id] for bar_id in self.slots if bar_id is not None]
@@ -210,6 +246,10 @@ class LaunchState:
         if isinstance(event, OutputLine):
             state = self.rank(event.rank)
             state.output_lines += 1
+            return state
+        if isinstance(event, ResourceSample):
+            state = self.rank(event.rank)
+            state.resources = event
             return state
         if isinstance(event, LaunchStarted):
             self.started = event
@@ -318,6 +358,24 @@ class LaunchState:
         parts.append(format_interval(self.elapsed()))
         return " · ".join(parts)
 
+    def resource_totals(self) -> str:
+        """The header's totals over the ranks: ``RSS 1.0 GiB · CPU 196% · GPU 6.2/160 GiB``."""
+        samples = [state.resources for state in self.ranks.values() if state.resources is not None]
+        if not samples:
+            return ""
+        live = self.finished is None
+        rss = sum((s.rss if live else s.peak_rss) or 0 for s in samples)
+        parts = [f"RSS {format_bytes(rss)}" if live else f"peak RSS {format_bytes(rss)}"]
+        if live:
+            parts.append(f"CPU {sum(s.cpu_percent or 0.0 for s in samples):.0f}%")
+        devices = [s for s in samples if s.device_used is not None]
+        if devices:
+            used = sum((s.device_used if live else s.device_peak) or 0 for s in devices)
+            total = sum(s.device_total or 0 for s in devices)
+            parts.append(f"GPU {format_bytes(used)}/{format_bytes(total)}" if live
+                         else f"peak GPU {format_bytes(used)}")
+        return " · ".join(parts)
+
     def rank_status_text(self, state: RankState, mark_root: bool = True) -> str:
         text = state.status
         if state.root_cause and mark_root:
@@ -342,7 +400,8 @@ class LaunchState:
                 lines.append(prefix + bar.meter(extra, ascii=ascii, ncols=ncols))
             if not bars and state.metrics:
                 lines.append(prefix + state.metrics_postfix())
-            lines.append(prefix + self.rank_status_text(state))
+            resources = resource_text(state.resources, final=self.finished is not None)
+            lines.append(prefix + self.rank_status_text(state) + (f" · {resources}" if resources else ""))
         finished = self.finished
         if finished is not None and finished.error:
             lines.append(f"error: {finished.error}")

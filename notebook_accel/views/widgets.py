@@ -34,8 +34,9 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 import ipywidgets as widgets
 
 from ..events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate, RankEvent,
-                      RankExited, RankFailed, RankResult, RankStarted)
-from .model import STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, rank_colour
+                      RankExited, RankFailed, RankResult, RankStarted, ResourceSample)
+from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, rank_colour,
+                    resource_text)
 from .plot import render_line_plot
 
 __all__ = ["WidgetView", "DashboardBox"]
@@ -155,6 +156,8 @@ class WidgetView:
         self._log_lines: Deque[str] = deque(maxlen=self.log_tail)
         self._log_total = 0
         self._log_at = 0.0
+        self._dirty_labels: set = set()          # ranks whose label (resources, stall mark) needs a redraw
+        self._label_drawn: Dict[int, float] = {}
 
     # ------------------------------------------------------------------------------------ View protocol
     def handle(self, event: RankEvent) -> None:
@@ -167,6 +170,8 @@ class WidgetView:
                 self._log_buffer.append((event.stream, f"[rank {event.rank}] {clean_line(event.text)}\n"))
             elif isinstance(event, MetricReport):
                 self._on_metrics(event, changed)  # type: ignore[arg-type]
+            elif isinstance(event, ResourceSample):
+                self._dirty_labels.add(event.rank)
             elif isinstance(event, LaunchStarted):
                 self._on_started()
             elif isinstance(event, (RankStarted, RankResult, RankFailed, RankExited)):
@@ -254,6 +259,13 @@ class WidgetView:
             if now - self._plot_drawn.get(name, 0.0) >= self.plot_interval:
                 del self._dirty_plots[name]
                 self._draw_plot(name, now)
+        if self._dirty_labels:
+            # Each label at most every label_interval() s: ≤ 4 label messages a second whatever the world size.
+            interval = self.label_interval()
+            for rank in sorted(self._dirty_labels):
+                if now - self._label_drawn.get(rank, 0.0) >= interval:
+                    self._dirty_labels.discard(rank)
+                    self._draw_rank_label(self.state.rank(rank))
         if now - self._header_at >= self.header_interval or self._header_status != self.state.status:
             self._draw_header()
         if self._log_buffer and now - self._log_at >= self.log_interval:
@@ -273,6 +285,10 @@ class WidgetView:
             from IPython.display import display
 
             display({"text/html": table, "text/plain": "metrics:\n" + summary.text()}, raw=True)
+
+    def label_interval(self) -> float:
+        """Seconds between two redraws of one rank's label: 1 s up to 4 ranks, then longer (8 ranks: 2 s)."""
+        return max(1.0, self.state.world_size / 4.0)
 
     def _rank_row(self, rank: int) -> _RankRow:
         row = self._rank_rows.get(rank)
@@ -333,6 +349,9 @@ class WidgetView:
         ]
         if started is not None and started.mixed_precision not in ("", "no"):
             items.append(("precision", escape(started.mixed_precision)))
+        totals = state.resource_totals()
+        if totals:
+            items.append(("resources", escape(totals)))
         cells = "".join(f'<span style="margin-right:18px">{name}: <b class="na-{name.replace(" ", "-")}">'
                         f"{value}</b></span>" for name, value in items)
         title = escape(f"{started.function_name}()") if started is not None and started.function_name else ""
@@ -343,6 +362,7 @@ class WidgetView:
         row = self._rank_rows.get(state.rank)
         if row is None:
             return
+        self._label_drawn[state.rank] = time.monotonic()
         colour = rank_colour(state.rank)
         status_colour = STATUS_COLOURS.get(state.status, "#333")
         pid = f" · pid {state.pid}" if state.pid else ""
@@ -351,11 +371,14 @@ class WidgetView:
             mark = ' <b style="color:#d62728">✖ root cause</b>'
             row.box.layout.border_left = "4px solid #d62728"
             row.box.layout.background_color = "#fdecea"
+        resources = resource_text(state.resources, final=self.state.finished is not None)
+        resources = (f' · <span class="notebook-accel-resources">{escape(resources)}</span>'
+                     if resources else "")
         row.label.value = (f'<span class="notebook-accel-rank-label" style="font-size:12px">'
                            f'<b style="color:{colour}">rank {state.rank}</b>{pid} · '
                            f'<span style="color:{status_colour}">'
                            f'{escape(self.state.rank_status_text(state, mark_root=False))}'
-                           f"</span>{mark}</span>")
+                           f"</span>{resources}{mark}</span>")
 
     def _draw_failure(self, state: RankState) -> None:
         row = self._rank_rows.get(state.rank)
