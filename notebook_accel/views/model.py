@@ -19,6 +19,9 @@ from ..events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, P
                       RankExited, RankFailed, RankResult, RankStarted, ResourceSample)
 
 # Colours of ranks 0..9 (matplotlib's tab10), reused in the plots and the rank rows.
+STALL_AFTER_SECONDS = 10.0  # a rank whose progress has not moved this long while its peers advance is stalled
+SLOWEST_RATIO = 0.8         # a rank is marked slowest when its rate is below this fraction of the others' median
+
 RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                 "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
@@ -165,6 +168,18 @@ class BarState:
             args["total"] = update.n  # tqdm's own behaviour when n overshoots total
         return args
 
+    def summary_line(self) -> str:
+        """A finished loop in one compact line: ``epoch 1: 100/100 [00:03, 33.0it/s, loss=0.3]``."""
+        args = self._format_args("")
+        args["prefix"] = ""
+        args["bar_format"] = ("{n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]" if args.get("total")
+                              else "{n_fmt}{unit} [{elapsed}, {rate_fmt}{postfix}]")
+        try:
+            counts = _tqdm_format.format_meter(**args).strip()
+        except Exception:
+            counts = f"{self.update.n}/{self.update.total}"
+        return f"{self.desc}: {counts}" if self.desc else counts
+
     @property
     def desc(self) -> str:
         return (self.update.desc or "").rstrip().rstrip(":")
@@ -186,6 +201,16 @@ class RankState:
     root_cause: bool = False
     output_lines: int = 0
     resources: Optional[ResourceSample] = None  # the latest sample (memory, CPU, GPU)
+    # finished leave=True loops whose slot a new loop took: one summary line each (the last few kept)
+    finished_loops: List[str] = field(default_factory=list)
+    finished_loop_count: int = 0
+    last_progress_at: Optional[float] = None  # monotonic time a bar of this rank last moved (or it reported)
+    last_output_at: Optional[float] = None    # wall-clock time of its last output line
+
+    def archive(self, bar: BarState, keep: int = 8) -> None:
+        self.finished_loops.append(bar.summary_line())
+        self.finished_loop_count += 1
+        del self.finished_loops[:-keep]
 
     def visible_bars(self) -> List[BarState]:
         return [self.bars[bar_id] for bar_id in self.slots if bar_id is not None]
@@ -215,6 +240,7 @@ class LaunchState:
         self.x_is_time: Dict[str, bool] = {}  # metric -> x is seconds since the start (reported without step)
         self.metric_summary = MetricSummary()
         self.start_wall = time.time()
+        self.stall_after = STALL_AFTER_SECONDS
 
     # ------------------------------------------------------------------------------------------ reading
     @property
@@ -246,6 +272,7 @@ class LaunchState:
         if isinstance(event, OutputLine):
             state = self.rank(event.rank)
             state.output_lines += 1
+            state.last_output_at = time.time()
             return state
         if isinstance(event, ResourceSample):
             state = self.rank(event.rank)
@@ -302,6 +329,8 @@ class LaunchState:
         if state.status == "starting":
             state.status = "running"
         bar = state.bars.get(event.bar_id)
+        if bar is None or bar.update.n != event.n:
+            state.last_progress_at = time.monotonic()
         if bar is None:
             slot = self._free_slot(state, event.position)
             bar = state.bars[event.bar_id] = BarState(event.rank, event.bar_id, event, slot)
@@ -323,6 +352,8 @@ class LaunchState:
             old = state.bars.get(bar_id)
             if old is not None and old.closed and old.update.position == position:
                 del state.bars[bar_id]
+                if old.update.leave:  # tqdm's leave=True: the finished loop stays, as one summary line
+                    state.archive(old)
                 return slot
         state.slots.append(None)
         return len(state.slots) - 1
@@ -330,6 +361,7 @@ class LaunchState:
     def _on_metrics(self, event: MetricReport) -> List[str]:
         state = self.rank(event.rank)
         state.metrics.update(event.metrics)
+        state.last_progress_at = time.monotonic()
         self.metric_summary.add(event)
         for step, when, _seq, values in event.calls():
             for name, value in values.items():
@@ -344,6 +376,57 @@ class LaunchState:
                     x = last.last[0] + 1 if last is not None and last.last is not None else 0.0
                 self.series.setdefault(name, {}).setdefault(event.rank, Series()).add(x, float(value))
         return list(event.metrics)
+
+    # ------------------------------------------------------------------------------------ stragglers
+    def stalled_for(self, state: RankState, now: Optional[float] = None) -> Optional[float]:
+        """Seconds since ``state``'s progress last moved, when that is ``stall_after`` or more while a peer
+        moved within ``stall_after`` (a rank that is merely waiting with everyone else is not stalled)."""
+        if self.finished is not None or state.status != "running" or len(self.ranks) < 2:
+            return None
+        now = time.monotonic() if now is None else now
+        since = state.last_progress_at if state.last_progress_at is not None else self.start_time
+        idle = now - since
+        if idle < self.stall_after:
+            return None
+        peers_moving = any(peer.last_progress_at is not None and now - peer.last_progress_at < self.stall_after
+                           for peer in self.ranks.values() if peer is not state)
+        return idle if peers_moving else None
+
+    def slowest_rank(self) -> Optional[Tuple[int, float, float]]:
+        """(rank, its rate, the others' median rate) when one running rank's innermost loop is clearly slower
+        than the same loop on every peer (below ``SLOWEST_RATIO`` of their median), else None."""
+        if self.finished is not None or len(self.ranks) < 2:
+            return None
+        rates: Dict[int, float] = {}
+        loops = set()
+        for state in self.ranks.values():
+            bar = state.metrics_bar()
+            if state.status != "running" or bar is None or bar.closed or not bar.update.rate:
+                return None
+            rates[state.rank] = float(bar.update.rate)
+            loops.add((bar.desc, bar.update.position))
+        if len(loops) != 1:  # not the same loop everywhere: rates are not comparable
+            return None
+        slowest = min(rates, key=rates.__getitem__)
+        others = sorted(rate for rank, rate in rates.items() if rank != slowest)
+        median = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1]
+                                                                    + others[len(others) // 2]) / 2
+        if rates[slowest] < SLOWEST_RATIO * median:
+            return slowest, rates[slowest], median
+        return None
+
+    def straggler_text(self, state: RankState, now: Optional[float] = None) -> str:
+        """``no progress for 42 s (last output 12:03:04)`` / ``slowest: 12.0 it/s (others 30.1 it/s)`` / ""."""
+        stalled = self.stalled_for(state, now)
+        if stalled is not None:
+            last = (time.strftime("%H:%M:%S", time.localtime(state.last_output_at))
+                    if state.last_output_at is not None else "none yet")
+            return f"no progress for {stalled:.0f} s (last output {last})"
+        slowest = self.slowest_rank()
+        if slowest is not None and slowest[0] == state.rank:
+            unit = (state.metrics_bar().update.unit or "it") if state.metrics_bar() else "it"
+            return f"slowest: {slowest[1]:.3g} {unit}/s (others {slowest[2]:.3g} {unit}/s)"
+        return ""
 
     # ------------------------------------------------------------------------------------------ summary
     def header_text(self) -> str:
@@ -395,6 +478,11 @@ class LaunchState:
             prefix = f"[rank {rank}] "
             bars = state.visible_bars()
             metrics_bar = state.metrics_bar()
+            earlier = state.finished_loop_count - len(state.finished_loops)
+            if earlier:
+                lines.append(prefix + f"… {earlier} earlier finished loop{'s' if earlier > 1 else ''}")
+            lines.extend(prefix + "✓ " + line if not ascii else prefix + "done " + line
+                         for line in state.finished_loops)
             for bar in bars:
                 extra = state.metrics_postfix() if bar is metrics_bar else ""
                 lines.append(prefix + bar.meter(extra, ascii=ascii, ncols=ncols))

@@ -89,9 +89,12 @@ class _RankRow:
 
     def __init__(self, rank: int) -> None:
         self.label = widgets.HTML(value="")
+        self.done = widgets.HTML(value="", layout=widgets.Layout(display="none"))  # finished loops
+        self.done_count = 0
         self.bars = widgets.VBox([])
         self.error = widgets.HTML(value="", layout=widgets.Layout(display="none"))
-        self.box = widgets.VBox([self.label, self.bars, self.error], layout=widgets.Layout(
+        self.stacks = widgets.HTML(value="", layout=widgets.Layout(display="none"))  # "where is each rank?"
+        self.box = widgets.VBox([self.label, self.done, self.bars, self.error, self.stacks], layout=widgets.Layout(
             border_left=f"4px solid {rank_colour(rank)}", padding="0 0 0 8px", margin="3px 0"))
         self.box.add_class("notebook-accel-rank")
         self.slots: List[_BarRow] = []
@@ -140,8 +143,14 @@ class WidgetView:
         self.plots_box = widgets.HBox([], layout=widgets.Layout(flex_flow="row wrap", display="none"))
         self.log_box = widgets.HTML(value="", layout=widgets.Layout(display="none"))
         self.metrics_table = widgets.HTML(value="", layout=widgets.Layout(display="none"))
-        self.widget = DashboardBox(self.summary, children=[self.header, self.ranks_box, self.plots_box,
-                                                           self.metrics_table, self.log_box],
+        # "where is each rank?": shown when ``on_dump_stacks`` is set (the launcher wires Launch.dump_stacks)
+        self.on_dump_stacks: Optional[Callable[[], Dict[int, str]]] = None
+        self.stacks_button = widgets.Button(description="where is each rank?", icon="search",
+                                            tooltip="show every running rank's Python stack",
+                                            layout=widgets.Layout(display="none", width="auto"))
+        self.stacks_button.on_click(lambda _button: self.show_stacks())
+        self.widget = DashboardBox(self.summary, children=[self.header, self.stacks_button, self.ranks_box,
+                                                           self.plots_box, self.metrics_table, self.log_box],
                                    layout=widgets.Layout(border="1px solid #ddd", padding="6px 8px"))
         self.widget.add_class("notebook-accel-dashboard")
 
@@ -157,6 +166,8 @@ class WidgetView:
         self._log_total = 0
         self._log_at = 0.0
         self._dirty_labels: set = set()          # ranks whose label (resources, stall mark) needs a redraw
+        self._straggler_marks: Dict[int, str] = {}
+        self._stragglers_at = 0.0
         self._label_drawn: Dict[int, float] = {}
 
     # ------------------------------------------------------------------------------------ View protocol
@@ -187,6 +198,32 @@ class WidgetView:
         with self._lock:
             self._flush(time.monotonic())
 
+    def show_stacks(self) -> Dict[int, str]:
+        """Ask ``on_dump_stacks`` where each rank is and show each stack in its rank's row.
+
+        The button calls this; it only responds while the kernel is free to handle widget messages (a launch
+        from ``launch_panel`` or ``start_launch``): a cell blocked in ``notebook_launcher`` handles the click
+        when it ends. Returns {rank: stack text}.
+        """
+        callback = self.on_dump_stacks
+        if callback is None:
+            return {}
+        try:
+            stacks = dict(callback())
+        except Exception as error:  # the ranks may be gone between the click and the dump
+            stacks = {rank: f"(could not get the stack: {type(error).__name__}: {error})" for rank in self.state.ranks}
+        when = time.strftime("%H:%M:%S")
+        with self._lock:
+            for rank, text in sorted(stacks.items()):
+                row = self._rank_rows.get(rank)
+                if row is None:
+                    continue
+                row.stacks.value = (f'<details open><summary style="font-size:11px">where rank {rank} was at '
+                                    f'{when}</summary><pre style="font-size:11px;max-height:260px;overflow:auto">'
+                                    f"{escape(text)}</pre></details>")
+                row.stacks.layout.display = None
+        return stacks
+
     # ------------------------------------------------------------------------------------------- summary
     def summary(self) -> str:
         """The launch as text: header, per rank its bars (final n/total) and status, then the error."""
@@ -203,6 +240,8 @@ class WidgetView:
         for rank in sorted(self.state.ranks):
             self._rank_row(rank)
         self._draw_header()
+        if self.on_dump_stacks is not None:
+            self.stacks_button.layout.display = None
         if self._display:
             from IPython.display import display
 
@@ -210,7 +249,11 @@ class WidgetView:
 
     def _on_bar(self, bar: BarState, now: float) -> None:
         key = (bar.rank, bar.bar_id)
-        row = self._rank_row(bar.rank).row(bar.slot)
+        rank_row = self._rank_row(bar.rank)
+        state = self.state.rank(bar.rank)
+        if rank_row.done_count != state.finished_loop_count:
+            self._draw_finished_loops(rank_row, state)
+        row = rank_row.row(bar.slot)
         if bar.closed or row.bar_id != bar.bar_id or now - row.sent_at >= self.bar_interval:
             self._dirty_bars.pop(key, None)
             self._draw_bar(bar, row, now)
@@ -238,6 +281,7 @@ class WidgetView:
         self._dirty_plots.clear()
         self._flush_logs(now)
         self._draw_header()
+        self.stacks_button.layout.display = "none"
         self._show_metrics_table()
         if self._display_handle is not None:
             # Re-publish so the saved text/plain becomes the final summary (the widget itself is unchanged).
@@ -259,6 +303,13 @@ class WidgetView:
             if now - self._plot_drawn.get(name, 0.0) >= self.plot_interval:
                 del self._dirty_plots[name]
                 self._draw_plot(name, now)
+        if now - self._stragglers_at >= 0.5:  # stall / slowest marks change with time, not only with events
+            self._stragglers_at = now
+            for rank, state in self.state.ranks.items():
+                mark = self.state.straggler_text(state, now)
+                if mark != self._straggler_marks.get(rank, ""):
+                    self._straggler_marks[rank] = mark
+                    self._dirty_labels.add(rank)
         if self._dirty_labels:
             # Each label at most every label_interval() s: ≤ 4 label messages a second whatever the world size.
             interval = self.label_interval()
@@ -285,6 +336,17 @@ class WidgetView:
             from IPython.display import display
 
             display({"text/html": table, "text/plain": "metrics:\n" + summary.text()}, raw=True)
+
+    @staticmethod
+    def _draw_finished_loops(row: _RankRow, state: RankState) -> None:
+        """Finished leave=True loops, one compact line each (a new loop took their slot)."""
+        row.done_count = state.finished_loop_count
+        earlier = state.finished_loop_count - len(state.finished_loops)
+        lines = ([f"… {earlier} earlier finished loop{'s' if earlier > 1 else ''}"] if earlier else [])
+        lines += [f"✓ {line}" for line in state.finished_loops]
+        row.done.value = ('<div class="notebook-accel-finished" style="font-family:monospace;font-size:11px;'
+                          'line-height:1.35;white-space:pre;opacity:0.8">' + escape("\n".join(lines)) + "</div>")
+        row.done.layout.display = None
 
     def label_interval(self) -> float:
         """Seconds between two redraws of one rank's label: 1 s up to 4 ranks, then longer (8 ranks: 2 s)."""
@@ -367,6 +429,9 @@ class WidgetView:
         status_colour = STATUS_COLOURS.get(state.status, "#333")
         pid = f" · pid {state.pid}" if state.pid else ""
         mark = ""
+        straggler = self._straggler_marks.get(state.rank, "") if self.state.finished is None else ""
+        if straggler:
+            mark = f' <b class="notebook-accel-straggler" style="color:#e67e22">⚠ {escape(straggler)}</b>'
         if state.root_cause:
             mark = ' <b style="color:#d62728">✖ root cause</b>'
             row.box.layout.border_left = "4px solid #d62728"
