@@ -162,3 +162,88 @@ def test_the_final_metrics_table_is_in_the_widget_and_the_summary(clock):
     table = view.metrics_table.value
     assert "<table" in table and "<td>loss</td><td>1</td><td>5</td><td>5</td><td>9</td>" in table
     assert "  loss    1        5    5    9        5" in view.summary()
+
+
+# ------------------------------------------------------------------------------------------------ plots
+import math  # noqa: E402
+import re  # noqa: E402
+
+from notebook_accel.views.plot import render_line_plot, wants_log_axis  # noqa: E402
+
+
+def y_labels(svg):
+    return re.findall(r'text-anchor="end" style="[^"]*">([^<]+)</text>', svg)
+
+
+def test_a_loss_spanning_six_decades_gets_a_log_axis_and_the_user_can_toggle_it(clock):
+    view = WidgetView(display=False)
+    start(view, 2)
+    for step in range(200):
+        for rank in (0, 1):
+            view.handle(MetricReport(rank=rank, step=step, metrics={"loss": 1e3 * 10 ** (-6 * step / 199) * (1 + rank),
+                                                                   "acc": step / 200}))
+    clock.now += 2
+    view.tick()
+    svg = view._plots["loss"].value
+    assert "loss (log)" in svg and {"0.001", "0.01", "0.1", "1", "10", "100", "1000"} <= set(y_labels(svg))
+    assert "(log)" not in view._plots["acc"].value  # 0..1: linear
+    view._plot_scales["loss"].value = "linear"  # the user's choice wins, at once
+    assert "loss (log)" not in view._plots["loss"].value
+    view._plot_scales["acc"].value = "log"
+    assert "(log)" not in view._plots["acc"].value  # acc starts at 0: a log axis cannot show it, stays linear
+    assert wants_log_axis([1e3, 1e-3]) and not wants_log_axis([1.0, 50.0]) and not wants_log_axis([0.0, 1e3])
+
+
+def test_smoothing_draws_a_moving_average_over_the_faint_raw_line(clock):
+    view = WidgetView(display=False)
+    start(view, 1)
+    for step in range(100):
+        view.handle(MetricReport(rank=0, step=step, metrics={"loss": 1.0 + (step % 2)}))  # zig-zag
+    clock.now += 2
+    view.tick()
+    assert "data-raw-rank" not in view._plots["loss"].value
+    view.smoothing.value = 0.9
+    svg = view._plots["loss"].value
+    assert 'data-raw-rank="0"' in svg and 'data-rank="0"' in svg
+    smoothed = re.search(r'data-rank="0" points="([^"]+)"', svg).group(1).split()
+    ys = [float(point.split(",")[1]) for point in smoothed[-20:]]
+    assert max(ys) - min(ys) < 20  # the zig-zag (a full plot height apart) is smoothed out
+
+
+def test_x_is_time_when_no_step_is_given(clock):
+    view = WidgetView(display=False)
+    start(view, 1)
+    base = view.state.start_wall
+    for second in range(5):
+        view.handle(MetricReport(rank=0, step=None, metrics={"gpu_temp": 60.0 + second}, time=base + second))
+    clock.now += 2
+    view.tick()
+    assert ">time (s)<" in view._plots["gpu_temp"].value
+    assert [x for x, _ in view.state.series["gpu_temp"][0].view()] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_eight_ranks_of_ten_thousand_points_stay_readable():
+    series = {rank: [(step, math.exp(-step / 3000) + 0.01 * rank + (0.5 if step == 7777 else 0.0))
+                     for step in range(10_000)] for rank in range(8)}
+    svg = render_line_plot("loss", series)
+    lines = re.findall(r'data-rank="(\d)" points="([^"]+)"', svg)
+    assert len(lines) == 8 and all(len(points.split()) <= 400 for _, points in lines)
+    assert len(svg) < 150_000
+    # the spike at step 7777 survives downsampling (min/max per bucket)
+    top = min(float(point.split(",")[1]) for point in lines[0][1].split())
+    assert top < 60, top
+    # hovering a line shows its rank and latest value; the legend lists all 8
+    assert svg.count("<title>rank ") == 8 and all(f"rank {rank}: " in svg for rank in range(8))
+
+
+def test_plots_of_four_metrics_redraw_at_most_three_times_a_second(clock, sent):
+    view = WidgetView(display=False)
+    start(view, 8)
+    for tick in range(100):  # 10 s, every rank reports 4 metrics at 10 Hz
+        clock.now += 0.1
+        for rank in range(8):
+            view.handle(MetricReport(rank=rank, step=tick, metrics={f"m{i}": tick * (i + 1) for i in range(4)}))
+        view.tick()
+    plots = {id(plot) for plot in view._plots.values()}
+    assert len(plots) == 4
+    assert sum(1 for widget, _ in sent if id(widget) in plots) / 10 <= 3.2

@@ -140,7 +140,14 @@ class WidgetView:
 
         self.header = widgets.HTML(value=self._header_html())
         self.ranks_box = widgets.VBox([])
-        self.plots_box = widgets.HBox([], layout=widgets.Layout(flex_flow="row wrap", display="none"))
+        self.plots_box = widgets.HBox([], layout=widgets.Layout(flex_flow="row wrap"))
+        self.smoothing = widgets.FloatSlider(value=0.0, min=0.0, max=0.99, step=0.01, description="smoothing",
+                                             continuous_update=False, readout_format=".2f",
+                                             layout=widgets.Layout(width="300px"))
+        self.smoothing.observe(lambda _change: self._redraw_plots(), names="value")
+        self.plots_area = widgets.VBox([self.plots_box, self.smoothing], layout=widgets.Layout(display="none"))
+        self._plot_scales: Dict[str, widgets.Dropdown] = {}
+        self._plot_boxes: Dict[str, widgets.VBox] = {}
         self.log_box = widgets.HTML(value="", layout=widgets.Layout(display="none"))
         self.metrics_table = widgets.HTML(value="", layout=widgets.Layout(display="none"))
         # "where is each rank?": shown when ``on_dump_stacks`` is set (the launcher wires Launch.dump_stacks)
@@ -150,7 +157,7 @@ class WidgetView:
                                             layout=widgets.Layout(display="none", width="auto"))
         self.stacks_button.on_click(lambda _button: self.show_stacks())
         self.widget = DashboardBox(self.summary, children=[self.header, self.stacks_button, self.ranks_box,
-                                                           self.plots_box, self.metrics_table, self.log_box],
+                                                           self.plots_area, self.metrics_table, self.log_box],
                                    layout=widgets.Layout(border="1px solid #ddd", padding="6px 8px"))
         self.widget.add_class("notebook-accel-dashboard")
 
@@ -300,7 +307,7 @@ class WidgetView:
                 del self._dirty_bars[key]
                 self._draw_bar(bar, row, now)
         for name in list(self._dirty_plots):
-            if now - self._plot_drawn.get(name, 0.0) >= self.plot_interval:
+            if now - self._plot_drawn.get(name, 0.0) >= self.plot_interval_now():
                 del self._dirty_plots[name]
                 self._draw_plot(name, now)
         if now - self._stragglers_at >= 0.5:  # stall / slowest marks change with time, not only with events
@@ -480,15 +487,40 @@ class WidgetView:
         series = self.state.series.get(name)
         if not series:
             return
-        svg = render_line_plot(name, {rank: s.view() for rank, s in series.items()})
+        scale = self._plot_scales[name].value if name in self._plot_scales else "auto"
+        svg = render_line_plot(name, {rank: s.view() for rank, s in series.items()},
+                               x_label="time (s)" if self.state.x_is_time.get(name) else "step",
+                               log_y=None if scale == "auto" else scale == "log",
+                               smoothing=float(self.smoothing.value))
         plot = self._plots.get(name)
         if plot is None:
-            plot = self._plots[name] = widgets.HTML(value=svg, layout=widgets.Layout(margin="4px 8px 0 0"))
+            plot = self._plots[name] = widgets.HTML(value=svg)
             plot.add_class("notebook-accel-plot")
-            self.plots_box.children = tuple(self._plots[n] for n in self._plots)
-            self.plots_box.layout.display = None
+            picker = self._plot_scales[name] = widgets.Dropdown(
+                options=[("y: auto", "auto"), ("y: linear", "linear"), ("y: log", "log")], value="auto",
+                tooltip="y axis: auto is log when the values span more than two decades",
+                layout=widgets.Layout(width="110px"))
+            picker.observe(lambda _change, name=name: self._redraw_plot(name), names="value")
+            box = widgets.VBox([plot, picker], layout=widgets.Layout(margin="4px 8px 0 0"))
+            self._plot_boxes[name] = box
+            self.plots_box.children = tuple(self._plot_boxes[n] for n in self._plot_boxes)
+            self.plots_area.layout.display = None
         else:
             plot.value = svg
+
+    def _redraw_plot(self, name: str) -> None:
+        """A control changed (scale, smoothing): redraw now, whatever the throttle says."""
+        with self._lock:
+            self._draw_plot(name, time.monotonic())
+
+    def _redraw_plots(self) -> None:
+        with self._lock:
+            for name in list(self._plots):
+                self._draw_plot(name, time.monotonic())
+
+    def plot_interval_now(self) -> float:
+        """Seconds between two redraws of one plot: 1 s up to 3 plots, then longer (≤ 3 plot messages a second)."""
+        return max(self.plot_interval, len(self._plots) / 3.0)
 
     def _flush_logs(self, now: float) -> None:
         self._log_at = now
