@@ -16,6 +16,7 @@ from .backends.processes import ProcessBackend
 from .errors import LaunchError, LaunchTimeout, one_line, rebuild_exception
 from .events import LaunchFinished, LaunchStarted, MetricReport, OutputLine, RankEvent
 from .metric_table import MetricLog
+from .oom import explain as explain_out_of_memory, kind_of_failure, oom_kill_count
 from .resources import ResourceSampler
 from .plan import LaunchPlan, plan_launch
 from .rendezvous import HostedStore
@@ -47,6 +48,8 @@ class Launch:
         self._thread: Optional[threading.Thread] = None
         self.metric_log = MetricLog()
         self.resources = ResourceSampler(self._deliver, device=plan.device)  # memory/CPU/GPU per rank
+        self.out_of_memory: Optional[str] = None  # the one-line explanation when a rank ran out of memory
+        self._oom_kills_before: Optional[int] = None
         global _last_launch
         _last_launch = self
 
@@ -136,6 +139,7 @@ class Launch:
     def _run(self, store: HostedStore) -> None:
         plan = self.plan
         started = time.monotonic()
+        self._oom_kills_before = oom_kill_count()  # a SIGKILL counts as OOM only if this goes up
         try:
             self._deliver(LaunchStarted(rank=-1, world_size=plan.world_size, device=plan.device,
                                         start_method=plan.start_method, mixed_precision=plan.mixed_precision,
@@ -179,6 +183,7 @@ class Launch:
                                if self.plan.return_all else outcome.results[0])
         elif outcome.status == "failed" and root is not None:
             self.error = outcome.local_exception or self._root_cause_error(root, outcome)
+            self._explain_out_of_memory(root, outcome)
         elif outcome.status == "timeout":
             ranks = ", ".join(str(rank) for rank in outcome.still_running) or "none"
             self.error = LaunchTimeout(
@@ -189,9 +194,23 @@ class Launch:
         failure = root.event if root is not None else None
         self._deliver(LaunchFinished(
             rank=-1, status=self.status, elapsed=elapsed, root_rank=root.rank if root else None,
-            error=None if self.error is None else one_line(self.error),
+            error=self.out_of_memory or (None if self.error is None else one_line(self.error)),
             traceback=failure.traceback if failure is not None else None,
             still_running=outcome.still_running))
+
+    def _explain_out_of_memory(self, root, outcome: Outcome) -> None:
+        """When the root cause ran out of memory, say so in one line with every rank's peak and what to try:
+        the first line of a ``LaunchError``, a note on a rank's own exception, the dashboard's error line."""
+        kind = kind_of_failure(root.event, outcome.exitcodes.get(root.rank, root.exitcode), self._oom_kills_before)
+        if kind is None:
+            return
+        self.out_of_memory = explain_out_of_memory(kind, root.rank, self.resources.peaks())
+        error = self.error
+        if isinstance(error, LaunchError) and root.event is None:
+            self.error = LaunchError(f"{self.out_of_memory}\n{error}", rank=error.rank, exitcode=error.exitcode,
+                                     signal_name=error.signal_name)
+        elif error is not None and hasattr(error, "add_note"):
+            error.add_note(f"(notebook_accel: {self.out_of_memory})")
 
     def _expected_ranks(self) -> List[int]:
         return list(range(self.plan.world_size)) if self.plan.return_all else [0]

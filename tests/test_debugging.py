@@ -223,3 +223,113 @@ def test_gpu_figures_come_from_nvml_mapped_through_local_rank_and_cuda_visible_d
     plain.observe(RankStarted(rank=0, pid=os.getpid()))
     plain.tick(now=1.0)
     assert isinstance(samples[-1], ResourceSample) and samples[-1].device_used is None and samples[-1].rss > 0
+
+
+# ----------------------------------------------------------------------------------------- out of memory
+
+def cuda_oom_on_rank_one():
+    import time
+
+    import torch
+
+    if int(os.environ["RANK"]) == 1:
+        time.sleep(2.5)  # let the kernel sample both ranks' memory
+        # Stand-in for a real CUDA allocation failure (no GPU on the test machine): torch's own exception type
+        # with the message torch's caching allocator writes.
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 1; 79.1 GiB total)")
+    time.sleep(30)
+
+
+def test_a_cuda_out_of_memory_error_is_explained_in_one_line():
+    import torch
+
+    from notebook_accel.events import LaunchFinished
+    from notebook_accel.launcher import start_launch
+
+    view = RecordingView()
+    job = start_launch(cuda_oom_on_rank_one, num_processes=2, view=view)
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        job.wait(120)
+    note = [note for note in caught.value.__notes__ if "ran out of GPU memory" in note]
+    assert note and "try a smaller batch size, gradient accumulation" in note[0] and "mixed_precision" in note[0]
+    finished = view.of_type(LaunchFinished)[0]
+    assert finished.error.startswith("rank 1 ran out of GPU memory (CUDA out of memory)")
+    assert "\n" not in finished.error
+
+
+def host_memory_error_on_rank_one():
+    import resource
+    import time
+
+    import psutil
+
+    if int(os.environ["RANK"]) == 1:
+        block = bytearray(b"x" * (200 * 2 ** 20))  # 200 MiB held: shows in the peak
+        time.sleep(2.5)
+        # A real allocation failure: cap this rank's address space just above what it uses now.
+        limit = psutil.Process().memory_info().vms + 100 * 2 ** 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        more = bytearray(2 * 2 ** 30)  # raises MemoryError
+        return len(block) + len(more)
+    time.sleep(30)
+
+
+def test_a_host_memory_error_under_rlimit_is_explained_with_every_ranks_peak():
+    from notebook_accel.launcher import start_launch
+
+    job = start_launch(host_memory_error_on_rank_one, num_processes=2, display="none")
+    with pytest.raises(MemoryError) as caught:
+        job.wait(120)
+    line = job.out_of_memory
+    assert line.startswith("rank 1 ran out of host memory (MemoryError); peak host memory (RSS) per rank: rank 0: ")
+    import re
+
+    value, unit = re.search(r"rank 1: ([\d.]+) (MiB|GiB)", line).groups()  # "... rank 0: 310 MiB, rank 1: 520 MiB"
+    assert unit == "GiB" or float(value) >= 200, line
+    assert any("fewer DataLoader workers" in note for note in caught.value.__notes__)
+
+
+def killed_like_the_oom_killer(counter_file, bump):
+    import signal
+    import time
+
+    if int(os.environ["RANK"]) == 1:
+        block = bytearray(b"x" * (300 * 2 ** 20))
+        time.sleep(2.5)
+        if bump:  # what the kernel's OOM killer does: count the kill in the cgroup, then SIGKILL
+            with open(counter_file, "w") as handle:
+                handle.write("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+        return len(block)
+    time.sleep(30)
+
+
+@pytest.mark.parametrize("bump", [True, False])
+def test_a_sigkill_with_the_cgroup_oom_counter_raised_is_explained(tmp_path, monkeypatch, bump):
+    """The OS OOM killer itself cannot be triggered safely on a shared test machine (and RLIMIT_AS gives a
+    MemoryError, not a SIGKILL; creating a memory cgroup needs privileges we do not have): the rank sends
+    itself the SIGKILL and bumps a cgroup v2 ``memory.events`` file that stands in for the real one. The
+    kernel side — a SIGKILL, the counter read before and after — is the real code."""
+    from notebook_accel import LaunchError, oom
+    from notebook_accel.launcher import start_launch
+
+    counter = tmp_path / "memory.events"
+    counter.write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
+    monkeypatch.setattr(oom, "COUNTER_FILES", [str(counter)])
+    job = start_launch(killed_like_the_oom_killer, args=(str(counter), bump), num_processes=2, display="none")
+    with pytest.raises(LaunchError) as caught:
+        job.wait(120)
+    first_line = str(caught.value).splitlines()[0]
+    if bump:
+        assert first_line.startswith("rank 1 was killed by the out-of-memory killer (SIGKILL"), first_line
+        assert "peak host memory (RSS) per rank: rank 0: " in first_line and "fewer ranks" in first_line
+        assert caught.value.signal_name == "SIGKILL"
+    else:  # a SIGKILL without an OOM kill counted: no memory story is made up
+        assert first_line == "rank 1 was killed by SIGKILL" and job.out_of_memory is None
+
+
+def test_the_oom_counter_is_read_from_the_real_cgroup_files_here():
+    from notebook_accel.oom import counter_files, oom_kill_count
+
+    assert counter_files()[-1] == "/proc/vmstat"
+    assert isinstance(oom_kill_count(), int)  # this machine exposes at least one counter
