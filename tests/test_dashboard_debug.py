@@ -247,3 +247,39 @@ def test_plots_of_four_metrics_redraw_at_most_three_times_a_second(clock, sent):
     plots = {id(plot) for plot in view._plots.values()}
     assert len(plots) == 4
     assert sum(1 for widget, _ in sent if id(widget) in plots) / 10 <= 3.2
+
+
+# ------------------------------------------------------------------------------------------------ frontends
+import types  # noqa: E402
+
+
+def test_colab_gets_its_custom_widget_manager_or_the_text_view(monkeypatch, capsys):
+    """Fake ``google.colab`` modules (this is not Colab): the real one has ``output.enable_custom_widget_manager``."""
+    from notebook_accel import views
+
+    calls = []
+    colab = types.ModuleType("google.colab")
+    output = types.ModuleType("google.colab.output")
+    output.enable_custom_widget_manager = lambda: calls.append("enabled")
+    colab.output = output
+    monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+    monkeypatch.setitem(sys.modules, "google.colab.output", output)
+    monkeypatch.setattr(views, "in_notebook_kernel", lambda: True)
+    assert isinstance(views.make_view("auto"), WidgetView) and calls == ["enabled"]
+
+    def broken():
+        raise RuntimeError("no widget manager here")
+
+    output.enable_custom_widget_manager = broken
+    assert isinstance(views.make_view("auto"), TextView)
+    assert "enable_custom_widget_manager()" in capsys.readouterr().err
+
+
+def test_colours_follow_the_theme():
+    from notebook_accel.views.widgets import readable
+
+    svg = render_line_plot("loss", {0: [(0, 1.0), (1, 0.5)]})
+    assert "var(--jp-layout-color0,#fff)" in svg and "var(--jp-ui-font-color1,#222)" in svg
+    assert 'fill="white"' not in svg and 'fill="#222"' not in svg
+    assert readable("#1f77b4").endswith("color-mix(in srgb, #1f77b4 75%, var(--jp-ui-font-color1, #000))")

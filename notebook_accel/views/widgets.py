@@ -158,7 +158,7 @@ class WidgetView:
         self.stacks_button.on_click(lambda _button: self.show_stacks())
         self.widget = DashboardBox(self.summary, children=[self.header, self.stacks_button, self.ranks_box,
                                                            self.plots_area, self.metrics_table, self.log_box],
-                                   layout=widgets.Layout(border="1px solid #ddd", padding="6px 8px"))
+                                   layout=widgets.Layout(border="1px solid var(--jp-border-color2, #ddd)", padding="6px 8px"))
         self.widget.add_class("notebook-accel-dashboard")
 
         self._rank_rows: Dict[int, _RankRow] = {}
@@ -408,12 +408,12 @@ class WidgetView:
 
     def _header_html(self) -> str:
         state = self.state
-        colour = STATUS_COLOURS.get(state.status, "#333")
+        colour = STATUS_COLOURS.get(state.status, "inherit")
         started = state.started
         items = [
             ("device", state.device if started else "…"),
             ("world size", str(state.world_size) if started else "…"),
-            ("status", f'<span style="color:{colour}">{escape(state.status)}</span>'),
+            ("status", f'<span style="{readable(colour)}">{escape(state.status)}</span>'),
             ("elapsed", format_interval(state.elapsed())),
         ]
         if started is not None and started.mixed_precision not in ("", "no"):
@@ -425,15 +425,15 @@ class WidgetView:
                         f"{value}</b></span>" for name, value in items)
         title = escape(f"{started.function_name}()") if started is not None and started.function_name else ""
         return (f'<div class="notebook-accel-header" style="font-size:13px;padding:2px 0 4px 0">'
-                f'<b>notebook_accel</b> <span style="color:#666;margin-right:18px">{title}</span>{cells}</div>')
+                f'<b>notebook_accel</b> <span style="color:var(--jp-ui-font-color2, #666);margin-right:18px">{title}</span>{cells}</div>')
 
     def _draw_rank_label(self, state: RankState) -> None:
         row = self._rank_rows.get(state.rank)
         if row is None:
             return
         self._label_drawn[state.rank] = time.monotonic()
-        colour = rank_colour(state.rank)
-        status_colour = STATUS_COLOURS.get(state.status, "#333")
+        colour = readable(rank_colour(state.rank))
+        status_colour = STATUS_COLOURS.get(state.status, "inherit")
         pid = f" · pid {state.pid}" if state.pid else ""
         mark = ""
         straggler = self._straggler_marks.get(state.rank, "") if self.state.finished is None else ""
@@ -442,13 +442,13 @@ class WidgetView:
         if state.root_cause:
             mark = ' <b style="color:#d62728">✖ root cause</b>'
             row.box.layout.border_left = "4px solid #d62728"
-            row.box.layout.background_color = "#fdecea"
+            row.box.layout.background_color = "rgba(214, 39, 40, 0.10)"  # a tint: readable in light and dark
         resources = resource_text(state.resources, final=self.state.finished is not None)
         resources = (f' · <span class="notebook-accel-resources">{escape(resources)}</span>'
                      if resources else "")
         row.label.value = (f'<span class="notebook-accel-rank-label" style="font-size:12px">'
-                           f'<b style="color:{colour}">rank {state.rank}</b>{pid} · '
-                           f'<span style="color:{status_colour}">'
+                           f'<b style="{colour}">rank {state.rank}</b>{pid} · '
+                           f'<span style="{readable(status_colour)}">'
                            f'{escape(self.state.rank_status_text(state, mark_root=False))}'
                            f"</span>{resources}{mark}</span>")
 
@@ -473,9 +473,9 @@ class WidgetView:
         if state.root_cause or (finished is None):
             body = (f'<details open><summary style="color:#d62728"><b>{escape(headline)}</b></summary>'
                     f'<pre style="font-size:11px;line-height:1.3;max-height:320px;overflow:auto;'
-                    f'background:#fff5f5;padding:4px">{escape(traceback)}</pre>{full}</details>')
+                    f'background:rgba(214,39,40,0.06);padding:4px">{escape(traceback)}</pre>{full}</details>')
         else:  # collateral failure of a peer (e.g. "Connection closed by peer"): one line, folded traceback
-            body = (f'<details><summary style="color:#a33">{escape(headline)} (collateral)</summary>'
+            body = (f'<details><summary style="color:#d62728">{escape(headline)} (collateral)</summary>'
                     f'<pre style="font-size:11px;max-height:200px;overflow:auto">{escape(traceback)}</pre>'
                     f"</details>")
         row.error.value = body
@@ -545,6 +545,14 @@ class WidgetView:
                 run_stream, run = stream, []
             run.append(text)
         _write(run_stream, "".join(run))
+
+
+def readable(colour: str) -> str:
+    """CSS for text in ``colour`` that stays readable on light and dark themes: the colour mixed with the
+    theme's font colour (darker on white, lighter on black), plain ``colour`` where color-mix is unknown."""
+    if colour == "inherit":
+        return "color:inherit"
+    return f"color:{colour};color:color-mix(in srgb, {colour} 75%, var(--jp-ui-font-color1, #000))"
 
 
 def _write(stream: str, text: str) -> None:
