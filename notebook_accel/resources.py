@@ -138,6 +138,8 @@ def _host_usage(tracked: _Tracked) -> Tuple[Optional[int], float]:
             cpu = times.user + times.system
     except psutil.Error:  # the rank is gone
         return None, 0.0
+    if rss == 0:  # a zombie: the rank has exited and not been reaped yet (a live process never has 0 RSS)
+        return None, 0.0
     if tracked.include_children:
         known = tracked.children or {}
         current: Dict[int, psutil.Process] = {}

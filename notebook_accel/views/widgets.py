@@ -336,13 +336,14 @@ class WidgetView:
         if not summary:
             return
         table = summary.html()
-        self.metrics_table.value = (f'<details open><summary style="font-size:12px"><b>metrics</b> '
-                                    f"(last / min / max per rank)</summary>{table}</details>")
-        self.metrics_table.layout.display = None
-        if self._display:
+        if self._display:  # in a cell: one plain output (shown live and kept in the saved notebook)
             from IPython.display import display
 
             display({"text/html": table, "text/plain": "metrics:\n" + summary.text()}, raw=True)
+            return
+        self.metrics_table.value = (f'<details open><summary style="font-size:12px"><b>metrics</b> '
+                                    f"(last / min / max per rank)</summary>{table}</details>")
+        self.metrics_table.layout.display = None
 
     @staticmethod
     def _draw_finished_loops(row: _RankRow, state: RankState) -> None:
