@@ -1,7 +1,7 @@
 """Tracebacks that start at the user's code: the launcher's own frames are hidden, not lost.
 
-A rank's exception passes through notebook_accel's machinery on its way to the user's function (the
-worker's ``run_function``, the inline backend). Those frames say nothing about the user's bug, so — as
+A rank's exception passes through notebook_accel's machinery on its way to the user's function
+(``rank.run_rank``, the in-kernel backend). Those frames say nothing about the user's bug, so — as
 pytest (``__tracebackhide__``) and IPython do for their own frames — the traceback shown in the dashboard and
 attached to the raised exception drops the *leading* frames that belong to notebook_accel. Frames further
 down (notebook_accel's ``Accelerator`` called by the user, torch, ...) stay: they are part of the story.

@@ -22,14 +22,14 @@ import urllib.request
 import nbformat
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from scripts import PACKAGE_ROOT, REPO
 ARTIFACTS = os.path.join(REPO, "tests", "artifacts")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
 
 SETUP = f"""import sys, time
-sys.path.insert(0, {REPO!r})
+sys.path.insert(0, {PACKAGE_ROOT!r})
 from notebook_accel import notebook_launcher, progress, report, launch_panel"""
 
 LAUNCH = """def train(steps):
@@ -77,7 +77,7 @@ def _jupyter_server(tmp_path, app="jupyterlab", theme=None):
         (themes / "themes.jupyterlab-settings").write_text(json.dumps({"theme": theme}))
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), IPYTHONDIR=str(tmp_path / "ipython"),
-               JUPYTERLAB_SETTINGS_DIR=str(settings), TMPDIR=str(tmp_path), PYTHONPATH=REPO)
+               JUPYTERLAB_SETTINGS_DIR=str(settings), TMPDIR=str(tmp_path), PYTHONPATH=PACKAGE_ROOT)
     port, token = _free_port(), secrets.token_hex(16)
     server = subprocess.Popen(
         [sys.executable, "-m", app, "--no-browser", f"--port={port}", "--ip=127.0.0.1",
@@ -382,4 +382,4 @@ def test_debugging_dashboard_is_readable_in_light_and_dark_themes(tmp_path, app,
     assert any("epoch 0: 50/50" in text and "epoch 1: 50/50" in text for text in facts["finished"]), facts
     assert facts["y_labels"] == ["loss (log)"], facts
     remote = facts["error_text"]
-    assert "in user_step" in remote and "worker.py" not in remote.split("The above exception")[0], remote
+    assert "in user_step" in remote and "notebook_accel/rank.py" not in remote.split("The above exception")[0], remote

@@ -6,14 +6,15 @@ import re
 
 import pytest
 
-from test_dashboard_kernel import REPO, RecordingClient, WidgetTraffic
+from scripts import PACKAGE_ROOT
+from test_dashboard_kernel import RecordingClient, WidgetTraffic
 
 import nbformat
 import textwrap
 
 SETUP = f"""
     import sys, time, os
-    sys.path.insert(0, {REPO!r})
+    sys.path.insert(0, {PACKAGE_ROOT!r})
     from notebook_accel import notebook_launcher, progress, report
 """
 
@@ -127,7 +128,7 @@ def test_the_error_shown_in_the_cell_starts_in_the_users_function(executed):
     remote = text[:text.index("The above exception was the direct cause")]
     frames = re.findall(r'File "[^"]*", line \d+, in (\w+)', remote)
     assert frames == ["train_fails", "user_step"], remote
-    assert "worker.py" not in remote
+    assert "notebook_accel/rank.py" not in remote
     # IPython folds the launcher's own kernel-side frames (``__tracebackhide__``)
     kernel_side = text[text.index("The above exception was the direct cause"):]
     assert "hidden" in kernel_side and "def run(" not in kernel_side, kernel_side
