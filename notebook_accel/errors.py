@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pickle
-from typing import Iterable, Optional
+from typing import Dict, Iterable, Optional
 
 from .events import RankFailed
 
@@ -22,11 +22,14 @@ class LaunchError(RuntimeError):
 
 
 class LaunchTimeout(LaunchError, TimeoutError):
-    """The launch ran past ``timeout``; every rank was stopped. ``still_running`` lists the ranks that were."""
+    """The launch ran past ``timeout``; every rank was stopped. ``still_running`` lists the ranks that were,
+    ``stacks`` where each was (its Python stacks, all threads, by rank)."""
 
-    def __init__(self, message: str, *, still_running: Iterable[int] = ()) -> None:
+    def __init__(self, message: str, *, still_running: Iterable[int] = (),
+                 stacks: Optional[Dict[int, str]] = None) -> None:
         super().__init__(message)
         self.still_running = list(still_running)
+        self.stacks = dict(stacks or {})
 
 
 class LaunchConfigError(ValueError):

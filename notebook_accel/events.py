@@ -141,6 +141,14 @@ class ResourceSample(RankEvent):
 
 
 @dataclass
+class RankStacks(RankEvent):
+    """Where a rank is: its Python stacks, every thread (faulthandler's format), when asked for with
+    ``Launch.dump_stacks()`` or when a timeout stopped the launch."""
+
+    text: str
+
+
+@dataclass
 class LaunchStarted(RankEvent):
     """First event of every launch (rank = -1)."""
 

@@ -39,6 +39,8 @@ class Launch:
         self.plan = plan
         self.backend = backend_for(plan)
         self.view: View = view if view is not None else make_view(plan.display)
+        if hasattr(self.view, "on_dump_stacks"):  # the dashboard's "where is each rank?" button
+            self.view.on_dump_stacks = self.dump_stacks  # type: ignore[attr-defined]
         self.status = "starting"           # starting | running | finished | failed | stopped | timeout
         self.outputs: Dict[int, List[str]] = {rank: [] for rank in range(plan.world_size)}
         self.result: Any = None
@@ -71,6 +73,19 @@ class Launch:
     def stop(self) -> None:
         """Ask every rank to stop (thread-safe); ``wait`` then raises ``KeyboardInterrupt``."""
         self._stop_requested.set()
+
+    def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
+        """Where is each rank? Every running rank's Python stacks, all threads (faulthandler's format), by
+        rank — for a rank stuck in a collective or a deadlock. The view shows them too.
+
+        >>> job = start_launch(train, num_processes=2)        # doctest: +SKIP
+        >>> print(job.dump_stacks()[1])                         # doctest: +SKIP
+        Thread 0x00007f... (most recent call first):
+          File "<notebook>", line 12 in train
+        """
+        if self.done:
+            return {}
+        return self.backend.dump_stacks(timeout)
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until the launch ends; return the result or raise the root cause."""
@@ -172,13 +187,15 @@ class Launch:
                 self.result = ([outcome.results[rank] for rank in range(self.plan.world_size)]
                                if self.plan.return_all else outcome.results[0])
         elif outcome.status == "failed" and root is not None:
-            self.error = outcome.local_exception or self._root_cause_error(root, outcome)
+            self.error = self._root_cause_error(root, outcome)
             self._explain_out_of_memory(root, outcome)
         elif outcome.status == "timeout":
             ranks = ", ".join(str(rank) for rank in outcome.still_running) or "none"
+            where = "".join(f"\n[rank {rank}] {text.strip()}" for rank, text in sorted(outcome.stacks.items()))
             self.error = LaunchTimeout(
                 f"the launch ran past timeout={self.plan.timeout:g} s and was stopped; ranks still running: "
-                f"{ranks}", still_running=outcome.still_running)
+                f"{ranks}" + (f". Where they were:{where}" if where else ""),
+                still_running=outcome.still_running, stacks=outcome.stacks)
         elif outcome.status == "stopped" and self.error is None:
             self.error = KeyboardInterrupt("the launch was stopped")
         failure = root.event if root is not None else None
@@ -206,16 +223,23 @@ class Launch:
         return list(range(self.plan.world_size)) if self.plan.return_all else [0]
 
     def _root_cause_error(self, root, outcome: Outcome) -> BaseException:
+        exit_code = outcome.exitcodes.get(root.rank, root.exitcode)
+        if root.event is not None and root.event.exc_type == "builtins.SystemExit":
+            # sys.exit(n) ends a rank as it ends a script: a failure with exit code n, not an exception
+            # to re-raise in the cell (IPython would only print it).
+            return LaunchError(f"rank {root.rank} called sys.exit({root.event.message or ''}) and exited with "
+                               f"code {exit_code}", rank=root.rank, exitcode=exit_code)
+        if outcome.local_exception is not None:  # the in-kernel rank: the exception object itself
+            return outcome.local_exception
         if root.event is not None:
             return rebuild_exception(root.event, self.plan.world_size)
-        code = outcome.exitcodes.get(root.rank, root.exitcode)
-        name = signal_name(code)
-        how = f"was killed by {name}" if name else f"exited with code {code}"
-        if code == 0:
+        name = signal_name(exit_code)
+        how = f"was killed by {name}" if name else f"exited with code {exit_code}"
+        if exit_code == 0:
             how = "exited with code 0 without returning a result (os._exit?)"
         tail = self.outputs.get(root.rank, [])[-_TAIL_LINES:]
         last = ("; its last output:\n    " + "\n    ".join(tail)) if tail else ""
-        return LaunchError(f"rank {root.rank} {how}{last}", rank=root.rank, exitcode=code, signal_name=name)
+        return LaunchError(f"rank {root.rank} {how}{last}", rank=root.rank, exitcode=exit_code, signal_name=name)
 
 
 _last_launch: Optional[Launch] = None

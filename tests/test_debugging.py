@@ -333,3 +333,40 @@ def test_the_oom_counter_is_read_from_the_real_cgroup_files_here():
 
     assert counter_files()[-1] == "/proc/vmstat"
     assert isinstance(oom_kill_count(), int)  # this machine exposes at least one counter
+
+
+# ----------------------------------------------------------------------------------------- where is each rank?
+
+def sleeps_in_a_named_function(seconds):
+    import time
+
+    def waiting_for_a_peer():
+        time.sleep(seconds)
+
+    waiting_for_a_peer()
+    return "awake"
+
+
+def test_the_stacks_button_shows_where_each_running_rank_is():
+    import time
+
+    from notebook_accel.launcher import start_launch
+    from notebook_accel.views.widgets import WidgetView
+
+    view = WidgetView(display=False)
+    job = start_launch(sleeps_in_a_named_function, args=(8.0,), num_processes=2, view=view)
+    try:
+        deadline = time.monotonic() + 60
+        while not all(state.status == "running" for state in view.state.ranks.values()) or not view.state.ranks:
+            assert time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.1)
+        time.sleep(1.0)  # inside the function
+        assert view.stacks_button.layout.display is None  # Launch wired it to dump_stacks
+        view.stacks_button.click()
+        for rank in (0, 1):
+            stack = view._rank_rows[rank].stacks.value
+            assert "waiting_for_a_peer" in stack and "sleeps_in_a_named_function" in stack, stack
+    finally:
+        job.stop()
+        with pytest.raises(KeyboardInterrupt):
+            job.wait(60)

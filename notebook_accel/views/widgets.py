@@ -34,7 +34,7 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 import ipywidgets as widgets
 
 from ..events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate, RankEvent,
-                      RankExited, RankFailed, RankResult, RankStarted, ResourceSample)
+                      RankExited, RankFailed, RankResult, RankStacks, RankStarted, ResourceSample)
 from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, rank_colour,
                     resource_text)
 from .plot import render_line_plot
@@ -190,6 +190,8 @@ class WidgetView:
                 self._on_metrics(event, changed)  # type: ignore[arg-type]
             elif isinstance(event, ResourceSample):
                 self._dirty_labels.add(event.rank)
+            elif isinstance(event, RankStacks):
+                self._show_stack(event.rank, event.text, time.strftime("%H:%M:%S"))
             elif isinstance(event, LaunchStarted):
                 self._on_started()
             elif isinstance(event, (RankStarted, RankResult, RankFailed, RankExited)):
@@ -222,14 +224,17 @@ class WidgetView:
         when = time.strftime("%H:%M:%S")
         with self._lock:
             for rank, text in sorted(stacks.items()):
-                row = self._rank_rows.get(rank)
-                if row is None:
-                    continue
-                row.stacks.value = (f'<details open><summary style="font-size:11px">where rank {rank} was at '
-                                    f'{when}</summary><pre style="font-size:11px;max-height:260px;overflow:auto">'
-                                    f"{escape(text)}</pre></details>")
-                row.stacks.layout.display = None
+                self._show_stack(rank, text, when)
         return stacks
+
+    def _show_stack(self, rank: int, text: str, when: str) -> None:
+        row = self._rank_rows.get(rank)
+        if row is None:
+            return
+        row.stacks.value = (f'<details open><summary style="font-size:11px">where rank {rank} was at '
+                            f'{when}</summary><pre style="font-size:11px;max-height:260px;overflow:auto">'
+                            f"{escape(text)}</pre></details>")
+        row.stacks.layout.display = None
 
     # ------------------------------------------------------------------------------------------- summary
     def summary(self) -> str:
