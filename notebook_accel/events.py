@@ -59,8 +59,8 @@ class MetricReport(RankEvent):
     """Scalars a rank reported with ``report(step=..., **metrics)``.
 
     A rank sends at most ~50 of these a second; calls in between are merged (latest value per name) into
-    the next one, so ``metrics`` may hold names reported at different steps; ``rows`` keeps each call. ``seq`` counts the rank's
-    ``report`` calls (the x position when ``step`` is None).
+    the next one, so ``metrics`` may hold names reported at different steps; ``rows`` keeps each call.
+    ``seq`` counts the rank's ``report`` calls.
     """
 
     step: Optional[int]

@@ -5,7 +5,12 @@ Layout::
     header   train() · 2 × cpu · running · 00:12
     rank 0   [desc  ████████░░░░]  45% 45/100 [00:01<00:01, 40.1it/s, loss=0.31]
     rank 1   [desc  ███████░░░░░]  41% 41/100 [00:01<00:01, 38.7it/s, loss=0.33]
-    plots    one SVG line plot per reported metric, one line per rank, axes and legend
+    plots    one SVG line plot per reported metric, one line per rank, axes and legend; a y-scale picker per
+             plot (log past two decades by default), a smoothing slider
+
+Each rank row also shows its memory and CPU (and GPU) from ``ResourceSample`` events, a mark while it is
+stalled or clearly the slowest, its finished ``leave=True`` loops as one line each, and (button "where is
+each rank?") its Python stack. At the end, a last/min/max metrics table is left as plain output.
 
 Choices, and why:
 
@@ -158,7 +163,8 @@ class WidgetView:
         self.stacks_button.on_click(lambda _button: self.show_stacks())
         self.widget = DashboardBox(self.summary, children=[self.header, self.stacks_button, self.ranks_box,
                                                            self.plots_area, self.metrics_table, self.log_box],
-                                   layout=widgets.Layout(border="1px solid var(--jp-border-color2, #ddd)", padding="6px 8px"))
+                                   layout=widgets.Layout(border="1px solid var(--jp-border-color2, #ddd)",
+                                                         padding="6px 8px"))
         self.widget.add_class("notebook-accel-dashboard")
 
         self._rank_rows: Dict[int, _RankRow] = {}
@@ -220,7 +226,8 @@ class WidgetView:
         try:
             stacks = dict(callback())
         except Exception as error:  # the ranks may be gone between the click and the dump
-            stacks = {rank: f"(could not get the stack: {type(error).__name__}: {error})" for rank in self.state.ranks}
+            stacks = {rank: f"(could not get the stack: {type(error).__name__}: {error})"
+                      for rank in self.state.ranks}
         when = time.strftime("%H:%M:%S")
         with self._lock:
             for rank, text in sorted(stacks.items()):
@@ -431,7 +438,8 @@ class WidgetView:
                         f"{value}</b></span>" for name, value in items)
         title = escape(f"{started.function_name}()") if started is not None and started.function_name else ""
         return (f'<div class="notebook-accel-header" style="font-size:13px;padding:2px 0 4px 0">'
-                f'<b>notebook_accel</b> <span style="color:var(--jp-ui-font-color2, #666);margin-right:18px">{title}</span>{cells}</div>')
+                f'<b>notebook_accel</b> <span style="color:var(--jp-ui-font-color2, #666);margin-right:18px">'
+                f"{title}</span>{cells}</div>")
 
     def _draw_rank_label(self, state: RankState) -> None:
         row = self._rank_rows.get(state.rank)
