@@ -49,9 +49,10 @@ class RemoteTraceback(Exception):
     then "The above exception was the direct cause...", then the rank's own frames.
     """
 
-    def __init__(self, traceback_text: str) -> None:
+    def __init__(self, traceback_text: str, full_text: Optional[str] = None) -> None:
         super().__init__(traceback_text)
         self.traceback_text = traceback_text
+        self.full_text = full_text or traceback_text  # with the launcher's frames, for a bug report
 
     def __str__(self) -> str:
         return self.traceback_text
@@ -78,5 +79,9 @@ def rebuild_exception(failure: RankFailed, world_size: int) -> BaseException:
             exc.rank = failure.rank  # type: ignore[attr-defined]
         except Exception:  # exceptions with __slots__ or read-only attributes
             pass
-    exc.__cause__ = RemoteTraceback(f'\n"""\n[rank {failure.rank}] {failure.traceback.rstrip()}\n"""')
+    full = failure.full_traceback or failure.traceback
+    exc.__cause__ = RemoteTraceback(f'\n"""\n[rank {failure.rank}] {failure.traceback.rstrip()}\n"""',
+                                    full_text=f"[rank {failure.rank}] {full.rstrip()}")
+    # Python prints the cause, then "The above exception was the direct cause...", then this exception's
+    # own kernel-side frames: the launcher's, which IPython and pytest fold (``__tracebackhide__``).
     return exc

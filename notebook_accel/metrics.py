@@ -18,6 +18,7 @@ from numbers import Number
 from typing import Any, Dict, Optional
 
 from .channel import rank_channel
+from .device_memory import maybe_send_device_memory
 from .events import MetricReport
 
 __all__ = ["report", "flush"]
@@ -56,12 +57,12 @@ def report(step: Optional[int] = None, **metrics: Any) -> None:
         return
     with _lock:
         _seq += 1
-        if _pending is not None:  # merge: the latest value of each name wins
-            _pending.metrics.update(values)
-            values = _pending.metrics
-            step = step if step is not None else _pending.step
-            _pending = None
         event = MetricReport(rank=sender.rank, step=step, metrics=values, seq=_seq)
+        if _pending is not None:  # merge: the latest value of each name wins; every call kept in rows
+            event.rows = _pending.calls() + [(step, event.time, _seq, values)]
+            event.metrics = {**_pending.metrics, **values}
+            event.step = step if step is not None else _pending.step
+            _pending = None
         now = time.monotonic()
         if now - _last_sent >= MIN_INTERVAL:
             _last_sent = now
@@ -94,6 +95,7 @@ def _send(sender: Any, event: MetricReport) -> None:
         sender.send(event)
     except (OSError, ValueError):  # the rank's channel is already closed
         pass
+    maybe_send_device_memory(sender)  # torch's peak device memory, at most once a second
 
 
 def _arm_timer() -> None:

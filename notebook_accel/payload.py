@@ -3,11 +3,12 @@
 - **Inherited** (fork, and the rank in the kernel): the kernel's own objects, never pickled. A forked rank
   runs with the notebook's real globals, copy-on-write, and objects that cannot be pickled (locks, open
   files, a live model) are fine.
-- **Pickled** (forkserver, spawn): cloudpickled once in the kernel. Large tensor storages and large
-  out-of-band buffers (numpy arrays, pickle protocol 5) do not travel as pickled bytes: they are copied
-  once into one shared-memory file, whose descriptor each rank receives as it starts and maps
-  *copy-on-write* (``MAP_PRIVATE``). A rank reads the kernel's data without a private copy and, as under
-  fork, what it writes stays its own.
+- **Pickled** (forkserver, spawn): cloudpickled once in the kernel. Large CPU tensor storages and large
+  out-of-band buffers (numpy arrays, pickle protocol 5) do not travel as pickled bytes. A storage moves
+  into shared memory in place, as ``torch.multiprocessing`` does (once: later launches reuse it, and the
+  kernel holds no second copy); buffers are copied into one shared-memory file. Each rank receives the
+  descriptors as it starts and maps them *copy-on-write* (``MAP_PRIVATE``): it reads the kernel's data
+  without a private copy and, as under fork, what it writes stays its own.
 """
 from __future__ import annotations
 
@@ -63,8 +64,9 @@ class Payload:
 
 @dataclass
 class _Piece:
-    """Where one shared storage or buffer lies in the shared-memory file."""
+    """Where one shared storage or buffer lies: in ``file`` (an index into the payload's shared fds)."""
 
+    file: int
     offset: int
     nbytes: int
     dtype: Optional[str] = None   # a torch storage's dtype name; None for a protocol-5 buffer
@@ -81,9 +83,10 @@ class PickledPayload:
     data: bytes
     storages: List[_Piece] = field(default_factory=list)
     buffers: List[_Piece] = field(default_factory=list)
-    shared_fd: Any = None     # kernel: an int; in a rank: the received descriptor (``PassedFd``)
-    shared_bytes: int = 0
-    _mapping: Optional[mmap.mmap] = None
+    # kernel: ints (torch's own fds of shared storages, and our buffer file); in a rank: what it received
+    shared_fds: List[Any] = field(default_factory=list)
+    shared_sizes: List[int] = field(default_factory=list)
+    _buffer_file: Optional[mmap.mmap] = None   # the kernel's mapping of the buffers' file, while it runs
 
     @classmethod
     def create(cls, function: Callable, args: Tuple, kwargs: Dict[str, Any]) -> "PickledPayload":
@@ -110,54 +113,55 @@ class PickledPayload:
     # ------------------------------------------------------------------------------------------ kernel
 
     def _share(self, storages: List[Any], buffers: List[pickle.PickleBuffer]) -> None:
-        """Copy the large storages and buffers, once, into one shared-memory file."""
-        layout, end = [], 0
-        for item in [*storages, *buffers]:
-            nbytes = _untyped(item).nbytes() if not isinstance(item, pickle.PickleBuffer) else item.raw().nbytes
-            layout.append((item, end, nbytes))
-            end += -(-nbytes // _ALIGN) * _ALIGN
-        if not layout:
-            return
-        fd = _shared_memory_file(end)
-        self._mapping = mmap.mmap(fd, end)  # kept while the launch runs: the ranks' pages stay shared
-        self._release = weakref.finalize(self, _release, self._mapping, fd)  # a plan that never ran
-        for item, offset, nbytes in layout:
-            if isinstance(item, pickle.PickleBuffer):
-                self._mapping[offset:offset + nbytes] = item.raw()
-                self.buffers.append(_Piece(offset, nbytes))
-            else:
-                _copy_storage(item, self._mapping, offset, nbytes)
-                self.storages.append(_Piece(offset, nbytes, _dtype_name(item)))
-        self.shared_fd, self.shared_bytes = fd, end
+        for storage in storages:
+            self.storages.append(self._share_storage(storage))
+        if buffers:
+            layout, end = [], 0
+            for buffer in buffers:
+                layout.append((buffer, end, buffer.raw().nbytes))
+                end += -(-buffer.raw().nbytes // _ALIGN) * _ALIGN
+            fd = _shared_memory_file(end)
+            self._buffer_file = mmap.mmap(fd, end)  # kept while the launch runs: ranks' pages stay shared
+            self._release = weakref.finalize(self, _release, self._buffer_file, fd)  # a plan never run
+            for buffer, offset, nbytes in layout:
+                self._buffer_file[offset:offset + nbytes] = buffer.raw()
+                self.buffers.append(_Piece(len(self.shared_fds), offset, nbytes))
+            self.shared_fds.append(fd)
+            self.shared_sizes.append(end)
+
+    def _share_storage(self, storage: Any) -> _Piece:
+        """Move the storage into shared memory in place (torch.multiprocessing's file-descriptor way)."""
+        fd, size = _untyped(storage)._share_fd_cpu_()  # owned by torch's allocator: never closed by us
+        self.shared_fds.append(fd)
+        self.shared_sizes.append(size)
+        return _Piece(len(self.shared_fds) - 1, 0, _untyped(storage).nbytes(), _dtype_name(storage))
 
     def close(self) -> None:
-        if self._mapping is not None:
+        if self._buffer_file is not None:
             self._release()
-            self._mapping = None
-            self.shared_fd = None
+            self._buffer_file = None
+        self.shared_fds, self.shared_sizes = [], []
 
     def __getstate__(self) -> Dict[str, Any]:
-        from .backends.processes.backend import PassedFd  # the fd travels as multiprocessing duplicates it
+        from .backends.processes.backend import PassedFd  # fds travel as multiprocessing duplicates them
 
-        state = dict(self.__dict__, _mapping=None)
+        state = dict(self.__dict__, _buffer_file=None)
         state.pop("_release", None)
-        if isinstance(self.shared_fd, int):
-            state["shared_fd"] = PassedFd(self.shared_fd)
+        state["shared_fds"] = [PassedFd(fd) for fd in self.shared_fds]
         return state
 
     # -------------------------------------------------------------------------------------------- rank
 
     def load(self) -> FunctionCall:
         """In a rank: the function and its arguments, large data mapped copy-on-write, not copied."""
-        if self.shared_fd is None:
-            return pickle.loads(self.data)
-        fd = self.shared_fd if isinstance(self.shared_fd, int) else self.shared_fd.fd
-        mapping = mmap.mmap(fd, self.shared_bytes, flags=mmap.MAP_PRIVATE,
-                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        os.close(fd)
-        storages = [_storage_view(mapping, piece) for piece in self.storages]
-        view = memoryview(mapping)
-        buffers = [view[piece.offset:piece.offset + piece.nbytes] for piece in self.buffers]
+        mappings = []
+        for passed, size in zip(self.shared_fds, self.shared_sizes):
+            fd = passed if isinstance(passed, int) else passed.fd
+            mappings.append(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
+            os.close(fd)
+        storages = [_storage_view(mappings[piece.file], piece) for piece in self.storages]
+        buffers = [memoryview(mappings[piece.file])[piece.offset:piece.offset + piece.nbytes]
+                   for piece in self.buffers]
         return _SharedUnpickler(io.BytesIO(self.data), storages, buffers).load()
 
 
@@ -217,14 +221,6 @@ def _dtype_name(storage: Any) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return str(storage.dtype).replace("torch.", "")
-
-
-def _copy_storage(storage: Any, mapping: mmap.mmap, offset: int, nbytes: int) -> None:
-    import torch
-
-    source = torch.empty(0, dtype=torch.uint8)
-    source.set_(_untyped(storage), 0, (nbytes,), (1,))
-    torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=offset).copy_(source)
 
 
 def _storage_view(mapping: mmap.mmap, piece: _Piece) -> Any:

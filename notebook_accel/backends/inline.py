@@ -19,6 +19,7 @@ from ..channel import DirectSender, set_rank_channel
 from ..events import RankExited, RankStarted
 from ..outcome import Failure, Outcome
 from ..rank import run_rank, to_cpu
+from ..tracebacks import hide_launcher_frames
 from .base import Backend, LaunchSink
 from .kernel_capture import captured_fds, deliver_outside_capture
 
@@ -51,7 +52,9 @@ class InlineBackend(Backend):
         if run is not None and run.exception is None:
             outcome = Outcome("finished", results={0: to_cpu(run.value)}, exitcodes={0: 0})
         elif run is not None:
-            # run_rank already delivered the failure event; the outcome keeps the exception object itself.
+            # run_rank already delivered the failure event; the outcome keeps the exception object itself,
+            # raised in the kernel starting at the user's code, as a rank's traceback does.
+            hide_launcher_frames(run.exception)
             outcome = Outcome("failed", root=Failure(0, time.monotonic(), event=run.failure),
                               local_exception=run.exception, exitcodes={0: run.exit_code})
         deliver(RankExited(rank=0, exitcode=outcome.exitcodes.get(0),
