@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import os
 import pickle
 import socket
@@ -40,12 +41,14 @@ from ..rendezvous import HostedStore
 from .base import Backend, LaunchSink
 
 _PREFIX = "notebook_accel"
-_TAIL_LINES = 25          # last output lines of a rank that died without an exception, quoted in the error
-_GOODBYE_SECONDS = 15.0
+_CLOSING_KEY = f"{_PREFIX}/closing"  # set in the shared store once every node left the launch
+_TAIL_LINES = 25             # last output lines of a rank that died without an exception, quoted in the error
+_GOODBYE_SECONDS = 15.0      # how long a node waits for the others before releasing the stores, when ending early
 # After every node left, linger a few monitor intervals before releasing the stores: we do not know which
 # node hosts the rendezvous store (c10d picks one), and one still polling must not find it gone.
 _LINGER_INTERVALS = 3
-_LIVENESS_SECONDS = 1.0   # how often a node checks that the others' launchers still beat   # how long a node waits for the others before releasing the stores, when ending early
+_LIVENESS_SECONDS = 1.0      # how often a node checks that the others' launchers still beat
+_CLOSED_RETRY_SECONDS = 0.5  # between joins while the previous launch's store is still up
 
 
 @dataclass
@@ -97,6 +100,7 @@ class Membership:
         self.store = None
         self.group_rank = 0
         self.node0_addr = "127.0.0.1"
+        self._closed = False
 
     def join(self) -> None:
         """Block until every node joined; a clear ``LaunchError`` after the join timeout."""
@@ -117,11 +121,8 @@ class Membership:
                                       run_id=options.rdzv_id, min_nodes=options.num_nodes,
                                       max_nodes=options.num_nodes, local_addr=local_addr, **conf)
         try:
-            self.handler = rendezvous_handler_registry.create_handler(params)
-            with _no_shared_tcp_store():
-                info = self.handler.next_rendezvous()
+            info = self._next_rendezvous(rendezvous_handler_registry, params, options.join_timeout)
         except Exception as err:
-            self.release()
             raise LaunchError(
                 f"node {options.node_rank}: the {options.num_nodes} nodes did not all join the "
                 f"{options.rdzv_backend!r} rendezvous at {options.rdzv_endpoint} within "
@@ -140,15 +141,53 @@ class Membership:
         else:
             self.node0_addr = socket.getfqdn()
 
-    def release(self) -> None:
-        """Close the handler and drop the store (the host's listener goes with its last reference)."""
-        handler, self.handler, self.store = self.handler, None, None
-        if handler is not None:
+    def _next_rendezvous(self, registry, params, join_timeout: float):
+        """``next_rendezvous()``, joining again until the join timeout when the rendezvous was found closed
+        (the previous launch's with the same rdzv_id, whose store is about to be released) or its store
+        could not be reached (not up yet, or just going away: with c10d any node may host it)."""
+        from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousConnectionError
+
+        deadline = time.monotonic() + join_timeout
+        while True:
             try:
-                handler.shutdown()
-            except Exception:  # the store's host may be gone already: nothing left to close
+                self.handler, self._closed = registry.create_handler(params), False
+                with _no_shared_tcp_store():
+                    info = self.handler.next_rendezvous()
+                if not info.store.check([_CLOSING_KEY]):
+                    return info
+                # A store the previous launch already left (its host releases it in a moment): not ours.
+                raise RendezvousClosedError("the previous launch's store")
+            except (RendezvousClosedError, RendezvousConnectionError):
+                self._drop()  # never joined: nothing to shut down
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(_CLOSED_RETRY_SECONDS)
+            except BaseException:
+                self._drop()
+                raise
+
+    def shutdown(self) -> None:
+        """Close the rendezvous and stop its heartbeats, while every node's store is still up (each node
+        does this before saying goodbye, and the node hosting the store leaves last)."""
+        if self.handler is not None and not self._closed:
+            self._closed = True
+            try:
+                self.handler.shutdown()
+            except Exception:  # the store's host is gone already: nothing left to close
                 pass
+
+    def release(self) -> None:
+        """Close the rendezvous if still open, then drop the handler and the store."""
+        self.shutdown()
+        self._drop()
+
+    def _drop(self) -> None:
+        """Drop the handler and the store (the host's listener goes with its last reference)."""
+        handler, self.handler, self.store = self.handler, None, None
         del handler
+        # The c10d handler's objects refer to each other: only a collection frees its store's listener
+        # now, so that the next launch with the same endpoint finds the port free.
+        gc.collect()
 
 
 @contextlib.contextmanager
@@ -374,7 +413,7 @@ class NodesBackend(Backend):
             restartable = (end.status == "failed" and attempt < options.max_restarts and end.root is not None
                            and not end.node_lost and not _payload_failed(end.root))
             if not restartable:
-                self._say_goodbye(store, options.num_nodes - end.node_lost)
+                self._say_goodbye(membership, options.num_nodes - end.node_lost)
                 return self._outcome(end, local, ranks, world_size, history)
             history.append(end.root)
             attempt += 1
@@ -417,7 +456,7 @@ class NodesBackend(Backend):
                     watch.say_ended()
                 except Exception:
                     pass
-            self._say_goodbye(store, self.options.num_nodes - len(watch.lost_nodes))
+            self._say_goodbye(membership, self.options.num_nodes - len(watch.lost_nodes))
             raise
         finally:
             if hosted is not None:
@@ -494,17 +533,20 @@ class NodesBackend(Backend):
                 return
             time.sleep(self.options.monitor_interval)
 
-    def _say_goodbye(self, store, expected: int) -> None:
+    def _say_goodbye(self, membership: Membership, expected: int) -> None:
         """Every node read the outcome before the node hosting the shared store may release it (bounded:
         a node that ended early, e.g. on Ctrl-C, waits at most ``_GOODBYE_SECONDS``)."""
+        membership.shutdown()
+        store = membership.store
         try:
             if int(store.add(f"{_PREFIX}/left", 1)) >= expected:
-                time.sleep(_LINGER_INTERVALS * self.options.monitor_interval)  # let the others see it too
-                return
+                # The last to leave marks the store as over: a node that joins it by mistake (the next launch
+                # racing this one's release) sees the mark and joins again.
+                store.set(_CLOSING_KEY, "1")
         except Exception:
             return
-        self._wait_quietly(lambda: int(store.add(f"{_PREFIX}/left", 0)) >= expected)
-        time.sleep(_LINGER_INTERVALS * self.options.monitor_interval)
+        self._wait_quietly(lambda: bool(store.check([_CLOSING_KEY])))
+        time.sleep(_LINGER_INTERVALS * self.options.monitor_interval)  # let the others see it too
 
     def _outcome(self, end: AttemptEnd, local: Outcome, ranks: List[int], world_size: int,
                  history: List[NodeFailure]) -> Outcome:
