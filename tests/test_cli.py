@@ -2,7 +2,6 @@
 launching real ranks, with its own Hugging Face cache folder so no user config is read."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

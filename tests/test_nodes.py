@@ -4,7 +4,6 @@ and c10d rendezvous, real gloo ranks and real signals."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
