@@ -102,6 +102,8 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
     device = device or environment.best_device()
     available = _check_device(device)
     world_size = _resolve_world_size(num_processes, device, available)
+    if mixed_precision == "fp16" and device == "xla":
+        raise LaunchConfigError("mixed_precision='fp16' is not supported on XLA; TPUs compute in 'bf16'")
     if mixed_precision == "fp16" and device in ("cpu", "mps"):
         raise LaunchConfigError(f"mixed_precision='fp16' needs CUDA; on {device.upper()} use 'bf16'")
     # One rank runs in the kernel itself (no process to start) unless a start method was asked for, or the
@@ -132,15 +134,30 @@ def _is_int(value: Any) -> bool:
 def _check_device(device: str) -> int:
     """How many ranks ``device`` can host, or a clear error when it is not here."""
     if device == "xla":
-        if not environment.torch_xla_importable():
-            raise LaunchConfigError(
-                "device='xla' needs torch_xla, which is not installed. On Colab/Kaggle TPU runtimes it "
-                "comes preinstalled; elsewhere see https://github.com/pytorch/xla#installation")
-        raise LaunchConfigError("device='xla': TPU launches are not supported by this version of "
-                                "notebook_accel yet; use device='cpu' or 'cuda'")
+        return _check_xla()
     info = environment.describe(device)
     if info.count < 1:
         raise LaunchConfigError(f"device={device!r} was asked for, but none is available here")
+    return info.count
+
+
+def _check_xla() -> int:
+    """XLA devices a TPU launch can use, or a clear error: torch_xla missing, no TPU, runtime already up."""
+    if not environment.torch_xla_importable():
+        raise LaunchConfigError(
+            "device='xla' needs torch_xla, which is not installed. On Colab/Kaggle TPU runtimes it "
+            "comes preinstalled; elsewhere see https://github.com/pytorch/xla#installation")
+    if environment.tpu.runtime_initialized():
+        raise LaunchConfigError(
+            "the XLA runtime is already initialized in this notebook (an XLA device or tensor was used "
+            "here), and torch_xla cannot start TPU processes after that (pytorch/xla#7765). Restart the "
+            "runtime and launch before touching an XLA device in the notebook")
+    info = environment.describe("xla")
+    if info.count < 1:
+        old_colab = " (COLAB_TPU_ADDR is set: Colab's retired TPU node runtime is not supported)" \
+            if "COLAB_TPU_ADDR" in os.environ else ""
+        raise LaunchConfigError(f"device='xla' was asked for, but no TPU is attached here{old_colab}; "
+                                f"set PJRT_DEVICE=CPU to use torch_xla's CPU client")
     return info.count
 
 
@@ -149,6 +166,11 @@ def _resolve_world_size(num_processes: Any, device: str, available: int) -> int:
         return 1 if device == "cpu" else available
     if not _is_int(num_processes) or num_processes < 1:
         raise LaunchConfigError(f"num_processes must be a positive int or None, got {num_processes!r}")
+    if device == "xla" and num_processes not in (1, available):
+        # xmp.spawn runs on one device (nprocs=1) or on all of them (nprocs=None), nothing in between.
+        raise LaunchConfigError(
+            f"num_processes={num_processes}: on XLA a launch runs on 1 device or on all {available} "
+            f"(torch_xla's xmp.spawn allows nothing in between); use num_processes=None or 1")
     if num_processes > available:
         unit = "CPU cores" if device == "cpu" else f"{device} devices"
         raise LaunchConfigError(f"num_processes={num_processes} is more than the {available} {unit} here")
