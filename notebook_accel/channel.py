@@ -4,7 +4,7 @@ Each rank owns the write end of one anonymous pipe whose read end only the launc
 are pickled and framed with a 4-byte length. There is deliberately no listening socket: nothing outside
 the launcher and its children can inject a pickle.
 
-Inside a rank, ``rank_channel()`` returns the sender the worker installed (or the inline backend's direct
+Inside a rank, ``rank_channel()`` returns the sender ``rank.run_rank`` installed (or the inline backend's direct
 sink), and ``None`` outside a launch, so helpers such as ``progress`` and ``report`` degrade to local
 behaviour in a plain script.
 """
@@ -79,15 +79,27 @@ class EventDecoder:
         return events
 
 
-_current: Optional[object] = None
+_process_channel: Optional[object] = None   # the rank's channel, seen by every thread of a process rank
+_thread_channel = threading.local()           # per thread, where ranks are threads of one process (TPU)
 
 
 def rank_channel():
-    """The event sender of the current rank, or ``None`` when not running inside a launch."""
-    return _current
+    """The event sender of the current rank, or ``None`` when not running inside a launch.
+
+    A thread's own channel wins; other threads of a rank (tqdm's monitor, a DataLoader's pin-memory
+    thread, the user's own) see the process's.
+    """
+    own = getattr(_thread_channel, "sender", None)
+    return own if own is not None else _process_channel
 
 
-def set_rank_channel(sender) -> None:
-    """Installed by the worker (or the inline backend) for the duration of the rank's function."""
-    global _current
-    _current = sender
+def set_rank_channel(sender, *, thread_only: bool = False) -> None:
+    """Installed by ``rank.run_rank`` for the duration of the rank's function (``None`` removes it).
+
+    ``thread_only``: for this thread alone, where several ranks are threads of one process.
+    """
+    global _process_channel
+    if thread_only:
+        _thread_channel.sender = sender
+    else:
+        _process_channel = sender

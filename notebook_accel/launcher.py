@@ -1,8 +1,8 @@
 """``notebook_launcher``: run a function on N ranks from a notebook cell and bring back what it returns.
 
 The flow: ``plan_launch`` checks every option and pickles the function (errors before any process
-starts) → the kernel hosts the rendezvous store → a backend starts the ranks → the supervisor (or the
-inline backend) turns what they send into events for the view → the outcome is returned or raised.
+starts) → the plan's backend hosts the rendezvous → the backend starts, supervises and cleans up the
+ranks, turning what they send into events for the view → the outcome is returned or raised.
 """
 from __future__ import annotations
 
@@ -11,13 +11,12 @@ import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from .backends.inline import InlineBackend
-from .backends.processes import ProcessBackend
+from .backends import LaunchSink, backend_for
 from .errors import LaunchError, LaunchTimeout, one_line, rebuild_exception
 from .events import LaunchFinished, LaunchStarted, OutputLine, RankEvent
+from .outcome import Outcome, signal_name
 from .plan import LaunchPlan, plan_launch
 from .rendezvous import HostedStore
-from .supervisor import Outcome, Supervisor
 from .views import NullView, View, make_view
 
 _TAIL_LINES = 25  # last output lines of a rank that died without an exception, quoted in the LaunchError
@@ -35,6 +34,7 @@ class Launch:
 
     def __init__(self, plan: LaunchPlan, view: Optional[View] = None) -> None:
         self.plan = plan
+        self.backend = backend_for(plan)
         self.view: View = view if view is not None else make_view(plan.display)
         self.status = "starting"           # starting | running | finished | failed | stopped | timeout
         self.outputs: Dict[int, List[str]] = {rank: [] for rank in range(plan.world_size)}
@@ -91,7 +91,7 @@ class Launch:
     # ------------------------------------------------------------------------------------------- the run
 
     def _host_store(self) -> HostedStore:
-        return HostedStore(self.plan.master_addr, self.plan.use_port, self.plan.world_size)
+        return self.backend.open_rendezvous()
 
     def _deliver(self, event: RankEvent) -> None:
         if isinstance(event, OutputLine):
@@ -117,7 +117,8 @@ class Launch:
         started = time.monotonic()
         try:
             self._deliver(LaunchStarted(rank=-1, world_size=plan.world_size, device=plan.device,
-                                        start_method=plan.start_method, mixed_precision=plan.mixed_precision,
+                                        start_method=plan.start_method or plan.backend,
+                                        mixed_precision=plan.mixed_precision,
                                         function_name=plan.function_name))
             self.status = "running"
             try:
@@ -130,18 +131,7 @@ class Launch:
             store.close()
 
     def _run_backend(self, store: HostedStore) -> Outcome:
-        if self.plan.start_method == "inline":
-            return InlineBackend(self.plan).run(self._deliver, store.env())
-        backend = ProcessBackend(self.plan)
-        try:
-            ranks = backend.start(store.env())
-            supervisor = Supervisor(
-                ranks, self._deliver, self._tick, timeout=self.plan.timeout,
-                expect_results=lambda rank: self.plan.return_all or rank == 0,
-                stop_requested=self._stop_requested)
-            return supervisor.run()
-        finally:
-            backend.close()
+        return self.backend.run(store.env(), LaunchSink(self._deliver, self._tick, self._stop_requested))
 
     def _finish(self, outcome: Outcome, elapsed: float) -> None:
         """Turn the outcome into ``result`` / ``error`` and tell the view how it ended."""
@@ -177,8 +167,6 @@ class Launch:
     def _root_cause_error(self, root, outcome: Outcome) -> BaseException:
         if root.event is not None:
             return rebuild_exception(root.event, self.plan.world_size)
-        from .backends.processes import signal_name
-
         code = outcome.exitcodes.get(root.rank, root.exitcode)
         name = signal_name(code)
         how = f"was killed by {name}" if name else f"exited with code {code}"

@@ -72,7 +72,7 @@ def report(step: Optional[int] = None, **metrics: Any) -> None:
 
 
 def flush() -> None:
-    """Send the values ``report`` is holding back now (the worker's and inline backend's end of a rank)."""
+    """Send the values ``report`` is holding back now (the end of a rank, in ``rank.run_rank``)."""
     global _pending, _pending_sender, _last_sent
     with _lock:
         event, sender = _pending, _pending_sender

@@ -26,7 +26,8 @@ class LaunchPlan:
     payload: bytes
     world_size: int
     device: str
-    start_method: str  # "inline" (in the kernel), "fork", "forkserver" or "spawn"
+    backend: str                 # how ranks start: a name in ``backends.BACKENDS`` ("inline", "processes")
+    start_method: Optional[str]  # "fork" | "forkserver" | "spawn" for process ranks; None in the kernel
     mixed_precision: str
     master_addr: str
     use_port: Optional[int]
@@ -54,7 +55,7 @@ class LaunchPlan:
         return env
 
     def threads_per_rank(self) -> int:
-        """torch's intra-op threads in each rank (the worker also calls ``torch.set_num_threads`` with it).
+        """torch's intra-op threads in each rank (a process rank also calls ``torch.set_num_threads`` with it).
 
         A forked rank always gets 1: GNU OpenMP's thread pool does not survive fork, so once the kernel
         ran one multi-threaded op, a forked rank using more than one thread hangs in its first one
@@ -110,12 +111,13 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
     # launch runs in a background thread, where an in-kernel run could not be stopped.
     inline = (allow_inline and world_size == 1 and start_method == "auto"
               and threading.current_thread() is threading.main_thread())
-    method = "inline" if inline else _resolve_start_method(start_method)
+    backend = "inline" if inline else "processes"
 
     return LaunchPlan(
         function_name=getattr(function, "__qualname__", type(function).__name__),
         payload=dumps_payload(function, args, kwargs),
-        world_size=world_size, device=device, start_method=method, mixed_precision=mixed_precision,
+        world_size=world_size, device=device, backend=backend,
+        start_method=None if inline else _resolve_start_method(start_method), mixed_precision=mixed_precision,
         master_addr=master_addr, use_port=use_port, timeout=None if timeout is None else float(timeout),
         return_all=return_all, display=display,
     )

@@ -8,7 +8,7 @@ the bar opens and one when it closes). So a 1e6-iteration loop costs what it cos
 
 Outside a launch, ``progress(...)`` simply *is* ``tqdm.auto.tqdm(...)``.
 
-Inside a rank, ``patch_tqdm()`` (called by the worker before it unpickles the user's function) makes tqdm's
+Inside a rank, ``patch_tqdm()`` (called by ``rank.run_rank`` before it unpickles the user's function) makes tqdm's
 own frontends report too, two ways:
 
 * module attributes: ``tqdm.tqdm``, ``tqdm.trange``, ``tqdm.auto.tqdm/trange``,
@@ -222,7 +222,7 @@ def _local_tqdm_class() -> type:
 def patch_tqdm() -> Callable[[], None]:
     """Make every tqdm in this process report to the current launch; returns a function that undoes it.
 
-    Called by the worker in each rank before it unpickles the user's function (so names that cloudpickle
+    Called by ``rank.run_rank`` in each rank before it unpickles the user's function (so names that cloudpickle
     resolves by reference resolve to the patched objects), and by the inline backend around the function.
     The undo restores every attribute, class method and ``sys.modules`` entry, and delivers metrics that
     ``report`` was still holding back.

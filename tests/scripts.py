@@ -6,12 +6,18 @@ import subprocess
 import sys
 import textwrap
 
+import notebook_accel
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where the notebook_accel under test was imported from: site-packages when the tests run against an
+# installed wheel (as CI does), the checkout in development. Scripts and kernels the tests start import
+# the same one, never silently the checkout.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(notebook_accel.__file__)))
 
 
 def script_env():
     env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = PACKAGE_ROOT + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 

@@ -22,14 +22,14 @@ import urllib.request
 import nbformat
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from scripts import PACKAGE_ROOT, REPO
 ARTIFACTS = os.path.join(REPO, "tests", "artifacts")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
 
 SETUP = f"""import sys, time
-sys.path.insert(0, {REPO!r})
+sys.path.insert(0, {PACKAGE_ROOT!r})
 from notebook_accel import notebook_launcher, progress, report, launch_panel"""
 
 LAUNCH = """def train(steps):
@@ -66,7 +66,7 @@ def jupyter_lab(tmp_path):
         {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), IPYTHONDIR=str(tmp_path / "ipython"),
-               TMPDIR=str(tmp_path), PYTHONPATH=REPO)
+               TMPDIR=str(tmp_path), PYTHONPATH=PACKAGE_ROOT)
     port, token = _free_port(), secrets.token_hex(16)
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",

@@ -15,7 +15,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from scripts import PACKAGE_ROOT
 LOOP = 100_000
 
 
@@ -37,7 +37,7 @@ def run_notebook(cells: List[str], tmp_path, timeout: int = 180) -> RecordingCli
     client = RecordingClient(nb, timeout=timeout, kernel_name="python3",
                              resources={"metadata": {"path": str(tmp_path)}})
     old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = REPO + (os.pathsep + old if old else "")
+    os.environ["PYTHONPATH"] = PACKAGE_ROOT + (os.pathsep + old if old else "")
     try:
         client.execute()
     finally:
@@ -79,7 +79,7 @@ class WidgetTraffic:
 
 SETUP = f"""
     import sys, time, math
-    sys.path.insert(0, {REPO!r})
+    sys.path.insert(0, {PACKAGE_ROOT!r})
     from tqdm.auto import tqdm          # bound BEFORE any launch patches tqdm: must still report
     from notebook_accel import notebook_launcher, progress, report
 """
@@ -114,7 +114,7 @@ TRAIN_FAILS = """
         import os
         rank = int(os.environ["RANK"])
         for i in progress(range(50), desc="doomed"):
-            time.sleep(0.01)
+            time.sleep(0.01 if rank == 1 else 0.2)  # rank 0 is mid-loop when it is stopped, however loaded
             if rank == 1 and i == 20:
                 raise ValueError("rank one gives up")
         time.sleep(30)  # rank 0 is stopped by the launcher long before this ends

@@ -5,7 +5,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from scripts import REPO
+from scripts import script_env
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -77,10 +77,11 @@ def cell_text(cell) -> str:
     return "".join(parts)
 
 
-def test_launches_in_a_real_kernel():
+def test_launches_in_a_real_kernel(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", script_env()["PYTHONPATH"])  # the notebook_accel under test
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source.strip()) for source in CELLS])
     client = NotebookClient(notebook, timeout=INTERRUPT_AFTER, interrupt_on_timeout=True, allow_errors=True,
-                            kernel_name="python3", resources={"metadata": {"path": REPO}})
+                            kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     outputs = [cell_text(cell) for cell in notebook.cells]
 

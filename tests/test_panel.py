@@ -8,11 +8,12 @@ import pytest
 from notebook_accel import launch_panel
 from notebook_accel.environment import available_devices
 from notebook_accel.panel import LaunchPanel
-from test_dashboard_kernel import REPO, WidgetTraffic, run_notebook
+from scripts import PACKAGE_ROOT
+from test_dashboard_kernel import WidgetTraffic, run_notebook
 
 SETUP = f"""
     import sys, time, psutil
-    sys.path.insert(0, {REPO!r})
+    sys.path.insert(0, {PACKAGE_ROOT!r})
     from notebook_accel import launch_panel, progress, report
 
     def quick(n):

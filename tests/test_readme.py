@@ -27,10 +27,10 @@ def test_ci_runs_the_readme_test_commands():
 
 
 @pytest.mark.timeout(180)
-def test_demo_trains_over_two_cpu_processes():
+def test_demo_trains_over_two_cpu_processes(tmp_path):
     demo_block = readme_blocks()[0]
     assert "python -m notebook_accel.demo" in demo_block
-    done = subprocess.run([sys.executable, "-m", "notebook_accel.demo", "--epochs", "4"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "notebook_accel.demo", "--epochs", "4"], cwd=tmp_path,
                           env=script_env(), capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stderr[-3000:]
     match = re.search(r"trained on 2 CPU processes in [\d.]+ s: held-out accuracy ([\d.]+)", done.stdout)

@@ -5,70 +5,56 @@ its output and progress still reach the view, and a failure still ends the launc
 """
 from __future__ import annotations
 
+import _thread
 import os
 import signal
-import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Dict, Iterator, Optional
+from typing import Dict, Iterator, Optional
 
 from ..channel import DirectSender, set_rank_channel
-from ..events import OutputLine, RankEvent, RankExited, RankStarted
+from ..events import RankExited, RankStarted
+from ..outcome import Failure, Outcome
 from ..payload import loads_payload
-from ..plan import LaunchPlan
-from ..supervisor import Failure, Outcome
-from ..worker import failure_event, to_cpu
+from ..rank import run_rank, to_cpu
+from .base import Backend, LaunchSink
+from .kernel_capture import captured_fds, deliver_outside_capture
 
 
 class _InlineTimeout(BaseException):
     """Raised into the function by the timer; a BaseException so ``except Exception`` does not swallow it."""
 
 
-class InlineBackend:
+class InlineBackend(Backend):
     """Runs the plan's single rank in the calling (main) thread."""
 
-    def __init__(self, plan: LaunchPlan) -> None:
-        self.plan = plan
+    name = "inline"
 
-    def run(self, deliver: Callable[[RankEvent], None], rendezvous_env: Dict[str, str]) -> Outcome:
-        function, args, kwargs = loads_payload(self.plan.payload)
-        from ..progress import patch_tqdm
-
-        original_streams = (sys.stdout, sys.stderr)
-
-        def deliver_outside_capture(event: RankEvent) -> None:
-            # A view writing to sys.stdout must reach the real cell output, not our capture again.
-            captured = (sys.stdout, sys.stderr)
-            sys.stdout, sys.stderr = original_streams
-            try:
-                deliver(event)
-            finally:
-                sys.stdout, sys.stderr = captured
-
-        sender = DirectSender(0, deliver_outside_capture)
+    def run(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> Outcome:
+        deliver = deliver_outside_capture(sink.deliver)  # the capture's reader threads deliver too
+        sender = DirectSender(0, deliver)
         deliver(RankStarted(rank=0, pid=os.getpid()))
-        undo_patch = patch_tqdm()
-        set_rank_channel(sender)
         try:
             with _environment(self.plan.rank_env(0, rendezvous_env)), \
-                    _captured_output(deliver_outside_capture), _alarm(self.plan.timeout):
-                value = function(*args, **kwargs)
-            outcome = Outcome("finished", results={0: to_cpu(value)}, exitcodes={0: 0})
+                    captured_fds(deliver), _alarm(self.plan.timeout), \
+                    _interrupt_on(sink.stop_requested):
+                run = run_rank(lambda: loads_payload(self.plan.payload), sender, send_result=False,
+                               passthrough=(_InlineTimeout, KeyboardInterrupt))
         except _InlineTimeout:
-            outcome = Outcome("timeout", still_running=[0])
+            run, outcome = None, Outcome("timeout", still_running=[0])
         except KeyboardInterrupt:
-            outcome = Outcome("stopped", still_running=[0])
-        except BaseException as exc:
-            event = failure_event(0, exc)
-            outcome = Outcome("failed", root=Failure(0, time.monotonic(), event=event), local_exception=exc)
+            run, outcome = None, Outcome("stopped", still_running=[0])
         finally:
-            undo_patch()  # as in a worker: metrics report() held back arrive before the rank's end
             set_rank_channel(None)
-        if outcome.root is not None:
-            deliver(outcome.root.event)
-        exitcode = {"finished": 0, "failed": 1}.get(outcome.status)
-        deliver(RankExited(rank=0, exitcode=exitcode, stopped=outcome.status in ("timeout", "stopped")))
+        if run is not None and run.exception is None:
+            outcome = Outcome("finished", results={0: to_cpu(run.value)}, exitcodes={0: 0})
+        elif run is not None:
+            # run_rank already delivered the failure event; the outcome keeps the exception object itself.
+            outcome = Outcome("failed", root=Failure(0, time.monotonic(), event=run.failure),
+                              local_exception=run.exception, exitcodes={0: run.exit_code})
+        deliver(RankExited(rank=0, exitcode=outcome.exitcodes.get(0),
+                           stopped=outcome.status in ("timeout", "stopped")))
         return outcome
 
 
@@ -84,51 +70,6 @@ def _environment(values: Dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = old
-
-
-class _LineCapture:
-    """A text stream that turns writes into ``OutputLine`` events, one per complete line."""
-
-    def __init__(self, stream: str, deliver: Callable[[RankEvent], None], original) -> None:
-        self._stream = stream
-        self._deliver = deliver
-        self._original = original
-        self._partial = ""
-
-    def write(self, text: str) -> int:
-        lines = (self._partial + text).split("\n")
-        self._partial = lines.pop()
-        for line in lines:
-            self._deliver(OutputLine(rank=0, stream=self._stream, text=line))
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def close_partial(self) -> None:
-        if self._partial:
-            self._deliver(OutputLine(rank=0, stream=self._stream, text=self._partial))
-            self._partial = ""
-
-    def isatty(self) -> bool:
-        return False
-
-    def __getattr__(self, name: str):  # encoding, fileno, ... of the stream it replaces
-        return getattr(self._original, name)
-
-
-@contextmanager
-def _captured_output(deliver: Callable[[RankEvent], None]) -> Iterator[None]:
-    """Python-level capture (fd-level capture would need a reader thread inside the kernel process)."""
-    original = (sys.stdout, sys.stderr)
-    captures = (_LineCapture("stdout", deliver, sys.stdout), _LineCapture("stderr", deliver, sys.stderr))
-    sys.stdout, sys.stderr = captures
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = original
-        for capture in captures:
-            capture.close_partial()
 
 
 @contextmanager
@@ -148,3 +89,27 @@ def _alarm(seconds: Optional[float]) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@contextmanager
+def _interrupt_on(stop_requested: threading.Event) -> Iterator[None]:
+    """``Launch.stop()`` from another thread interrupts the function as Ctrl-C would."""
+    finished = threading.Event()
+    lock = threading.Lock()  # no interrupt may be issued once the function is over
+
+    def watch() -> None:
+        while not finished.is_set():
+            if stop_requested.wait(0.1):
+                with lock:
+                    if not finished.is_set():
+                        _thread.interrupt_main()
+                return
+
+    watcher = threading.Thread(target=watch, name="notebook_accel-inline-stop", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        with lock:
+            finished.set()
+        watcher.join()

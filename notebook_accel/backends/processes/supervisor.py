@@ -9,19 +9,18 @@ from __future__ import annotations
 import codecs
 import os
 import pickle
-import re
 import select
 import selectors
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, List, Optional
 
-from .backends.processes import RankProcess, signal_name
-from .channel import EventDecoder
-from .errors import LaunchError
-from .events import OutputLine, RankEvent, RankExited, RankFailed, RankResult
+from ...channel import EventDecoder
+from ...errors import LaunchError
+from ...events import OutputLine, RankEvent, RankExited, RankFailed, RankResult
+from ...outcome import Failure, Outcome, choose_root_cause, is_interrupt, signal_name
+from .backend import RankProcess
 
 TICK_SECONDS = 0.1          # view.tick() cadence, and the longest the loop sleeps
 ROOT_CAUSE_WINDOW = 0.25    # after a first failure, how long to collect others before naming the root cause
@@ -29,46 +28,13 @@ TERMINATE_GRACE = 1.0       # SIGTERM, then SIGKILL after this
 DRAIN_AFTER_EXIT = 1.0      # how long to wait for pipe EOF once a rank is gone (its children may hold them)
 _READ_BYTES = 1 << 16
 
-# Errors a rank raises *because* a peer died or was stopped: never the root cause when another exists.
-_COLLATERAL = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|EPIPE|"
-    r"NCCL communicator was aborted|ProcessGroupNCCL.*(abort|timeout)|Socket Timeout|"
-    r"Connection refused|DistNetworkError|DistBackendError|Read error|recvValue failed",
-    re.IGNORECASE)
-
-
-@dataclass
-class Failure:
-    """One candidate for the root cause: an exception a rank sent, or a death without one."""
-
-    rank: int
-    time: float
-    event: Optional[RankFailed] = None   # None: died without an exception
-    exitcode: Optional[int] = None
-
-    @property
-    def collateral(self) -> bool:
-        return self.event is not None and bool(_COLLATERAL.search(self.event.message + self.event.exc_type))
-
-
-@dataclass
-class Outcome:
-    """How a launch ended. ``status``: finished | failed | stopped | timeout."""
-
-    status: str
-    results: Dict[int, Any] = field(default_factory=dict)      # decoded return values, by rank
-    root: Optional[Failure] = None
-    still_running: List[int] = field(default_factory=list)
-    exitcodes: Dict[int, Optional[int]] = field(default_factory=dict)
-    local_exception: Optional[BaseException] = None            # inline runs keep the exception object
-
 
 class _RankState:
     def __init__(self, handle: RankProcess) -> None:
         self.handle = handle
         self.open_fds = {handle.stdout_fd: "stdout", handle.stderr_fd: "stderr", handle.events_fd: "events"}
         self.decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")}
-        self.partial = {"stdout": "", "stderr": "", }
+        self.partial = {"stdout": "", "stderr": ""}
         self.events = EventDecoder()
         self.exited_at: Optional[float] = None
         self.exitcode: Optional[int] = None
@@ -182,7 +148,7 @@ class Supervisor:
         elif isinstance(event, RankFailed):
             state.failed = event
             if self.status is None:
-                if _is_interrupt(event):  # Jupyter's interrupt reached the rank too: the launch is stopped
+                if is_interrupt(event):  # Jupyter's interrupt reached the rank too: the launch is stopped
                     self._stop("stopped")
                 else:
                     self.failures.append(Failure(state.handle.rank, time.monotonic(), event=event))
@@ -267,17 +233,6 @@ class Supervisor:
             return Outcome("failed", results, root=choose_root_cause(self.failures),
                            still_running=self.still_running, exitcodes=exitcodes)
         return Outcome(self.status or "finished", results, still_running=self.still_running, exitcodes=exitcodes)
-
-
-def choose_root_cause(failures: List[Failure]) -> Failure:
-    """The earliest failure that is not a peer's reaction to another failure (gloo's "Connection closed
-    by peer" after a rank died); the earliest of all when every one looks collateral."""
-    primary = [failure for failure in failures if not failure.collateral]
-    return min(primary or failures, key=lambda failure: failure.time)
-
-
-def _is_interrupt(event: RankFailed) -> bool:
-    return event.exc_type == "builtins.KeyboardInterrupt"
 
 
 def _decode_result(rank: int, payload: bytes) -> Any:

@@ -1,4 +1,8 @@
-"""Local ranks as processes via multiprocessing: fork when safe, else a warm forkserver, else spawn."""
+"""Local ranks as processes via multiprocessing: fork when safe, else a warm forkserver, else spawn.
+
+``ProcessBackend.run`` is the whole sequence: start one process per rank with its pipes, hand them to the
+``Supervisor`` until every rank is gone, and close the lifeline so nothing can outlive the launch.
+"""
 from __future__ import annotations
 
 import fcntl
@@ -9,11 +13,13 @@ import signal
 import warnings
 from dataclasses import dataclass
 from multiprocessing import reduction
-from typing import Dict, List, Optional
+from typing import Dict, List
 
-from ..forkserver_preload import KERNEL_TEMPDIR_VARIABLE
-from ..plan import LaunchPlan
-from ..worker import RankSpec, rank_main
+from ...forkserver_preload import KERNEL_TEMPDIR_VARIABLE
+from ...outcome import Outcome
+from ...plan import LaunchPlan
+from ..base import Backend, LaunchSink
+from .child import RankSpec, rank_main
 
 _PIPE_BYTES = 1 << 20  # larger pipes: a chatty rank blocks less often while the kernel is busy drawing
 
@@ -45,19 +51,34 @@ class RankProcess:
             pass
 
 
-class ProcessBackend:
-    """Starts one process per rank with ``plan.start_method``; the supervisor does the rest."""
+class ProcessBackend(Backend):
+    """One process per rank, started with ``plan.start_method``; the supervisor reads them to the end."""
+
+    name = "processes"
 
     def __init__(self, plan: LaunchPlan) -> None:
-        self.plan = plan
+        super().__init__(plan)
         self.context = multiprocessing.get_context(plan.start_method)
         if plan.start_method == "forkserver":
             # The server imports torch once; every later rank is a cheap fork of a warm interpreter.
-            self.context.set_forkserver_preload(["torch", "notebook_accel.worker",
+            self.context.set_forkserver_preload(["torch", "notebook_accel.backends.processes.child",
                                                  "notebook_accel.forkserver_preload"])
             # Read by the server (it inherits the environment when it starts) to clean up after a killed kernel.
             os.environ[KERNEL_TEMPDIR_VARIABLE] = f"{os.getpid()}:{multiprocessing.util.get_temp_dir()}"
         self._lifeline_r, self._lifeline_w = os.pipe()
+
+    def run(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> Outcome:
+        from .supervisor import Supervisor
+
+        try:
+            ranks = self.start(rendezvous_env)
+            supervisor = Supervisor(
+                ranks, sink.deliver, sink.tick, timeout=self.plan.timeout,
+                expect_results=lambda rank: self.plan.return_all or rank == 0,
+                stop_requested=sink.stop_requested)
+            return supervisor.run()
+        finally:
+            self.close()
 
     def start(self, rendezvous_env: Dict[str, str]) -> List[RankProcess]:
         ranks: List[RankProcess] = []
@@ -136,13 +157,3 @@ def _pipe():
         except OSError:  # over /proc/sys/fs/pipe-max-size for unprivileged users
             pass
     return read, write
-
-
-def signal_name(exitcode: Optional[int]) -> Optional[str]:
-    """multiprocessing reports death by signal N as exitcode -N."""
-    if exitcode is None or exitcode >= 0:
-        return None
-    try:
-        return signal.Signals(-exitcode).name
-    except ValueError:
-        return f"signal {-exitcode}"

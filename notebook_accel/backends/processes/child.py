@@ -1,7 +1,8 @@
-"""What runs inside a rank: bind to the launch, capture output at the fd level, run the function, report.
+"""Inside a rank process: bind it to the launch, capture its output at the fd level, then run the rank.
 
 Knows nothing about display. Everything the rank tells the kernel goes through its event pipe
-(``notebook_accel.channel``) or through fds 1/2, which are pipes the kernel drains.
+(``notebook_accel.channel``) or through fds 1/2, which are pipes the kernel drains. What a rank does around
+the user's function is ``notebook_accel.rank``, shared with every other backend.
 """
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import os
 import signal
 import sys
 import threading
-import traceback
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
-from .channel import EventSender, set_rank_channel
-from .events import RankFailed, RankResult, RankStarted
+from ...channel import EventSender
+from ...events import RankStarted
+from ...payload import loads_payload
+from ...rank import run_rank
 
 # Written into os.environ of every rank, so that code made for torchrun or HF accelerate works unchanged.
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -28,7 +30,7 @@ TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "G
 class RankSpec:
     """Everything a rank needs. Plain data: it is pickled for spawn/forkserver, inherited for fork.
 
-    The ``*_fd`` fields are ``backends.processes.PassedFd`` objects: pipe ends that multiprocessing
+    The ``*_fd`` fields are ``backend.PassedFd`` objects: pipe ends that multiprocessing
     duplicates into a spawned or forkserver child, and that a forked child simply inherits.
     """
 
@@ -56,98 +58,11 @@ def rank_main(spec: RankSpec) -> None:
     _capture_output(_take_fd(spec.stdout_fd), _take_fd(spec.stderr_fd))
     sender = EventSender(_take_fd(spec.events_fd), spec.rank)
     sender.send(RankStarted(rank=spec.rank, pid=os.getpid()))
-    exit_code = run_function(spec.payload, sender, spec.send_result)
+    run = run_rank(lambda: loads_payload(spec.payload), sender, send_result=spec.send_result)
     _flush_streams()
     sender.close()
     # os._exit: a forked rank must not run the kernel's atexit handlers (ipykernel, zmq) it inherited.
-    os._exit(exit_code)
-
-
-def run_function(payload: bytes, sender, send_result: bool) -> int:
-    """Unpickle and run the user's function; send its result or its failure. Returns the exit code."""
-    from .payload import loads_payload
-    from .progress import patch_tqdm
-
-    set_rank_channel(sender)
-    undo_patch = lambda: None  # noqa: E731
-    try:
-        undo_patch = patch_tqdm()
-        function, args, kwargs = loads_payload(payload)
-        value = function(*args, **kwargs)
-    except SystemExit as exc:
-        if exc.code not in (None, 0):
-            return _send_failure(sender, exc, undo_patch)
-        value = None  # sys.exit() / sys.exit(0) inside the function: a normal end, no value
-    except BaseException as exc:  # KeyboardInterrupt too: the kernel decides whether it was an interrupt
-        return _send_failure(sender, exc, undo_patch)
-    try:
-        undo_patch()  # delivers the metrics report() still held back, before the result ends the rank
-        if send_result:
-            sender.send(RankResult(rank=sender.rank, payload=dumps_result(value)))
-    except BaseException as exc:  # e.g. a return value that cannot be pickled
-        return _send_failure(sender, exc, lambda: None)
-    return 0
-
-
-def _send_failure(sender, exc: BaseException, undo_patch) -> int:
-    try:
-        undo_patch()
-    except Exception:
-        pass
-    sender.send(failure_event(sender.rank, exc))
-    return 1
-
-
-def dumps_result(value: Any) -> bytes:
-    """cloudpickle the return value with tensors moved to CPU, so the kernel never touches a device."""
-    import cloudpickle
-
-    try:
-        return cloudpickle.dumps(to_cpu(value))
-    except Exception as err:
-        raise TypeError(
-            f"the function's return value ({type(value).__name__}) cannot be sent back to the kernel: "
-            f"{type(err).__name__}: {err}. Return plain data, tensors or a state_dict instead."
-        ) from err
-
-
-def to_cpu(value: Any) -> Any:
-    """``value`` with every tensor (in dicts, lists, tuples, namedtuples) detached and moved to CPU."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        moved = {key: to_cpu(item) for key, item in value.items()}
-        try:
-            return type(value)(moved)  # OrderedDict, state_dict's own class
-        except TypeError:  # e.g. defaultdict, whose first argument is a factory
-            return moved
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(to_cpu(item) for item in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_cpu(item) for item in value)
-    return value
-
-
-def failure_event(rank: int, exc: BaseException) -> RankFailed:
-    """A ``RankFailed`` for ``exc``, pickling the exception itself when possible."""
-    import cloudpickle
-
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        # Without its traceback (frames do not pickle) and cause chain (may hold unpicklable objects).
-        exc_copy_cause, exc_copy_context = exc.__cause__, exc.__context__
-        exc.__cause__ = exc.__context__ = None
-        try:
-            pickled: Optional[bytes] = cloudpickle.dumps(exc.with_traceback(None))
-        finally:
-            exc.__cause__, exc.__context__ = exc_copy_cause, exc_copy_context
-    except Exception:
-        pickled = None
-    return RankFailed(rank=rank, exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-                      message=str(exc), traceback=text, exception=pickled)
+    os._exit(run.exit_code)
 
 
 # --------------------------------------------------------------------------------------------- process set-up

@@ -1,0 +1,35 @@
+"""Every way of starting ranks, behind one protocol (``base.Backend``); the plan names which one runs.
+
+| name        | ranks are                                              | picked when                     |
+|-------------|--------------------------------------------------------|---------------------------------|
+| ``inline``  | the kernel process itself (one rank, nothing started)  | one rank, no start method asked |
+| ``processes`` | local processes: fork, a warm forkserver, or spawn   | CPU, CUDA, MPS                  |
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Dict, Tuple, Type
+
+from .base import Backend, LaunchSink
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..plan import LaunchPlan
+
+# name -> (module, class): imported when used, so a CPU launch never imports what a TPU launch needs.
+BACKENDS: Dict[str, Tuple[str, str]] = {
+    "inline": (".inline", "InlineBackend"),
+    "processes": (".processes", "ProcessBackend"),
+}
+
+
+def backend_class(name: str) -> Type[Backend]:
+    module, cls = BACKENDS[name]
+    return getattr(importlib.import_module(module, __name__), cls)
+
+
+def backend_for(plan: "LaunchPlan") -> Backend:
+    """The backend that runs ``plan`` (``plan.backend`` names it)."""
+    return backend_class(plan.backend)(plan)
+
+
+__all__ = ["BACKENDS", "Backend", "LaunchSink", "backend_class", "backend_for"]

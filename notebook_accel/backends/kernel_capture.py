@@ -1,0 +1,172 @@
+"""fd-level output capture for the rank that runs in the kernel process itself.
+
+A process rank's fds 1/2 are pipes the kernel drains; the in-kernel rank gets the same, temporarily: while
+the function runs, fds 1 and 2 of the kernel process are pipes read by two threads that turn lines into
+``OutputLine`` events, and ``sys.stdout`` / ``sys.stderr`` write to those fds, so Python prints, C/C++
+output and subprocesses all arrive labelled and in order per stream. Afterwards the kernel's own fds
+(ipykernel's capture pipes, or the terminal) are put back.
+
+Whatever the view writes while it handles an event must reach the real output, not the capture: a
+thread that is delivering an event writes through to the streams as they were before the capture.
+"""
+from __future__ import annotations
+
+import codecs
+import ctypes
+import io
+import os
+import select
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator, List, TextIO
+
+from ..events import OutputLine, RankEvent
+
+DRAIN_AFTER_END = 1.0  # a subprocess the function left running may hold the pipe open: stop waiting then
+_READ_BYTES = 1 << 16
+
+_delivering = threading.local()  # set while this thread hands an event to the view
+
+
+def deliver_outside_capture(deliver: Callable[[RankEvent], None]) -> Callable[[RankEvent], None]:
+    """``deliver`` made safe to call from any thread during the capture: one event at a time, and what the
+    view writes goes to the real output."""
+    lock = threading.RLock()
+
+    def outside(event: RankEvent) -> None:
+        with lock:
+            _delivering.active = True
+            try:
+                deliver(event)
+            finally:
+                _delivering.active = False
+
+    return outside
+
+
+class _RankStream(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` during the capture: the rank's writes go to fd 1/2 (the capture pipes);
+    a thread delivering an event writes through to the stream that was there before."""
+
+    def __init__(self, fd: int, outside: TextIO) -> None:
+        self._fd = fd
+        self._outside = outside
+        self._writer = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                                        errors="backslashreplace", line_buffering=True)
+
+    def write(self, text: str) -> int:
+        if getattr(_delivering, "active", False):
+            return self._outside.write(text)
+        return self._writer.write(text)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+
+class _PipeReader(threading.Thread):
+    """Reads one capture pipe to EOF, delivering one ``OutputLine`` per line."""
+
+    def __init__(self, read_fd: int, stream: str, deliver: Callable[[RankEvent], None]) -> None:
+        super().__init__(name=f"notebook_accel-inline-{stream}", daemon=True)
+        self.read_fd = read_fd
+        self.stream = stream
+        self.deliver = deliver
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.partial = ""
+        self.give_up = threading.Event()  # set when a subprocess keeps the pipe open past the drain time
+
+    def run(self) -> None:
+        while not self.give_up.is_set():
+            if not select.select([self.read_fd], [], [], 0.1)[0]:
+                continue
+            chunk = os.read(self.read_fd, _READ_BYTES)
+            if not chunk:
+                break
+            lines = (self.partial + self.decoder.decode(chunk)).split("\n")
+            self.partial = lines.pop()
+            for line in lines:
+                self.deliver(OutputLine(rank=0, stream=self.stream, text=line.rstrip("\r")))
+        self.flush_partial()
+
+    def flush_partial(self) -> None:
+        text, self.partial = self.partial + self.decoder.decode(b"", final=True), ""
+        if text:
+            self.deliver(OutputLine(rank=0, stream=self.stream, text=text.rstrip("\r")))
+
+
+@contextmanager
+def captured_fds(deliver: Callable[[RankEvent], None]) -> Iterator[None]:
+    """Capture fds 1/2 of this process (and ``sys.stdout``/``sys.stderr``) into ``deliver`` until exit.
+
+    ``deliver`` must come from ``deliver_outside_capture``. Example::
+
+        deliver = deliver_outside_capture(view.handle)
+        with captured_fds(deliver):
+            train()          # print(), C printf and subprocess output become OutputLine events
+    """
+    _flush_all()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    previous = (sys.stdout, sys.stderr)
+    readers: List[_PipeReader] = []
+    try:
+        for fd, stream in ((1, "stdout"), (2, "stderr")):
+            read_fd, write_fd = os.pipe()
+            os.dup2(write_fd, fd)
+            os.close(write_fd)
+            readers.append(_PipeReader(read_fd, stream, deliver))
+        sys.stdout = _RankStream(1, _outside_stream(previous[0], saved))
+        sys.stderr = _RankStream(2, _outside_stream(previous[1], saved))
+        for reader in readers:
+            reader.start()
+        yield
+    finally:
+        _flush_all()
+        sys.stdout, sys.stderr = previous
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)  # closes the capture pipe's write end: the readers see EOF
+            os.close(copy)
+        for reader in readers:
+            reader.join(DRAIN_AFTER_END)
+            reader.give_up.set()  # a subprocess still holds the pipe: keep what came, stop reading
+            reader.join()
+            os.close(reader.read_fd)
+
+
+def _outside_stream(stream: TextIO, saved: dict) -> TextIO:
+    """Where the view's writes go during the capture: the previous stream, unless it writes to fd 1/2
+    itself (a terminal or a redirected script), whose fds are the capture pipes now."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return stream
+    if isinstance(stream, io.TextIOWrapper) and fd in saved:
+        return io.TextIOWrapper(io.FileIO(saved[fd], "w", closefd=False), encoding=stream.encoding,
+                                errors="backslashreplace", line_buffering=True)
+    return stream
+
+
+def _flush_all() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        ctypes.CDLL(None).fflush(None)  # C stdio buffers: printf output of the function lands in the pipe
+    except Exception:
+        pass
+

@@ -1,0 +1,71 @@
+"""How a launch ended, and which failure is its root cause. Shared by every backend; imports no backend.
+
+The root-cause rule: the first rank to raise or die is the root cause; errors that a rank raises *because*
+a peer died or was stopped (gloo's "Connection closed by peer", NCCL aborts, an XLA pool breaking) are
+collateral and never win over a real failure.
+"""
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from .events import RankFailed
+
+# Errors a rank raises *because* a peer died or was stopped: never the root cause when another exists.
+COLLATERAL_ERRORS = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|EPIPE|"
+    r"NCCL communicator was aborted|ProcessGroupNCCL.*(abort|timeout)|Socket Timeout|"
+    r"Connection refused|DistNetworkError|DistBackendError|Read error|recvValue failed|"
+    r"BrokenProcessPool|Exception in device=",
+    re.IGNORECASE)
+
+
+@dataclass
+class Failure:
+    """One candidate for the root cause: an exception a rank sent, or a death without one."""
+
+    rank: int
+    time: float
+    event: Optional[RankFailed] = None   # None: died without an exception
+    exitcode: Optional[int] = None
+
+    @property
+    def collateral(self) -> bool:
+        return self.event is not None and bool(COLLATERAL_ERRORS.search(self.event.message + self.event.exc_type))
+
+
+@dataclass
+class Outcome:
+    """How a launch ended. ``status``: finished | failed | stopped | timeout."""
+
+    status: str
+    results: Dict[int, Any] = field(default_factory=dict)      # decoded return values, by rank
+    root: Optional[Failure] = None
+    still_running: List[int] = field(default_factory=list)
+    exitcodes: Dict[int, Optional[int]] = field(default_factory=dict)
+    local_exception: Optional[BaseException] = None            # in-kernel runs keep the exception object
+    stacks: Dict[int, str] = field(default_factory=dict)       # where each rank was, when a timeout hit
+
+
+def choose_root_cause(failures: List[Failure]) -> Failure:
+    """The earliest failure that is not a peer's reaction to another failure (gloo's "Connection closed
+    by peer" after a rank died); the earliest of all when every one looks collateral."""
+    primary = [failure for failure in failures if not failure.collateral]
+    return min(primary or failures, key=lambda failure: failure.time)
+
+
+def is_interrupt(event: RankFailed) -> bool:
+    """The rank's function was interrupted (Jupyter's interrupt reached it too): the launch was stopped."""
+    return event.exc_type == "builtins.KeyboardInterrupt"
+
+
+def signal_name(exitcode: Optional[int]) -> Optional[str]:
+    """multiprocessing reports death by signal N as exitcode -N."""
+    if exitcode is None or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"

@@ -1,0 +1,145 @@
+"""What every rank does around the user's function, whatever started it.
+
+A process rank (``backends/processes/child.py``), the in-kernel rank (``backends/inline.py``) and a TPU
+device thread all call ``run_rank``: install the rank's channel, make tqdm report, run the function, send the
+failure event or the result (tensors moved to CPU first), and deliver the metrics ``report`` held back before
+the rank's end. How the rank got its process, its output streams and its function is the backend's business.
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from .channel import set_rank_channel
+from .events import RankFailed, RankResult
+
+# (function, args, kwargs), produced on demand: unpickled from bytes, or the kernel's own objects under fork
+LoadFunction = Callable[[], Tuple[Callable, Tuple, Dict[str, Any]]]
+
+
+@dataclass
+class RankRun:
+    """How the function ended in this rank. ``exit_code`` is what the rank's process should exit with."""
+
+    exit_code: int
+    value: Any = None                           # the return value (not pickled)
+    exception: Optional[BaseException] = None   # what the function raised, when it failed
+    failure: Optional[RankFailed] = None        # the event sent for it
+
+
+def run_rank(load: LoadFunction, sender: Any, *, send_result: bool, thread_only: bool = False,
+             passthrough: Tuple[type, ...] = ()) -> RankRun:
+    """Run the launched function as rank ``sender.rank``; report its failure or result on ``sender``.
+
+    ``sys.exit(0)`` (or ``sys.exit()``) in the function is a normal end with no value, ``sys.exit(n)`` a
+    failure whose exit code is ``n``, as for a Python script. Exceptions of a ``passthrough`` type (the
+    in-kernel rank's interrupt and timeout) propagate unreported. ``thread_only`` installs the channel for
+    this thread alone (ranks that are threads of one process).
+
+    Example::
+
+        run = run_rank(lambda: (train, (0.1,), {}), sender, send_result=True)
+        os._exit(run.exit_code)
+    """
+    from .progress import patch_tqdm
+
+    set_rank_channel(sender, thread_only=thread_only)
+    undo_patch: Callable[[], None] = lambda: None  # noqa: E731
+    try:
+        try:
+            undo_patch = patch_tqdm()  # before unpickling: names cloudpickle resolves get the patched tqdm
+            function, args, kwargs = load()
+            value = function(*args, **kwargs)
+        except passthrough:
+            raise
+        except SystemExit as exc:
+            code = exit_code_of(exc)
+            if code != 0:
+                return _failed(sender, exc, undo_patch, code)
+            value = None
+        except BaseException as exc:  # KeyboardInterrupt too: the kernel decides whether it was an interrupt
+            return _failed(sender, exc, undo_patch, 1)
+        try:
+            undo_patch()  # delivers the metrics report() still held back, before the result ends the rank
+            if send_result:
+                sender.send(RankResult(rank=sender.rank, payload=dumps_result(value)))
+        except BaseException as exc:  # e.g. a return value that cannot be pickled
+            return _failed(sender, exc, lambda: None, 1)
+        return RankRun(0, value=value)
+    finally:
+        undo_patch()
+        if thread_only:  # a process rank keeps its channel: its threads and atexit handlers may still report
+            set_rank_channel(None, thread_only=True)
+
+
+def exit_code_of(exc: SystemExit) -> int:
+    """The process exit code Python gives ``sys.exit(code)``: 0 for None, the int, else 1."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int) and not isinstance(exc.code, bool):
+        return exc.code
+    return 1
+
+
+def _failed(sender: Any, exc: BaseException, undo_patch: Callable[[], None], exit_code: int) -> RankRun:
+    try:
+        undo_patch()
+    except Exception:
+        pass
+    failure = failure_event(sender.rank, exc)
+    sender.send(failure)
+    return RankRun(exit_code, exception=exc, failure=failure)
+
+
+def dumps_result(value: Any) -> bytes:
+    """cloudpickle the return value with tensors moved to CPU, so the kernel never touches a device."""
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(to_cpu(value))
+    except Exception as err:
+        raise TypeError(
+            f"the function's return value ({type(value).__name__}) cannot be sent back to the kernel: "
+            f"{type(err).__name__}: {err}. Return plain data, tensors or a state_dict instead."
+        ) from err
+
+
+def to_cpu(value: Any) -> Any:
+    """``value`` with every tensor (in dicts, lists, tuples, namedtuples) detached and moved to CPU."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        moved = {key: to_cpu(item) for key, item in value.items()}
+        try:
+            return type(value)(moved)  # OrderedDict, state_dict's own class
+        except TypeError:  # e.g. defaultdict, whose first argument is a factory
+            return moved
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(to_cpu(item) for item in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu(item) for item in value)
+    return value
+
+
+def failure_event(rank: int, exc: BaseException) -> RankFailed:
+    """A ``RankFailed`` for ``exc``, pickling the exception itself when possible."""
+    import cloudpickle
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        # Without its traceback (frames do not pickle) and cause chain (may hold unpicklable objects).
+        saved_cause, saved_context = exc.__cause__, exc.__context__
+        exc.__cause__ = exc.__context__ = None
+        try:
+            pickled: Optional[bytes] = cloudpickle.dumps(exc.with_traceback(None))
+        finally:
+            exc.__cause__, exc.__context__ = saved_cause, saved_context
+    except Exception:
+        pickled = None
+    return RankFailed(rank=rank, exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                      message=str(exc), traceback=text, exception=pickled)

@@ -1,0 +1,141 @@
+"""One contract, every backend: what ``Backend.run`` must do, checked the same way for each way ranks start.
+
+Each case drives a backend directly (``backend_for(plan).run(env, sink)``) with a sink that records every
+event, so what is checked is the backend itself, not the launcher around it. A new backend adds a line to
+``CASES`` and passes this file.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, List, Tuple
+
+import pytest
+
+from notebook_accel.backends import LaunchSink, backend_for
+from notebook_accel.events import OutputLine, ProgressUpdate, RankEvent, RankExited, RankFailed, RankStarted
+from notebook_accel.outcome import Outcome
+from notebook_accel.plan import plan_launch
+
+pytestmark = pytest.mark.timeout(120)
+
+# case name -> (launch options, the backend it must pick)
+CASES: Dict[str, Tuple[Dict[str, Any], str]] = {
+    "inline": ({"num_processes": 1}, "inline"),
+    "fork": ({"num_processes": 2, "start_method": "fork"}, "processes"),
+    "forkserver": ({"num_processes": 2, "start_method": "forkserver"}, "processes"),
+    "spawn": ({"num_processes": 2, "start_method": "spawn"}, "processes"),
+}
+
+
+def run_case(case: str, function: Callable, args: tuple = (), *, stop_after: float = 0.0,
+             **options: Any) -> Tuple[Outcome, List[RankEvent], int]:
+    """Run ``function`` on the case's backend; return its outcome, every event it delivered, the world size."""
+    launch_options, expected_backend = CASES[case]
+    plan = plan_launch(function, args, display="none", **launch_options, **options)
+    assert plan.backend == expected_backend
+    backend = backend_for(plan)
+    events: List[RankEvent] = []
+    stop = threading.Event()
+    timer = threading.Timer(stop_after, stop.set) if stop_after else None
+    store = backend.open_rendezvous()
+    try:
+        if timer:
+            timer.start()
+        outcome = backend.run(store.env(), LaunchSink(events.append, lambda: None, stop))
+    finally:
+        if timer:
+            timer.cancel()
+        store.close()
+    return outcome, events, plan.world_size
+
+
+def of_type(events: List[RankEvent], kind: type) -> List[Any]:
+    return [event for event in events if isinstance(event, kind)]
+
+
+# ----------------------------------------------------------------------------------- launched functions
+
+def rank_times_ten():
+    return int(os.environ["RANK"]) * 10 + int(os.environ["WORLD_SIZE"])
+
+
+def last_rank_raises():
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if rank == world - 1:
+        raise ValueError(f"boom in rank {rank}")
+    time.sleep(60)  # a peer that would block for ever: the backend must stop it
+
+
+def sleeps_for_ever():
+    print(f"ready {os.environ['RANK']}", flush=True)
+    time.sleep(60)
+
+
+def prints_and_counts(total):
+    from tqdm.auto import tqdm
+
+    rank = os.environ["RANK"]
+    print(f"hello from {rank}")
+    os.write(2, f"fd-level {rank}\n".encode())
+    for _ in tqdm(range(total), desc=f"loop {rank}"):
+        pass
+    return rank
+
+
+# ----------------------------------------------------------------------------------------------- tests
+
+@pytest.mark.parametrize("case", CASES)
+def test_result_of_rank0_and_of_every_rank_on_request(case):
+    outcome, events, world = run_case(case, rank_times_ten)
+    assert outcome.status == "finished" and outcome.root is None
+    assert outcome.results[0] == world
+    outcome, events, world = run_case(case, rank_times_ten, return_all=True)
+    assert [outcome.results[rank] for rank in range(world)] == [rank * 10 + world for rank in range(world)]
+    assert sorted(event.rank for event in of_type(events, RankStarted)) == list(range(world))
+    exits = of_type(events, RankExited)
+    assert sorted(event.rank for event in exits) == list(range(world))
+    assert all(event.exitcode == 0 and not event.stopped for event in exits)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_root_cause_is_the_rank_that_raised_and_its_peers_are_stopped(case):
+    started = time.monotonic()
+    outcome, events, world = run_case(case, last_rank_raises)
+    assert outcome.status == "failed"
+    assert outcome.root.rank == world - 1
+    assert outcome.root.event.exc_type == "builtins.ValueError"
+    assert f"boom in rank {world - 1}" in outcome.root.event.traceback
+    assert [event.rank for event in of_type(events, RankFailed)] == [world - 1]
+    assert time.monotonic() - started < 40, "the blocked peers were not stopped"
+    stopped = {event.rank for event in of_type(events, RankExited) if event.stopped}
+    assert stopped == set(range(world - 1))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_stop_requested_stops_every_rank(case):
+    outcome, events, world = run_case(case, sleeps_for_ever, stop_after=3.0)
+    assert outcome.status == "stopped"
+    assert sorted(outcome.still_running) == list(range(world))
+    assert all(event.stopped for event in of_type(events, RankExited))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_timeout_stops_every_rank(case):
+    outcome, events, world = run_case(case, sleeps_for_ever, timeout=3.0)
+    assert outcome.status == "timeout"
+    assert sorted(outcome.still_running) == list(range(world))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_output_is_labelled_by_rank_and_progress_reported(case):
+    outcome, events, world = run_case(case, prints_and_counts, (500,), return_all=True)
+    assert outcome.status == "finished"
+    lines = of_type(events, OutputLine)
+    for rank in range(world):
+        mine = [(line.stream, line.text) for line in lines if line.rank == rank]
+        assert ("stdout", f"hello from {rank}") in mine
+        assert ("stderr", f"fd-level {rank}") in mine
+        bars = [update for update in of_type(events, ProgressUpdate) if update.rank == rank]
+        assert bars and bars[-1].closed and bars[-1].n == 500 and bars[-1].desc == f"loop {rank}"
