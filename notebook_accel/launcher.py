@@ -182,7 +182,7 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
                       mixed_precision: str = "no", start_method: str = "auto",
                       master_addr: str = "127.0.0.1", use_port: Optional[int] = None,
                       timeout: Optional[float] = None, return_all: bool = False,
-                      display: str = "auto") -> Union[Any, List[Any]]:
+                      display: str = "auto", compile_cache: Optional[str] = None) -> Union[Any, List[Any]]:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return rank 0's return value.
 
     Each rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
@@ -201,6 +201,12 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
         timeout: seconds; past it every rank is stopped and ``LaunchTimeout`` (a ``TimeoutError``) raised.
         return_all: return a list of every rank's value (by rank) instead of rank 0's.
         display: "auto" (dashboard in a notebook, text elsewhere) | "widgets" | "text" | "none".
+        compile_cache: XLA only, opt-in: a directory for torch_xla's persistent compilation cache (one
+            subdirectory per worker process), so relaunching the same program skips recompiling.
+
+    On a TPU (``device="xla"``, the default on a TPU runtime) every rank is a TPU core: the launcher starts
+    one host process that calls ``torch_xla``'s ``xmp.spawn``; ``RANK`` is set where a process drives one
+    core, and ``torch_xla.runtime.global_ordinal()`` is the rank everywhere.
 
     Raises:
         The root-cause rank's own exception (with its remote traceback as ``__cause__``), or
@@ -216,7 +222,7 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
     """
     plan = plan_launch(function, args, kwargs, num_processes, device=device, mixed_precision=mixed_precision,
                        start_method=start_method, master_addr=master_addr, use_port=use_port,
-                       timeout=timeout, return_all=return_all, display=display)
+                       timeout=timeout, return_all=return_all, display=display, compile_cache=compile_cache)
     return Launch(plan).run()
 
 

@@ -26,7 +26,7 @@ class LaunchPlan:
     payload: bytes
     world_size: int
     device: str
-    backend: str                 # how ranks start: a name in ``backends.BACKENDS`` ("inline", "processes")
+    backend: str                 # how ranks start: a name in ``backends.BACKENDS`` ("inline", "processes", "xla")
     start_method: Optional[str]  # "fork" | "forkserver" | "spawn" for process ranks; None in the kernel
     mixed_precision: str
     master_addr: str
@@ -34,6 +34,7 @@ class LaunchPlan:
     timeout: Optional[float]
     return_all: bool
     display: str
+    compile_cache: Optional[str] = None  # XLA only: root of the per-rank persistent compilation caches
 
     def rank_env(self, rank: int, rendezvous_env: Dict[str, str]) -> Dict[str, str]:
         """The environment of ``rank``: what torchrun sets, plus the precision HF accelerate reads."""
@@ -73,7 +74,8 @@ class LaunchPlan:
 def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_processes: Any = None, *,
                 device: Any = None, mixed_precision: Any = "no", start_method: Any = "auto",
                 master_addr: Any = "127.0.0.1", use_port: Any = None, timeout: Any = None,
-                return_all: Any = False, display: Any = "auto", allow_inline: bool = True) -> LaunchPlan:
+                return_all: Any = False, display: Any = "auto", compile_cache: Any = None,
+                allow_inline: bool = True) -> LaunchPlan:
     """Validate every option and serialize the function; raise a clear error on the first bad one."""
     if rank_channel() is not None:
         raise RuntimeError("notebook_launcher was called inside a launched rank; launches cannot be nested")
@@ -100,7 +102,12 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
                                 or not timeout > 0):
         raise LaunchConfigError(f"timeout must be None or a positive number of seconds, got {timeout!r}")
 
+    if compile_cache is not None and not isinstance(compile_cache, (str, os.PathLike)):
+        raise TypeError(f"compile_cache must be a directory path or None, got {compile_cache!r}")
     device = device or environment.best_device()
+    if compile_cache is not None and device != "xla":
+        raise LaunchConfigError(f"compile_cache is torch_xla's persistent compilation cache: it needs "
+                                f"device='xla', not {device!r}")
     available = _check_device(device)
     world_size = _resolve_world_size(num_processes, device, available)
     if mixed_precision == "fp16" and device == "xla":
@@ -111,15 +118,19 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
     # launch runs in a background thread, where an in-kernel run could not be stopped.
     inline = (allow_inline and world_size == 1 and start_method == "auto"
               and threading.current_thread() is threading.main_thread())
-    backend = "inline" if inline else "processes"
+    # XLA ranks always start in a host process: using an XLA device in the kernel would initialize the
+    # runtime there, after which torch_xla can start no TPU process at all (pytorch/xla#7765).
+    backend = "xla" if device == "xla" else "inline" if inline else "processes"
 
     return LaunchPlan(
         function_name=getattr(function, "__qualname__", type(function).__name__),
         payload=dumps_payload(function, args, kwargs),
         world_size=world_size, device=device, backend=backend,
-        start_method=None if inline else _resolve_start_method(start_method), mixed_precision=mixed_precision,
+        start_method=None if backend == "inline" else _resolve_start_method(start_method),
+        mixed_precision=mixed_precision,
         master_addr=master_addr, use_port=use_port, timeout=None if timeout is None else float(timeout),
         return_all=return_all, display=display,
+        compile_cache=None if compile_cache is None else os.path.abspath(os.path.expanduser(compile_cache)),
     )
 
 

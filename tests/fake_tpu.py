@@ -17,6 +17,7 @@ HOSTS = {
     "v5e-1": (1, "0x0063", "v5litepod-1", 1, "TPU v5e × 1"),    # Colab's TPU runtime today
     "v5e-8": (8, "0x0063", "v5litepod-8", 8, "TPU v5e × 8"),    # Kaggle's
     "none": (0, None, None, 0, None),                           # a CPU box
+    "v5e-2": (2, "0x0063", "v5litepod-2", 2, "TPU v5e × 2"),    # not sold: a small host for launch tests
 }
 
 
@@ -44,3 +45,12 @@ def tpu_env(root: str, host: str, *, fake_torch_xla: bool = True) -> Dict[str, s
     if fake_torch_xla:
         env["PYTHONPATH"] = FAKE_TORCH_XLA + os.pathsep + os.environ.get("PYTHONPATH", "")
     return env
+
+
+def become_tpu_host(monkeypatch, root: str, host: str) -> None:
+    """Make this process (and every process it starts) look like ``host``, the fake torch_xla importable."""
+    for name in ("PJRT_DEVICE", "TPU_ACCELERATOR_TYPE", "CPU_NUM_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    for key, value in tpu_env(root, host).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.syspath_prepend(FAKE_TORCH_XLA)

@@ -4,6 +4,7 @@
 |-------------|--------------------------------------------------------|---------------------------------|
 | ``inline``  | the kernel process itself (one rank, nothing started)  | one rank, no start method asked |
 | ``processes`` | local processes: fork, a warm forkserver, or spawn   | CPU, CUDA, MPS                  |
+| ``xla``     | TPU cores: threads of ``xmp.spawn`` workers in a host  | device="xla"                    |
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
 BACKENDS: Dict[str, Tuple[str, str]] = {
     "inline": (".inline", "InlineBackend"),
     "processes": (".processes", "ProcessBackend"),
+    "xla": (".xla", "XlaBackend"),
 }
 
 

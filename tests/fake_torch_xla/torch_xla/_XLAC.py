@@ -7,7 +7,7 @@ def _xla_runtime_is_initialized() -> bool:
 
 
 def _xla_computation_cache_is_initialized() -> bool:
-    return _fake_runtime.initialized
+    return _fake_runtime.compiled
 
 
 def _xla_set_default_device(device) -> None:

@@ -7,6 +7,7 @@ import threading
 import torch
 
 initialized = False
+compiled = False  # the computation cache exists once something ran (a collective, here)
 replicated = False
 _thread = threading.local()
 

@@ -58,6 +58,6 @@ def is_spmd() -> bool:
 
 def initialize_cache(path: str, readonly: bool = False) -> None:
     """As torch_xla 2.9: refuses once the runtime is up, else records the cache in the environment."""
-    assert not _fake_runtime.initialized, "Computation cache has already been initialized"
+    assert not _fake_runtime.compiled, "Computation cache has already been initialized"
     os.environ["XLA_PERSISTENT_CACHE_PATH"] = path
     os.environ["XLA_PERSISTENT_CACHE_READ_ONLY"] = "1" if readonly else "0"

@@ -27,8 +27,18 @@ def hosted_store():
         del store
 
 
+def wait_for_processes(count: int) -> None:
+    import time
+
+    store = dist.TCPStore("127.0.0.1", int(os.environ[_STORE_PORT]), is_master=False, timeout=_HANG)
+    store.add("processes_started", 1)
+    while store.add("processes_started", 0) < count:
+        time.sleep(0.01)
+
+
 def group():
     """This device thread's process group (None when the world is one device)."""
+    _fake_runtime.compiled = True
     if _fake_runtime.world_size() == 1:
         return None
     existing = getattr(_thread, "group", None)

@@ -38,6 +38,9 @@ def initialize_multiprocess(local_rank: int, local_world_size: int) -> None:
     os.environ.setdefault("PJRT_LOCAL_PROCESS_COUNT", str(local_world_size))
     _fake_runtime.replicated = True
     _fake_runtime.initialize()
+    # The real PJRT client joins the host's coordination service and waits for every local process, so a
+    # pool worker never gets a second task; the fake waits the same way.
+    collectives.wait_for_processes(local_world_size)
 
 
 def run_multiprocess(fn, *args, start_method: str = "spawn", **kwargs):
