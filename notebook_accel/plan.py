@@ -68,7 +68,8 @@ class LaunchPlan:
         explicit = os.environ.get("OMP_NUM_THREADS", "")
         if explicit.isdigit() and int(explicit) > 0:
             return int(explicit)
-        return max(1, environment.cpu_count() // self.world_size) if self.device == "cpu" else 1
+        sharing = self.device in ("cpu", "xla")  # XLA workers' torch does the host-side (input) work
+        return max(1, environment.cpu_count() // self.world_size) if sharing else 1
 
 
 def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_processes: Any = None, *,
@@ -126,7 +127,8 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
         function_name=getattr(function, "__qualname__", type(function).__name__),
         payload=dumps_payload(function, args, kwargs),
         world_size=world_size, device=device, backend=backend,
-        start_method=None if backend == "inline" else _resolve_start_method(start_method),
+        start_method=(None if backend == "inline" else _resolve_xla_start_method(start_method)
+                      if backend == "xla" else _resolve_start_method(start_method)),
         mixed_precision=mixed_precision,
         master_addr=master_addr, use_port=use_port, timeout=None if timeout is None else float(timeout),
         return_all=return_all, display=display,
@@ -188,6 +190,18 @@ def _resolve_world_size(num_processes: Any, device: str, available: int) -> int:
         unit = "CPU cores" if device == "cpu" else f"{device} devices"
         raise LaunchConfigError(f"num_processes={num_processes} is more than the {available} {unit} here")
     return int(num_processes)
+
+
+def _resolve_xla_start_method(start_method: str) -> str:
+    """The XLA host is never a fork of the kernel: it forks the workers itself, and torch in a process forked
+    twice from a kernel whose torch thread pools were started is broken (the autograd engine's threads abort
+    with "Invalid thread pool", GNU OpenMP hangs in its first parallel region). A fork-server child (warm,
+    torch preloaded but unused) or a spawned one forks cleanly."""
+    if start_method == "fork":
+        raise LaunchConfigError("start_method='fork' is not supported with device='xla': the TPU host process "
+                                "forks the workers itself, and a fork of a fork of the kernel cannot use torch "
+                                "safely. Use start_method='auto' (forkserver) or 'spawn'")
+    return _resolve_start_method("forkserver" if start_method == "auto" else start_method)
 
 
 def _resolve_start_method(start_method: str) -> str:

@@ -17,7 +17,7 @@ import pytest
 
 from fake_tpu import become_tpu_host, tpu_env
 from notebook_accel import LaunchError, notebook_launcher
-from notebook_accel.events import OutputLine, ProgressUpdate, RankEvent, RankExited, RankStarted
+from notebook_accel.events import MetricReport, OutputLine, ProgressUpdate, RankEvent, RankExited, RankStarted
 from notebook_accel.launcher import start_launch
 from scripts import REPO, script_env
 
@@ -72,11 +72,13 @@ def talks_and_counts():
     import torch_xla.runtime as xr
     from tqdm import tqdm
 
+    from notebook_accel import report
+
     rank = xr.global_ordinal()
     print(f"python-level from rank {rank}")
     os.write(2, f"C-level from pid {os.getpid()}\n".encode())
-    for _ in tqdm(range(40), desc=f"device {rank}"):
-        pass
+    for step in tqdm(range(40), desc=f"device {rank}"):
+        report(step=step, ordinal=rank)  # throttled per rank, though the ranks share a process
 
 
 def one_rank_raises_peers_block():
@@ -97,9 +99,8 @@ def worker_segfaults():
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
 
-    print(f"pid {os.getpid()}", flush=True)
     if xr.global_ordinal() == 2:
-        time.sleep(0.5)
+        time.sleep(1)
         ctypes.string_at(0)
     xm.all_reduce(xm.REDUCE_SUM, torch.ones(1))
 
@@ -139,6 +140,9 @@ def test_output_and_progress_per_thread(tpu_host):
         assert ("stdout", f"python-level from rank {rank}") in [(l.stream, l.text) for l in lines if l.rank == rank]
         bars = [update for update in recorder.of(ProgressUpdate) if update.rank == rank]
         assert bars and bars[-1].closed and bars[-1].n == 40 and bars[-1].desc == f"device {rank}"
+        reports = [event for event in recorder.of(MetricReport) if event.rank == rank]
+        assert reports and {event.metrics["ordinal"] for event in reports} == {rank}
+        assert reports[-1].step == 39  # the held-back last value was delivered
     c_level = [line for line in lines if line.text.startswith("C-level from pid")]
     # fds 1/2 are per process: a process's C-level output carries its first device's rank
     assert len(c_level) == 8 and {line.rank for line in c_level} == {0, 2, 4, 6}
@@ -166,9 +170,9 @@ def test_a_segfaulting_worker_is_a_launch_error(tpu_host):
     assert "its last output" in str(raised.value)
     rank2 = [line.text for line in raised.value.recorder.of(OutputLine) if line.rank == 2]
     assert "Fatal Python error: Segmentation fault" in rank2  # faulthandler's, on the worker's own stderr
-    pids = {int(line.text.split()[1]) for line in raised.value.recorder.of(OutputLine)
-            if line.text.startswith("pid ")}
-    assert len(pids) == 8 and not any(psutil.pid_exists(pid) for pid in pids)
+    started = {event.rank: event.pid for event in raised.value.recorder.of(RankStarted)}
+    assert 2 in started and len(set(started.values())) == len(started)  # a process per device on v5e
+    assert not any(psutil.pid_exists(pid) for pid in started.values())
 
 
 def test_compile_cache_is_per_worker_process(tpu_host, tmp_path):
@@ -213,7 +217,10 @@ def blocks():
 try:
     notebook_launcher(blocks, display="text")
 except KeyboardInterrupt:
-    print("INTERRUPTED", psutil.Process().children(recursive=True), flush=True)
+    kept = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")  # warm helpers, by design
+    left = [p.pid for p in psutil.Process().children(recursive=True)
+            if not any(k in " ".join(p.cmdline()) for k in kept)]
+    print("INTERRUPTED", left, flush=True)
 """
     env = script_env()
     env.update(tpu_env(str(tmp_path), "v2-8"))

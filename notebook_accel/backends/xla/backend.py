@@ -9,8 +9,10 @@ rank even though it is a thread in a worker that the host forked.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import warnings
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ... import tpu
 from ..processes.backend import PassedFd, ProcessBackend, RankProcess, _pipe
@@ -28,8 +30,12 @@ class XlaBackend(ProcessBackend):
     """
 
     name = "xla"
+    _temp_dir: Optional[str] = None
 
     def start(self, rendezvous_env: Dict[str, str]) -> List[RankProcess]:
+        # The launch's own TMPDIR, removed when it ends: workers leave temp files behind (torch.distributed
+        # makes one at import), since a pool worker never runs its interpreter's exit handlers.
+        self._temp_dir = tempfile.mkdtemp(prefix="notebook_accel-xla-")
         world = self.plan.world_size
         pipes = [{name: _pipe() for name in ("stdout", "stderr", "events")} for _ in range(world)]
         inherited: List[int] = []
@@ -61,15 +67,26 @@ class XlaBackend(ProcessBackend):
                 for rank, pipe in enumerate(pipes)]
 
     def host_env(self, rendezvous_env: Dict[str, str]) -> Dict[str, str]:
-        """The launch's environment for the host and its workers: torchrun's world-level variables (a rank
+        """The environment of the host and its workers: the kernel's, torchrun's world-level variables (a rank
         number is per device thread, so ``RANK`` is set only where a worker runs exactly one device), the
         precision, and ``PJRT_DEVICE`` when we found a TPU and the user chose no client."""
-        env = self.plan.rank_env(0, rendezvous_env)
+        # The kernel's whole environment as it is now: the host comes from a fork server started earlier,
+        # and torch_xla reads much of its configuration from the environment (PJRT_DEVICE, TPU_*, XLA_FLAGS).
+        env = dict(os.environ)
+        env.update(self.plan.rank_env(0, rendezvous_env))
         for per_rank in ("RANK", "LOCAL_RANK", "ROLE_RANK"):
             env.pop(per_rank, None)
         if "PJRT_DEVICE" not in os.environ and tpu.detect_tpu() is not None:
             env["PJRT_DEVICE"] = "TPU"
+        if self._temp_dir:
+            env["TMPDIR"] = self._temp_dir
         return env
+
+    def close(self) -> None:
+        super().close()
+        if self._temp_dir:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+            self._temp_dir = None
 
 
 __all__ = ["XlaBackend"]

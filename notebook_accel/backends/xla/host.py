@@ -13,6 +13,7 @@ import os
 import select
 import signal
 import sys
+import tempfile
 import threading
 import traceback
 from dataclasses import dataclass, field
@@ -49,8 +50,11 @@ def host_main(spec: XlaHostSpec) -> None:
     child._die_with_launcher(spec)
     for fd in spec.inherited_fds:
         child._close_quietly(fd)
+    os.environ.clear()  # the kernel's environment now, not the fork server's from when it started
     os.environ.update(spec.env)
-    child._set_torch_threads(int(spec.env.get("OMP_NUM_THREADS", "0")))
+    tempfile.tempdir = None  # found again from the new TMPDIR (the launch's own, removed when it ends)
+    # No torch.set_num_threads here (unlike a process rank): it would start torch's thread pools in the host,
+    # and the workers forked from it would inherit them broken. They read OMP_NUM_THREADS themselves.
     pipes = [tuple(child._take_fd(passed) for passed in rank) for rank in spec.pipes]
     # The host's own output (torch_xla's warnings, a failing xmp.spawn) is labelled as the first device's.
     child._capture_output(os.dup(pipes[0][0]), os.dup(pipes[0][1]))
