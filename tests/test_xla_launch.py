@@ -13,6 +13,7 @@ import time
 from typing import Any, List
 
 import psutil
+import torch
 import pytest
 
 from fake_tpu import become_tpu_host, tpu_env
@@ -241,3 +242,26 @@ except KeyboardInterrupt:
     assert "INTERRUPTED []" in "".join(seen), "".join(seen)
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                    for pid in workers)
+
+
+@pytest.mark.parametrize("host, precision", [("cpu-client", "no"), ("v5e-2", "bf16")])
+def test_the_seeds_transformer_trains_with_the_accelerator_on_xla(tpu_host, monkeypatch, host, precision):
+    """2 device threads of one process (the CPU client's shape, and v2/v3's) or 2 processes (v5e)."""
+    from xla_examples import transformer_example
+
+    if host == "cpu-client":
+        tpu_host("none")
+        monkeypatch.setenv("PJRT_DEVICE", "CPU")
+        monkeypatch.setenv("CPU_NUM_DEVICES", "2")
+    else:
+        tpu_host(host)
+    results, _ = launch(transformer_example, return_all=True, mixed_precision=precision)
+    first, second = results
+    assert [first["rank"], second["rank"]] == [0, 1] and first["world"] == 2
+    assert first["kind"] == "XLA" and first["precision"] == precision
+    assert first["loader"] == "XlaDeviceLoader"  # torch_xla's MpDeviceLoader over the shard
+    assert first["ranks"] == [0, 1] and first["objects"] == ["rank 0", "rank 1"]
+    assert first["losses"] == second["losses"] and len(first["losses"]) == 4 * 64 // 16
+    assert sum(first["losses"][-4:]) < 0.8 * sum(first["losses"][:4]), first["losses"]  # it learns
+    for name, value in first["weights"].items():  # XLA's gradient all-reduce kept the replicas identical
+        assert torch.equal(value, second["weights"][name]), name

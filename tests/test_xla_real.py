@@ -177,3 +177,19 @@ def _running(pid: int) -> bool:
 def _only_kept_helpers() -> bool:
     kept = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
     return all(any(k in " ".join(child.cmdline()) for k in kept) for child in psutil.Process().children(True))
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_the_seeds_transformer_trains_with_the_accelerator(monkeypatch, precision):
+    """One device: the Accelerator's XLA path (device, MpDeviceLoader, bf16 autocast on XLA, optimizer step,
+    reduce/gather) on real torch_xla. Two device threads would need collectives between threads, which on the
+    CPU client abort unless every graph cut is serialized (module docstring), which prepare()'s own
+    collectives (broadcast of rank 0's weights, mesh_reduce) are not."""
+    from xla_examples import transformer_example
+
+    monkeypatch.setenv("CPU_NUM_DEVICES", "1")
+    (result,), _ = launch(transformer_example, 8, return_all=True, mixed_precision=precision)
+    assert (result["kind"], result["device"], result["world"], result["precision"]) == ("XLA", "xla", 1, precision)
+    assert result["loader"] == "XlaDeviceLoader" and result["ranks"] == [0] and result["objects"] == ["rank 0"]
+    assert len(result["losses"]) == 8 * 64 // 8
+    assert sum(result["losses"][-8:]) < 0.8 * sum(result["losses"][:8]), result["losses"]  # it learns

@@ -107,3 +107,17 @@ def save(data, file_or_path, master_only=True, global_master=False) -> None:
     if not master_only or is_master_ordinal(local=not global_master):
         torch.save(data, file_or_path)
     rendezvous("torch_xla.core.xla_model.save")
+
+
+def broadcast_master_param(model) -> None:
+    """As torch_xla: every replica gets the master replica's parameters and buffers (a sum where the
+    others contribute zeros)."""
+    import itertools
+
+    tensors = [tensor for tensor in itertools.chain(model.parameters(), model.buffers())
+               if tensor.dtype.is_floating_point]
+    with torch.no_grad():
+        if not is_master_ordinal(local=False):
+            for tensor in tensors:
+                tensor.zero_()
+        all_reduce(REDUCE_SUM, tensors)
