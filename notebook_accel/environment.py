@@ -97,14 +97,47 @@ def describe(kind: str) -> DeviceInfo:
 
 def fork_safety() -> Tuple[bool, Optional[str]]:
     """Whether forking the kernel gives working ranks; when not, the reason for people."""
-    if "fork" not in multiprocessing.get_all_start_methods() or sys.platform == "darwin":
-        return False, "fork is not available or not safe on this platform"
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return False, f"fork does not exist on {sys.platform}"
+    if sys.platform == "darwin":
+        return False, "on macOS, system libraries are not fork-safe (CPython's own default there is spawn)"
     if cuda_initialized():
         return False, "CUDA is already initialized in this process, and a forked child cannot use it"
+    if cuda_driver_loaded():
+        return False, ("a CUDA driver is loaded in this process (by a library such as cupy, numba, jax or a C "
+                       "extension), and a forked child cannot use its context")
     if tpu.runtime_initialized():
         return False, ("the XLA runtime is already initialized in this process (an XLA device was used), and "
                        "a forked child cannot use the TPU")
+    group = kernel_process_group()
+    if group:
+        return False, (f"a torch.distributed process group ({group}) is initialized in this process; forked "
+                       f"ranks would inherit it and hang in their first collective or train alone. End it "
+                       f"with torch.distributed.destroy_process_group() (accelerator.end_training() for an "
+                       f"Accelerator)")
     return True, None
+
+
+def cuda_driver_loaded() -> bool:
+    """The CUDA driver library is mapped into this process: someone (torch, cupy, numba, jax, a C extension)
+    opened it, and a CUDA context may be live. Read from /proc/self/maps, so nothing is initialized."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return any("/libcuda.so" in line for line in maps)
+    except OSError:  # not Linux
+        return False
+
+
+def kernel_process_group() -> Optional[str]:
+    """A description of the default torch.distributed process group of this process, if one exists."""
+    torch = sys.modules.get("torch")
+    distributed = getattr(torch, "distributed", None) if torch is not None else None
+    try:
+        if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+            return None
+        return f"backend {distributed.get_backend()}, world size {distributed.get_world_size()}"
+    except Exception:
+        return None
 
 
 def describe_xla() -> DeviceInfo:

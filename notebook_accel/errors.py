@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pickle
-from typing import Iterable, Optional
+from typing import Dict, Iterable, Optional
 
 from .events import RankFailed
 
@@ -22,11 +22,14 @@ class LaunchError(RuntimeError):
 
 
 class LaunchTimeout(LaunchError, TimeoutError):
-    """The launch ran past ``timeout``; every rank was stopped. ``still_running`` lists the ranks that were."""
+    """The launch ran past ``timeout``; every rank was stopped. ``still_running`` lists the ranks that were,
+    ``stacks`` where each was (its Python stacks, all threads, by rank)."""
 
-    def __init__(self, message: str, *, still_running: Iterable[int] = ()) -> None:
+    def __init__(self, message: str, *, still_running: Iterable[int] = (),
+                 stacks: Optional[Dict[int, str]] = None) -> None:
         super().__init__(message)
         self.still_running = list(still_running)
+        self.stacks = dict(stacks or {})
 
 
 class LaunchConfigError(ValueError):
@@ -46,9 +49,10 @@ class RemoteTraceback(Exception):
     then "The above exception was the direct cause...", then the rank's own frames.
     """
 
-    def __init__(self, traceback_text: str) -> None:
+    def __init__(self, traceback_text: str, full_text: Optional[str] = None) -> None:
         super().__init__(traceback_text)
         self.traceback_text = traceback_text
+        self.full_text = full_text or traceback_text  # with the launcher's frames, for a bug report
 
     def __str__(self) -> str:
         return self.traceback_text
@@ -75,5 +79,9 @@ def rebuild_exception(failure: RankFailed, world_size: int) -> BaseException:
             exc.rank = failure.rank  # type: ignore[attr-defined]
         except Exception:  # exceptions with __slots__ or read-only attributes
             pass
-    exc.__cause__ = RemoteTraceback(f'\n"""\n[rank {failure.rank}] {failure.traceback.rstrip()}\n"""')
+    full = failure.full_traceback or failure.traceback
+    exc.__cause__ = RemoteTraceback(f'\n"""\n[rank {failure.rank}] {failure.traceback.rstrip()}\n"""',
+                                    full_text=f"[rank {failure.rank}] {full.rstrip()}")
+    # Python prints the cause, then "The above exception was the direct cause...", then this exception's
+    # own kernel-side frames: the launcher's, which IPython and pytest fold (``__tracebackhide__``).
     return exc

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 
 @dataclass
@@ -59,14 +59,21 @@ class MetricReport(RankEvent):
     """Scalars a rank reported with ``report(step=..., **metrics)``.
 
     A rank sends at most ~50 of these a second; calls in between are merged (latest value per name) into
-    the next one, so ``metrics`` may hold names reported at different steps. ``seq`` counts the rank's
-    ``report`` calls (the x position when ``step`` is None).
+    the next one, so ``metrics`` may hold names reported at different steps; ``rows`` keeps each call.
+    ``seq`` counts the rank's ``report`` calls.
     """
 
     step: Optional[int]
     metrics: Dict[str, float]
     time: float = field(default_factory=time.time)
     seq: int = 0
+    # Every ``report`` call merged into this event, in order, as (step, time, seq, metrics); empty when it
+    # carries a single call. Views plot the merged values; ``Launch.metrics`` keeps every call.
+    rows: List[Tuple[Optional[int], float, int, Dict[str, float]]] = field(default_factory=list)
+
+    def calls(self) -> List[Tuple[Optional[int], float, int, Dict[str, float]]]:
+        """The ``report`` calls this event carries, oldest first: (step, time, seq, metrics)."""
+        return self.rows or [(self.step, self.time, self.seq, self.metrics)]
 
 
 @dataclass
@@ -78,13 +85,18 @@ class RankResult(RankEvent):
 
 @dataclass
 class RankFailed(RankEvent):
-    """The function raised. ``exception`` is the cloudpickled exception, or None if it could not be pickled."""
+    """The function raised. ``exception`` is the cloudpickled exception, or None if it could not be pickled.
+
+    ``traceback`` starts at the user's code (the launcher's leading frames hidden, see ``tracebacks``);
+    ``full_traceback`` keeps every frame, for a bug report.
+    """
 
     exc_type: str
     message: str
     traceback: str
     exception: Optional[bytes]
     time: float = field(default_factory=time.time)
+    full_traceback: Optional[str] = None
 
 
 @dataclass
@@ -95,6 +107,45 @@ class RankExited(RankEvent):
     exitcode: Optional[int]
     signal_name: Optional[str] = None
     stopped: bool = False  # ended by the launcher (fail-fast, Stop, timeout, interrupt), not by itself
+
+
+@dataclass
+class DeviceMemoryReport(RankEvent):
+    """Sent by a rank (at most about once a second, and when it fails): what its framework says about device
+    memory. ``peak_allocated`` is ``torch.cuda.max_memory_allocated()``; ``used``/``total`` come from
+    torch_xla's ``get_memory_info`` on TPU. Only sent once the rank uses the device."""
+
+    peak_allocated: Optional[int] = None
+    used: Optional[int] = None
+    total: Optional[int] = None
+    source: str = "torch.cuda"
+
+
+@dataclass
+class ResourceSample(RankEvent):
+    """Made in the kernel about once a second per running rank (``resources.ResourceSampler``).
+
+    Host figures come from psutil (the rank's process plus its children, e.g. DataLoader workers); device
+    figures from NVML for the rank's GPU, and from the rank's own ``DeviceMemoryReport``. None = unknown.
+    """
+
+    rss: Optional[int] = None               # bytes
+    peak_rss: Optional[int] = None          # highest rss sampled
+    cpu_percent: Optional[float] = None     # 100 = one core busy
+    device_used: Optional[int] = None       # bytes in use on the rank's GPU (whole device, NVML)
+    device_total: Optional[int] = None
+    device_peak: Optional[int] = None       # highest device_used sampled
+    device_util: Optional[float] = None     # percent of time a kernel ran (NVML)
+    device_peak_allocated: Optional[int] = None  # the rank's framework peak (torch.cuda.max_memory_allocated)
+    time: float = field(default_factory=time.time)
+
+
+@dataclass
+class RankStacks(RankEvent):
+    """Where a rank is: its Python stacks, every thread (faulthandler's format), when asked for with
+    ``Launch.dump_stacks()`` or when a timeout stopped the launch."""
+
+    text: str
 
 
 @dataclass

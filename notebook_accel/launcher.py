@@ -13,8 +13,11 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 from .backends import LaunchSink, backend_for
 from .errors import LaunchError, LaunchTimeout, one_line, rebuild_exception
-from .events import LaunchFinished, LaunchStarted, OutputLine, RankEvent
+from .events import LaunchFinished, LaunchStarted, MetricReport, OutputLine, RankEvent
+from .metric_table import MetricLog
+from .oom import explain as explain_out_of_memory, kind_of_failure, oom_kill_count
 from .outcome import Outcome, signal_name
+from .resources import ResourceSampler
 from .plan import LaunchPlan, plan_launch
 from .rendezvous import HostedStore
 from .views import NullView, View, make_view
@@ -36,6 +39,8 @@ class Launch:
         self.plan = plan
         self.backend = backend_for(plan)
         self.view: View = view if view is not None else make_view(plan.display)
+        if hasattr(self.view, "on_dump_stacks"):  # the dashboard's "where is each rank?" button
+            self.view.on_dump_stacks = self.dump_stacks  # type: ignore[attr-defined]
         self.status = "starting"           # starting | running | finished | failed | stopped | timeout
         self.outputs: Dict[int, List[str]] = {rank: [] for rank in range(plan.world_size)}
         self.result: Any = None
@@ -43,6 +48,21 @@ class Launch:
         self._stop_requested = threading.Event()
         self._done = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self.metric_log = MetricLog()
+        self.resources = ResourceSampler(self._deliver, device=plan.device)  # memory/CPU/GPU per rank
+        self.out_of_memory: Optional[str] = None  # the one-line explanation when a rank ran out of memory
+        self._oom_kills_before: Optional[int] = None
+        global _last_launch
+        _last_launch = self
+
+    @property
+    def metrics(self) -> Any:
+        """Every value the ranks reported with ``report``: a pandas DataFrame with columns rank, step, time,
+        name, value (a list of ``MetricRow`` without pandas). Readable while the launch runs.
+
+        >>> job.metrics.groupby(["name", "rank"])["value"].min()   # doctest: +SKIP
+        """
+        return self.metric_log.table()
 
     # ------------------------------------------------------------------------------------------- control
 
@@ -54,8 +74,22 @@ class Launch:
         """Ask every rank to stop (thread-safe); ``wait`` then raises ``KeyboardInterrupt``."""
         self._stop_requested.set()
 
+    def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
+        """Where is each rank? Every running rank's Python stacks, all threads (faulthandler's format), by
+        rank — for a rank stuck in a collective or a deadlock. The view shows them too.
+
+        >>> job = start_launch(train, num_processes=2)        # doctest: +SKIP
+        >>> print(job.dump_stacks()[1])                         # doctest: +SKIP
+        Thread 0x00007f... (most recent call first):
+          File "<notebook>", line 12 in train
+        """
+        if self.done:
+            return {}
+        return self.backend.dump_stacks(timeout)
+
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until the launch ends; return the result or raise the root cause."""
+        __tracebackhide__ = True  # noqa: F841 -- IPython and pytest fold this frame: the rank's frames matter
         if not self._done.wait(timeout):
             raise TimeoutError(f"the launch is still running after {timeout} s")
         if self.error is not None:
@@ -64,6 +98,7 @@ class Launch:
 
     def run(self) -> Any:
         """Run the launch in this thread (``notebook_launcher`` does this)."""
+        __tracebackhide__ = True  # noqa: F841
         store = self._host_store()
         try:
             self._run(store)
@@ -94,14 +129,18 @@ class Launch:
         return self.backend.open_rendezvous()
 
     def _deliver(self, event: RankEvent) -> None:
+        self.resources.observe(event)
         if isinstance(event, OutputLine):
             self.outputs[event.rank].append(event.text)
+        elif isinstance(event, MetricReport):
+            self.metric_log.add(event)
         try:
             self.view.handle(event)
         except Exception as error:  # a display bug must not abandon running ranks or lose the result
             self._view_failed(error)
 
     def _tick(self) -> None:
+        self.resources.tick()  # about once a second: a ResourceSample per running rank, to the view
         try:
             self.view.tick()
         except Exception as error:
@@ -115,6 +154,7 @@ class Launch:
     def _run(self, store: HostedStore) -> None:
         plan = self.plan
         started = time.monotonic()
+        self._oom_kills_before = oom_kill_count()  # a SIGKILL counts as OOM only if this goes up
         try:
             self._deliver(LaunchStarted(rank=-1, world_size=plan.world_size, device=plan.device,
                                         start_method=plan.start_method or plan.backend,
@@ -128,6 +168,7 @@ class Launch:
                 self.error = interrupt
             self._finish(outcome, time.monotonic() - started)
         finally:
+            self.resources.close()
             store.close()
 
     def _run_backend(self, store: HostedStore) -> Outcome:
@@ -146,35 +187,71 @@ class Launch:
                 self.result = ([outcome.results[rank] for rank in range(self.plan.world_size)]
                                if self.plan.return_all else outcome.results[0])
         elif outcome.status == "failed" and root is not None:
-            self.error = outcome.local_exception or self._root_cause_error(root, outcome)
+            self.error = self._root_cause_error(root, outcome)
+            self._explain_out_of_memory(root, outcome)
         elif outcome.status == "timeout":
             ranks = ", ".join(str(rank) for rank in outcome.still_running) or "none"
+            where = "".join(f"\n[rank {rank}] {text.strip()}" for rank, text in sorted(outcome.stacks.items()))
             self.error = LaunchTimeout(
                 f"the launch ran past timeout={self.plan.timeout:g} s and was stopped; ranks still running: "
-                f"{ranks}", still_running=outcome.still_running)
+                f"{ranks}" + (f". Where they were:{where}" if where else ""),
+                still_running=outcome.still_running, stacks=outcome.stacks)
         elif outcome.status == "stopped" and self.error is None:
             self.error = KeyboardInterrupt("the launch was stopped")
         failure = root.event if root is not None else None
         self._deliver(LaunchFinished(
             rank=-1, status=self.status, elapsed=elapsed, root_rank=root.rank if root else None,
-            error=None if self.error is None else one_line(self.error),
+            error=self.out_of_memory or (None if self.error is None else one_line(self.error)),
             traceback=failure.traceback if failure is not None else None,
             still_running=outcome.still_running))
+
+    def _explain_out_of_memory(self, root, outcome: Outcome) -> None:
+        """When the root cause ran out of memory, say so in one line with every rank's peak and what to try:
+        the first line of a ``LaunchError``, a note on a rank's own exception, the dashboard's error line."""
+        kind = kind_of_failure(root.event, outcome.exitcodes.get(root.rank, root.exitcode), self._oom_kills_before)
+        if kind is None:
+            return
+        self.out_of_memory = explain_out_of_memory(kind, root.rank, self.resources.peaks())
+        error = self.error
+        if isinstance(error, LaunchError) and root.event is None:
+            self.error = LaunchError(f"{self.out_of_memory}\n{error}", rank=error.rank, exitcode=error.exitcode,
+                                     signal_name=error.signal_name)
+        elif error is not None and hasattr(error, "add_note"):
+            error.add_note(f"(notebook_accel: {self.out_of_memory})")
 
     def _expected_ranks(self) -> List[int]:
         return list(range(self.plan.world_size)) if self.plan.return_all else [0]
 
     def _root_cause_error(self, root, outcome: Outcome) -> BaseException:
+        exit_code = outcome.exitcodes.get(root.rank, root.exitcode)
+        if root.event is not None and root.event.exc_type == "builtins.SystemExit":
+            # sys.exit(n) ends a rank as it ends a script: a failure with exit code n, not an exception
+            # to re-raise in the cell (IPython would only print it).
+            return LaunchError(f"rank {root.rank} called sys.exit({root.event.message or ''}) and exited with "
+                               f"code {exit_code}", rank=root.rank, exitcode=exit_code)
+        if outcome.local_exception is not None:  # the in-kernel rank: the exception object itself
+            return outcome.local_exception
         if root.event is not None:
             return rebuild_exception(root.event, self.plan.world_size)
-        code = outcome.exitcodes.get(root.rank, root.exitcode)
-        name = signal_name(code)
-        how = f"was killed by {name}" if name else f"exited with code {code}"
-        if code == 0:
+        name = signal_name(exit_code)
+        how = f"was killed by {name}" if name else f"exited with code {exit_code}"
+        if exit_code == 0:
             how = "exited with code 0 without returning a result (os._exit?)"
         tail = self.outputs.get(root.rank, [])[-_TAIL_LINES:]
         last = ("; its last output:\n    " + "\n    ".join(tail)) if tail else ""
-        return LaunchError(f"rank {root.rank} {how}{last}", rank=root.rank, exitcode=code, signal_name=name)
+        return LaunchError(f"rank {root.rank} {how}{last}", rank=root.rank, exitcode=exit_code, signal_name=name)
+
+
+_last_launch: Optional[Launch] = None
+
+
+def last_launch() -> Optional[Launch]:
+    """The most recent ``Launch`` of this kernel (``notebook_launcher`` returns only the result).
+
+    >>> notebook_launcher(train, num_processes=2)        # doctest: +SKIP
+    >>> last_launch().metrics                             # doctest: +SKIP
+    """
+    return _last_launch
 
 
 def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
@@ -220,6 +297,7 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
         >>> notebook_launcher(train, args=(0.1,), num_processes=2, return_all=True)  # doctest: +SKIP
         [0.0, 0.1]
     """
+    __tracebackhide__ = True  # noqa: F841
     plan = plan_launch(function, args, kwargs, num_processes, device=device, mixed_precision=mixed_precision,
                        start_method=start_method, master_addr=master_addr, use_port=use_port,
                        timeout=timeout, return_all=return_all, display=display, compile_cache=compile_cache)

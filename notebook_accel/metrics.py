@@ -18,6 +18,7 @@ from numbers import Number
 from typing import Any, Dict, Optional
 
 from .channel import rank_channel
+from .device_memory import maybe_send_device_memory
 from .events import MetricReport
 
 __all__ = ["report", "flush"]
@@ -67,12 +68,13 @@ def report(step: Optional[int] = None, **metrics: Any) -> None:
         if state is None:
             state = _throttles[id(sender)] = _RankThrottle(sender)
         state.seq += 1
-        if state.pending is not None:  # merge: the latest value of each name wins
-            state.pending.metrics.update(values)
-            values = state.pending.metrics
-            step = step if step is not None else state.pending.step
-            state.pending = None
         event = MetricReport(rank=sender.rank, step=step, metrics=values, seq=state.seq)
+        pending = state.pending
+        if pending is not None:  # merge: the latest value of each name wins; every call kept in rows
+            event.rows = pending.calls() + [(step, event.time, state.seq, values)]
+            event.metrics = {**pending.metrics, **values}
+            event.step = step if step is not None else pending.step
+            state.pending = None
         now = time.monotonic()
         if now - state.last_sent >= MIN_INTERVAL:
             state.last_sent = now
@@ -105,6 +107,7 @@ def _send(sender: Any, event: MetricReport) -> None:
         sender.send(event)
     except (OSError, ValueError):  # the rank's channel is already closed
         pass
+    maybe_send_device_memory(sender)  # torch's peak device memory, at most once a second
 
 
 def _arm_timer(state: _RankThrottle) -> None:

@@ -177,6 +177,13 @@ class LaunchPanel(widgets.VBox):
         return self._view.state.status
 
     @property
+    def metrics(self) -> Any:
+        """The last launch's reported metrics (``Launch.metrics``: a DataFrame, or rows without pandas)."""
+        if self._launch is None:
+            raise RuntimeError("nothing was launched yet: call launch() or press Launch")
+        return self._launch.metrics
+
+    @property
     def view(self) -> Optional[WidgetView]:
         """The dashboard of the last launch."""
         return self._view

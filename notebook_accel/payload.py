@@ -1,34 +1,254 @@
-"""Serializing the user's function and arguments once, in the kernel, before any process starts."""
+"""The launched function and its arguments, as each kind of rank receives them.
+
+- **Inherited** (fork, and the rank in the kernel): the kernel's own objects, never pickled. A forked rank
+  runs with the notebook's real globals, copy-on-write, and objects that cannot be pickled (locks, open
+  files, a live model) are fine.
+- **Pickled** (forkserver, spawn): cloudpickled once in the kernel. Large CPU tensor storages and large
+  out-of-band buffers (numpy arrays, pickle protocol 5) do not travel as pickled bytes. A storage moves
+  into shared memory in place, as ``torch.multiprocessing`` does (once: later launches reuse it, and the
+  kernel holds no second copy); buffers are copied into one shared-memory file. Each rank receives the
+  descriptors as it starts and maps them *copy-on-write* (``MAP_PRIVATE``): it reads the kernel's data
+  without a private copy and, as under fork, what it writes stays its own.
+"""
 from __future__ import annotations
 
+import io
+import mmap
+import os
 import pickle
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+import sys
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import cloudpickle
 
 from .errors import LaunchConfigError
 
+SHARED_MIN_BYTES = 1 << 16     # smaller storages and buffers simply travel inside the pickle
+LARGE_PAYLOAD_BYTES = 64 << 20  # a pickle this big is worth a warning that names what makes it big
+_ALIGN = 64
 
-def dumps_payload(function: Callable, args: Tuple, kwargs: Dict[str, Any]) -> bytes:
-    """cloudpickle ``(function, args, kwargs)``; on failure, name the object that cannot be pickled.
+FunctionCall = Tuple[Callable, Tuple, Dict[str, Any]]
 
-    >>> data = dumps_payload(lambda x: x + 1, (1,), {})
+
+class Payload:
+    """``(function, args, kwargs)`` as the kernel holds them; pickled only when a rank cannot inherit them.
+
+    >>> payload = Payload(lambda x: x + 1, (1,), {})
+    >>> function, args, kwargs = payload.load()      # the objects themselves: no copy
     """
-    try:
-        return cloudpickle.dumps((function, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as err:
-        culprit = find_unpicklable(function, args, kwargs)
-        where = f": {culprit}" if culprit else ""
-        raise LaunchConfigError(
-            f"cannot send the launched function to the ranks, because something it uses cannot be "
-            f"pickled{where} ({type(err).__name__}: {err}). Create such objects (open files, locks, "
-            f"sockets, CUDA streams, generators) inside the function instead of capturing them."
-        ) from err
+
+    def __init__(self, function: Callable, args: Tuple, kwargs: Dict[str, Any]) -> None:
+        self.function = function
+        self.args = args
+        self.kwargs = kwargs
+        self._pickled: Optional[PickledPayload] = None
+
+    def load(self) -> FunctionCall:
+        return self.function, self.args, self.kwargs
+
+    def pickled(self) -> "PickledPayload":
+        """Pickle once (for every rank of the launch); a clear error names what cannot be pickled."""
+        if self._pickled is None:
+            self._pickled = PickledPayload.create(self.function, self.args, self.kwargs)
+        return self._pickled
+
+    def close(self) -> None:
+        """The launch is over: release the shared-memory file (ranks keep their own mappings)."""
+        if self._pickled is not None:
+            self._pickled.close()
+            self._pickled = None
 
 
-def loads_payload(data: bytes) -> Tuple[Callable, Tuple, Dict[str, Any]]:
-    return pickle.loads(data)
+@dataclass
+class _Piece:
+    """Where one shared storage or buffer lies: in ``file`` (an index into the payload's shared fds)."""
 
+    file: int
+    offset: int
+    nbytes: int
+    dtype: Optional[str] = None   # a torch storage's dtype name; None for a protocol-5 buffer
+
+
+@dataclass
+class PickledPayload:
+    """What a forkserver or spawn rank receives: the pickle, and the large data beside it in shared memory.
+
+    Pickling this object (multiprocessing does so as the rank starts) passes the shared file's descriptor,
+    duplicated into the child by multiprocessing itself, not the data.
+    """
+
+    data: bytes
+    storages: List[_Piece] = field(default_factory=list)
+    buffers: List[_Piece] = field(default_factory=list)
+    # kernel: ints (torch's own fds of shared storages, and our buffer file); in a rank: what it received
+    shared_fds: List[Any] = field(default_factory=list)
+    shared_sizes: List[int] = field(default_factory=list)
+    _buffer_file: Optional[mmap.mmap] = None   # the kernel's mapping of the buffers' file, while it runs
+
+    @classmethod
+    def create(cls, function: Callable, args: Tuple, kwargs: Dict[str, Any]) -> "PickledPayload":
+        storages: List[Any] = []
+        buffers: List[pickle.PickleBuffer] = []
+        out = io.BytesIO()
+        try:
+            _SharingPickler(out, storages, buffers).dump((function, args, kwargs))
+        except Exception as err:
+            culprit = find_unpicklable(function, args, kwargs)
+            where = f": {culprit}" if culprit else ""
+            raise LaunchConfigError(
+                f"cannot send the launched function to the ranks, because something it uses cannot be "
+                f"pickled{where} ({type(err).__name__}: {err}). Create such objects (open files, locks, "
+                f"sockets, CUDA streams, generators) inside the function instead of capturing them, or use "
+                f"start_method='fork', whose ranks inherit them."
+            ) from err
+        payload = cls(out.getvalue())
+        payload._share(storages, buffers)
+        if len(payload.data) >= LARGE_PAYLOAD_BYTES:
+            warnings.warn(describe_large_payload(len(payload.data), function, args, kwargs), stacklevel=4)
+        return payload
+
+    # ------------------------------------------------------------------------------------------ kernel
+
+    def _share(self, storages: List[Any], buffers: List[pickle.PickleBuffer]) -> None:
+        for storage in storages:
+            self.storages.append(self._share_storage(storage))
+        if buffers:
+            layout, end = [], 0
+            for buffer in buffers:
+                layout.append((buffer, end, buffer.raw().nbytes))
+                end += -(-buffer.raw().nbytes // _ALIGN) * _ALIGN
+            fd = _shared_memory_file(end)
+            self._buffer_file = mmap.mmap(fd, end)  # kept while the launch runs: ranks' pages stay shared
+            self._release = weakref.finalize(self, _release, self._buffer_file, fd)  # a plan never run
+            for buffer, offset, nbytes in layout:
+                self._buffer_file[offset:offset + nbytes] = buffer.raw()
+                self.buffers.append(_Piece(len(self.shared_fds), offset, nbytes))
+            self.shared_fds.append(fd)
+            self.shared_sizes.append(end)
+
+    def _share_storage(self, storage: Any) -> _Piece:
+        """Move the storage into shared memory in place (torch.multiprocessing's file-descriptor way)."""
+        fd, size = _untyped(storage)._share_fd_cpu_()  # owned by torch's allocator: never closed by us
+        self.shared_fds.append(fd)
+        self.shared_sizes.append(size)
+        return _Piece(len(self.shared_fds) - 1, 0, _untyped(storage).nbytes(), _dtype_name(storage))
+
+    def close(self) -> None:
+        if self._buffer_file is not None:
+            self._release()
+            self._buffer_file = None
+        self.shared_fds, self.shared_sizes = [], []
+
+    def __getstate__(self) -> Dict[str, Any]:
+        from .backends.processes.backend import PassedFd  # fds travel as multiprocessing duplicates them
+
+        state = dict(self.__dict__, _buffer_file=None)
+        state.pop("_release", None)
+        state["shared_fds"] = [PassedFd(fd) for fd in self.shared_fds]
+        return state
+
+    # -------------------------------------------------------------------------------------------- rank
+
+    def load(self) -> FunctionCall:
+        """In a rank: the function and its arguments, large data mapped copy-on-write, not copied."""
+        mappings = []
+        for passed, size in zip(self.shared_fds, self.shared_sizes):
+            fd = passed if isinstance(passed, int) else passed.fd
+            mappings.append(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
+            os.close(fd)
+        storages = [_storage_view(mappings[piece.file], piece) for piece in self.storages]
+        buffers = [memoryview(mappings[piece.file])[piece.offset:piece.offset + piece.nbytes]
+                   for piece in self.buffers]
+        return _SharedUnpickler(io.BytesIO(self.data), storages, buffers).load()
+
+
+class _SharedUnpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, storages: List[Any], buffers: List[memoryview]) -> None:
+        super().__init__(file, buffers=buffers)
+        self._storages = storages
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self._storages[pid[1]]
+
+
+class _SharingPickler(cloudpickle.Pickler):
+    """cloudpickle, with large CPU tensor storages and protocol-5 buffers set aside for shared memory."""
+
+    def __init__(self, file: io.BytesIO, storages: List[Any], buffers: List[pickle.PickleBuffer]) -> None:
+        super().__init__(file, protocol=5, buffer_callback=self._out_of_band)
+        self._storages = storages
+        self._buffers = buffers
+        self._storage_index: Dict[int, int] = {}
+        torch = sys.modules.get("torch")
+        self._typed_storage = getattr(getattr(torch, "storage", None), "TypedStorage", None)
+
+    def persistent_id(self, obj: Any) -> Any:
+        if self._typed_storage is None or type(obj) is not self._typed_storage:
+            return None
+        untyped = _untyped(obj)
+        if untyped.device.type != "cpu" or untyped.nbytes() < SHARED_MIN_BYTES:
+            return None
+        key = untyped.data_ptr()  # views of one storage share it, as in torch.save
+        if key not in self._storage_index:
+            self._storage_index[key] = len(self._storages)
+            self._storages.append(obj)
+        return ("storage", self._storage_index[key])
+
+    def _out_of_band(self, buffer: pickle.PickleBuffer) -> bool:
+        try:
+            raw = buffer.raw()
+        except BufferError:  # not contiguous: pickle it in-band
+            return True
+        if raw.nbytes < SHARED_MIN_BYTES:
+            return True
+        self._buffers.append(buffer)
+        return False
+
+
+def _release(mapping: mmap.mmap, fd: int) -> None:
+    mapping.close()
+    os.close(fd)
+
+
+def _untyped(storage: Any) -> Any:
+    return storage._untyped_storage  # TypedStorage's own accessors warn that TypedStorage is deprecated
+
+
+def _dtype_name(storage: Any) -> str:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return str(storage.dtype).replace("torch.", "")
+
+
+def _storage_view(mapping: mmap.mmap, piece: _Piece) -> Any:
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TypedStorage is what torch's own unpickling rebuilds tensors from
+        untyped = torch.frombuffer(mapping, dtype=torch.uint8, count=piece.nbytes,
+                                   offset=piece.offset).untyped_storage()
+        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=getattr(torch, piece.dtype),
+                                          _internal=True)
+
+
+def _shared_memory_file(size: int) -> int:
+    """An anonymous file in memory (Linux memfd; elsewhere an unlinked temp file) of ``size`` bytes."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("notebook_accel-payload", os.MFD_CLOEXEC)
+    else:  # pragma: no cover - macOS
+        import tempfile
+
+        handle, path = tempfile.mkstemp(prefix="notebook_accel-payload-")
+        os.unlink(path)
+        fd = handle
+    os.ftruncate(fd, size)
+    return fd
+
+
+# ----------------------------------------------------------------------------------------- error messages
 
 def find_unpicklable(function: Callable, args: Tuple, kwargs: Dict[str, Any]) -> str:
     """A human description of the first object that cloudpickle refuses, e.g. "captured variable 'lock'"."""
@@ -38,6 +258,34 @@ def find_unpicklable(function: Callable, args: Tuple, kwargs: Dict[str, Any]) ->
         except Exception as err:
             return f"{label} ({type(value).__name__}: {err})"
     return ""
+
+
+def describe_large_payload(size: int, function: Callable, args: Tuple, kwargs: Dict[str, Any]) -> str:
+    """Say how big the pickled payload is and which captured objects make it so (the three largest)."""
+    sizes = []
+    for label, value in _candidates(function, args, kwargs):
+        if label == "the function itself":
+            continue
+        try:
+            sizes.append((_pickled_size(value), label, type(value).__name__))
+        except Exception:
+            continue
+    largest = ", ".join(f"{label} ({type_name}, {_mib(nbytes)})"
+                        for nbytes, label, type_name in sorted(sizes, reverse=True)[:3])
+    return (f"notebook_accel: the launched function is {_mib(size)} once pickled, copied to every rank "
+            f"through a pipe (largest: {largest}). Tensors and numpy arrays travel through shared memory "
+            f"instead; for other large data, build it inside the function or load it there from a file.")
+
+
+def _pickled_size(value: Any) -> int:
+    """Bytes ``value`` adds to the payload's pickle (what goes to shared memory excluded)."""
+    out = io.BytesIO()
+    _SharingPickler(out, [], []).dump(value)
+    return out.tell()
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.0f} MiB" if nbytes >= 1 << 20 else f"{nbytes / 1024:.0f} KiB"
 
 
 def _candidates(function: Callable, args: Tuple, kwargs: Dict[str, Any]) -> Iterator[Tuple[str, Any]]:

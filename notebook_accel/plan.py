@@ -4,14 +4,15 @@ from __future__ import annotations
 import multiprocessing
 import numbers
 import os
+import sys
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import environment
 from .channel import rank_channel
 from .errors import LaunchConfigError
-from .payload import dumps_payload
+from .payload import Payload
 from .views import DISPLAYS
 
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
@@ -23,7 +24,7 @@ class LaunchPlan:
     """A validated launch: what runs where, how ranks start, and what comes back."""
 
     function_name: str
-    payload: bytes
+    payload: Payload
     world_size: int
     device: str
     backend: str                 # how ranks start: a name in ``backends.BACKENDS`` ("inline", "processes", "xla")
@@ -35,6 +36,10 @@ class LaunchPlan:
     return_all: bool
     display: str
     compile_cache: Optional[str] = None  # XLA only: root of the per-rank persistent compilation caches
+    # The kernel as it is when the launch is called: every rank starts from it, whatever its start method.
+    kernel_env: Dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    kernel_cwd: str = field(default_factory=os.getcwd)
+    kernel_sys_path: List[str] = field(default_factory=lambda: list(sys.path))
 
     def rank_env(self, rank: int, rendezvous_env: Dict[str, str]) -> Dict[str, str]:
         """The environment of ``rank``: what torchrun sets, plus the precision HF accelerate reads."""
@@ -123,13 +128,16 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
     # runtime there, after which torch_xla can start no TPU process at all (pytorch/xla#7765).
     backend = "xla" if device == "xla" else "inline" if inline else "processes"
 
+    payload = Payload(function, args, kwargs)
+    start = (None if backend == "inline" else _resolve_xla_start_method(start_method) if backend == "xla"
+             else _resolve_start_method(start_method))
+    if start in ("forkserver", "spawn"):
+        payload.pickled()  # now, so that what cannot be pickled is named before any process starts
     return LaunchPlan(
         function_name=getattr(function, "__qualname__", type(function).__name__),
-        payload=dumps_payload(function, args, kwargs),
+        payload=payload,
         world_size=world_size, device=device, backend=backend,
-        start_method=(None if backend == "inline" else _resolve_xla_start_method(start_method)
-                      if backend == "xla" else _resolve_start_method(start_method)),
-        mixed_precision=mixed_precision,
+        start_method=start, mixed_precision=mixed_precision,
         master_addr=master_addr, use_port=use_port, timeout=None if timeout is None else float(timeout),
         return_all=return_all, display=display,
         compile_cache=None if compile_cache is None else os.path.abspath(os.path.expanduser(compile_cache)),

@@ -37,6 +37,7 @@ from tqdm.asyncio import tqdm_asyncio as _asyncio_tqdm
 from tqdm.std import tqdm as _std_tqdm
 
 from .channel import rank_channel
+from .device_memory import maybe_send_device_memory
 from .events import ProgressUpdate
 
 __all__ = ["progress", "trange", "patch_tqdm"]
@@ -142,6 +143,7 @@ def _send(bar: Any, sender: Any, closed: bool) -> None:
         sender.send(event)
     except (OSError, ValueError):  # the launch is over (pipe closed) while a bar is garbage-collected
         pass
+    maybe_send_device_memory(sender)  # torch's peak device memory, at most once a second
 
 
 # --------------------------------------------------------------------------------------------- the bar class

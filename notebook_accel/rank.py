@@ -8,7 +8,6 @@ the rank's end. How the rank got its process, its output streams and its functio
 from __future__ import annotations
 
 import sys
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -88,6 +87,9 @@ def _failed(sender: Any, exc: BaseException, undo_patch: Callable[[], None], exi
         undo_patch()
     except Exception:
         pass
+    from .device_memory import maybe_send_device_memory
+
+    maybe_send_device_memory(sender, force=True)  # the peak at the failure, for an out-of-memory message
     failure = failure_event(sender.rank, exc)
     sender.send(failure)
     return RankRun(exit_code, exception=exc, failure=failure)
@@ -130,16 +132,20 @@ def failure_event(rank: int, exc: BaseException) -> RankFailed:
     """A ``RankFailed`` for ``exc``, pickling the exception itself when possible."""
     import cloudpickle
 
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    from .tracebacks import format_user_traceback
+
+    text, full_text = format_user_traceback(exc)  # starts at the user's code; the full one for bug reports
     try:
         # Without its traceback (frames do not pickle) and cause chain (may hold unpicklable objects).
-        saved_cause, saved_context = exc.__cause__, exc.__context__
+        # with_traceback(None) changes exc in place: put everything back (the in-kernel rank raises exc).
+        saved_cause, saved_context, saved_tb = exc.__cause__, exc.__context__, exc.__traceback__
         exc.__cause__ = exc.__context__ = None
         try:
             pickled: Optional[bytes] = cloudpickle.dumps(exc.with_traceback(None))
         finally:
             exc.__cause__, exc.__context__ = saved_cause, saved_context
+            exc.__traceback__ = saved_tb
     except Exception:
         pickled = None
     return RankFailed(rank=rank, exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-                      message=str(exc), traceback=text, exception=pickled)
+                      message=str(exc), traceback=text, exception=pickled, full_traceback=full_text)

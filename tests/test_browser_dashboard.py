@@ -57,6 +57,12 @@ def _free_port() -> int:
 @pytest.fixture
 def jupyter_lab(tmp_path):
     """A JupyterLab server on a free localhost port; yields (base_url, token, root_dir); killed after."""
+    yield from _jupyter_server(tmp_path)
+
+
+def _jupyter_server(tmp_path, app="jupyterlab", theme=None):
+    """A Jupyter server (``app``: "jupyterlab" or "notebook" for Notebook 7) with ``theme`` ("JupyterLab
+    Light" / "JupyterLab Dark"; None: the default); yields (base_url, token, root_dir); killed after."""
     root = tmp_path / "root"
     root.mkdir()
     config = tmp_path / "config"
@@ -64,14 +70,19 @@ def jupyter_lab(tmp_path):
     # No "news" pop-up (it would try the network and cover part of the page).
     (config / "labconfig" / "page_config.json").write_text(json.dumps(
         {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+    settings = tmp_path / "user-settings"
+    if theme is not None:
+        themes = settings / "@jupyterlab" / "apputils-extension"
+        themes.mkdir(parents=True)
+        (themes / "themes.jupyterlab-settings").write_text(json.dumps({"theme": theme}))
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), IPYTHONDIR=str(tmp_path / "ipython"),
-               TMPDIR=str(tmp_path), PYTHONPATH=PACKAGE_ROOT)
+               JUPYTERLAB_SETTINGS_DIR=str(settings), TMPDIR=str(tmp_path), PYTHONPATH=PACKAGE_ROOT)
     port, token = _free_port(), secrets.token_hex(16)
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+        [sys.executable, "-m", app, "--no-browser", f"--port={port}", "--ip=127.0.0.1",
          f"--IdentityProvider.token={token}", "--allow-root", f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+         *(["--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"] if app == "jupyterlab" else [])],
         env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"), start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -234,3 +245,141 @@ _FACTS_JS = """() => {
     stream: [...cell.querySelectorAll('.jp-RenderedText')].map(e => e.innerText).join('\\n'),
   };
 }"""
+
+
+# ------------------------------------------------------------------------ the debugging dashboard, themes
+
+DEBUG = """def debug_train(steps):
+    import os, torch
+    rank = int(os.environ["RANK"])
+    block = torch.ones((1 + 2 * rank) * 100 * 2 ** 20 // 4)   # rank 0 holds 100 MiB, rank 1 300 MiB
+    step = 0
+    for epoch in range(3):
+        for i in progress(range(steps), desc=f"epoch {epoch}"):
+            time.sleep(0.03)
+            report(step=step, loss=1e3 * 10 ** (-6 * step / (3 * steps - 1)) * (1 + rank))
+            step += 1
+    return rank
+
+notebook_launcher(debug_train, args=(50,), num_processes=2)"""
+
+FAILS = """def user_step():
+    raise ValueError("bad batch in the user's code")
+
+notebook_launcher(user_step, num_processes=2)"""
+
+_DEBUG_FACTS_JS = """() => {
+  const dash = [...document.querySelectorAll('.notebook-accel-dashboard')][0];
+  // "rgb(r, g, b)", "rgba(r, g, b, a)", or "color(srgb r g b)" (what color-mix computes to, 0..1)
+  const parse = c => { let m = c.match(/[\\d.]+/g).map(Number);
+                       if (c.startsWith('color(')) m = m.map((v, i) => i < 3 ? v * 255 : v);
+                       return m.length >= 4 && m[3] === 0 ? null : m; };
+  const lum = rgb => { const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+                       return 0.2126 * f(rgb[0]) + 0.7152 * f(rgb[1]) + 0.0722 * f(rgb[2]); };
+  const background = el => { for (let e = el; e; e = e.parentElement) {
+      const c = parse(getComputedStyle(e).backgroundColor); if (c) return c; } return [255, 255, 255]; };
+  const contrast = (el, prop) => { const fg = parse(getComputedStyle(el)[prop]);
+      const a = lum(fg), b = lum(background(el)); return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05); };
+  const labels = [...dash.querySelectorAll('.notebook-accel-rank-label')];
+  const ticks = [...dash.querySelectorAll('.notebook-accel-plot svg text')];
+  const plotBackground = parse(getComputedStyle(dash.querySelector('.notebook-accel-plot svg rect')).fill);
+  return {
+    theme_background: getComputedStyle(document.body).getPropertyValue('--jp-layout-color0').trim(),
+    labels: labels.map(l => l.innerText),
+    finished: [...dash.querySelectorAll('.notebook-accel-finished')].map(e => e.innerText),
+    y_labels: [...dash.querySelectorAll('.notebook-accel-y-label')].map(e => e.textContent),
+    header: dash.querySelector('.notebook-accel-header').innerText,
+    // WCAG contrast ratios of the text people read, against what is behind it
+    label_contrast: Math.min(...labels.map(l => Math.min(...[...l.querySelectorAll('b, span')].map(e => contrast(e, 'color'))))),
+    tick_contrast: Math.min(...ticks.map(t => { const a = lum(parse(getComputedStyle(t).fill)), b = lum(plotBackground);
+                                            return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05); })),
+    plot_background: plotBackground,
+    error_text: [...document.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
+                  .map(e => e.innerText).join('\\n'),
+  };
+}"""
+
+
+def _open_and_run(page, url, app):
+    page.goto(url, wait_until="domcontentloaded")
+    if app == "jupyterlab":
+        _run_all_cells(page)
+        return
+    # Notebook 7: no kernel status bar; run all until the first cell gets an execution count
+    page.wait_for_selector(".jp-Notebook .jp-Cell .cm-content", timeout=60_000)
+    first_prompt = page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt").first
+    for attempt in range(6):
+        page.wait_for_timeout(2000)
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).first.click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).first.click()
+        try:
+            page.wait_for_function("(el) => /\\[(\\d+|\\*)\\]/.test(el.textContent)",
+                                   arg=first_prompt.element_handle(), timeout=10_000)
+            return
+        except Exception:
+            if attempt == 5:
+                raise
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"needs Chromium at {CHROMIUM} (.ci/run installs it)")
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("app, theme", [("jupyterlab", "JupyterLab Light"), ("jupyterlab", "JupyterLab Dark"),
+                                        ("notebook", "JupyterLab Dark")])
+def test_debugging_dashboard_is_readable_in_light_and_dark_themes(tmp_path, app, theme):
+    """Resources, finished loops, a log-axis plot and a traceback, in JupyterLab light/dark and Notebook 7."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if app == "notebook":
+        pytest.importorskip("notebook")
+    server = _jupyter_server(tmp_path, app=app, theme=theme)
+    base, token, root = next(server)
+    name = f"debug-{app}-{theme.split()[-1].lower()}"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in (SETUP, DEBUG, FAILS)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(root / "debug.ipynb"))
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    old_tmp = os.environ.get("TMPDIR")
+    short_tmp = tempfile.mkdtemp(prefix="na-")
+    os.environ["TMPDIR"] = short_tmp
+    try:
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 1300})
+                path = "lab/tree" if app == "jupyterlab" else "notebooks"
+                try:
+                    _open_and_run(page, f"{base}/{path}/debug.ipynb?token={token}", app)
+                    page.wait_for_selector(".notebook-accel-dashboard", timeout=60_000)
+                    page.wait_for_function(  # the second launch (the failure) has ended
+                        "() => [...document.querySelectorAll('.notebook-accel-header .na-status')]"
+                        ".map(e => e.textContent.trim()).join(',') === 'finished,failed'", timeout=150_000)
+                except Exception:
+                    page.screenshot(path=os.path.join(ARTIFACTS, f"{name}-failure.png"))
+                    raise
+                page.wait_for_timeout(800)
+                page.locator(".notebook-accel-dashboard").first.scroll_into_view_if_needed()
+                page.screenshot(path=os.path.join(ARTIFACTS, f"{name}.png"), full_page=False)
+                facts = page.evaluate(_DEBUG_FACTS_JS)
+                page.locator(".notebook-accel-dashboard").nth(1).scroll_into_view_if_needed()
+                page.screenshot(path=os.path.join(ARTIFACTS, f"{name}-failure-view.png"), full_page=False)
+            finally:
+                browser.close()
+    finally:
+        if old_tmp is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = old_tmp
+        shutil.rmtree(short_tmp, ignore_errors=True)
+        for _ in server:  # stops the server
+            pass
+
+    dark = "Dark" in theme
+    assert facts["theme_background"] and (facts["theme_background"].lower() in ("#111", "#111111")) == dark, facts
+    assert max(facts["plot_background"][:3]) < 80 if dark else min(facts["plot_background"][:3]) > 200, facts
+    assert facts["label_contrast"] >= 3.0 and facts["tick_contrast"] >= 4.5, facts
+    assert all("peak RSS" in label for label in facts["labels"]), facts["labels"]
+    assert "peak RSS" in facts["header"]
+    assert any("epoch 0: 50/50" in text and "epoch 1: 50/50" in text for text in facts["finished"]), facts
+    assert facts["y_labels"] == ["loss (log)"], facts
+    remote = facts["error_text"]
+    assert "in user_step" in remote and "notebook_accel/rank.py" not in remote.split("The above exception")[0], remote

@@ -285,8 +285,11 @@ def test_text_view_prints_throttled_progress_labelled_logs_and_a_summary(clock):
     # 10 s at one line per bar every 2 s, plus the close, plus the summary: a few a second at most
     assert len(progress_lines) <= 2 * (10 / 2 + 2) + 2, lines
     assert err.getvalue() == "[rank 1] warning: slow\n"
-    assert lines[-5].startswith("notebook_accel: train() · 2 × cpu · finished")
-    assert "100/100" in lines[-4] and "loss=0.125" in lines[-4] and lines[-3] == "[rank 0] finished"
+    assert lines[-8].startswith("notebook_accel: train() · 2 × cpu · finished")
+    assert "100/100" in lines[-7] and "loss=0.125" in lines[-7] and lines[-6] == "[rank 0] finished"
+    # the final metrics table (last/min/max per metric per rank), plain text
+    assert lines[-3:] == ["metrics:", "  metric  rank   last    min    max  reports",
+                          "  loss    0     0.125  0.125  0.125        1"]
 
 
 def test_make_view_picks_text_outside_a_kernel():

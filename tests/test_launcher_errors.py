@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+import os
 import threading
 
 import psutil
@@ -62,18 +63,32 @@ def test_xla_without_torch_xla_is_a_clear_error():
         notebook_launcher(ok, device="xla")
 
 
-def test_unpicklable_capture_is_named():
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_unpicklable_capture_is_named_where_ranks_need_a_pickle(start_method):
     lock = threading.Lock()
 
     def uses_lock():
         with lock:
             return 1
 
-    with pytest.raises(LaunchConfigError, match="captured variable 'lock'"):
-        notebook_launcher(uses_lock, num_processes=2, display="none")
+    with pytest.raises(LaunchConfigError, match="captured variable 'lock'.*or use start_method='fork'"):
+        notebook_launcher(uses_lock, num_processes=2, display="none", start_method=start_method)
     with pytest.raises(LaunchConfigError, match=r"args\[1\]"):
-        notebook_launcher(ok_with_args, args=(1, threading.Lock()), num_processes=2, display="none")
+        notebook_launcher(ok_with_args, args=(1, threading.Lock()), num_processes=2, display="none",
+                          start_method=start_method)
     assert no_children_started() == []
+
+
+def test_unpicklable_objects_are_fine_under_fork():
+    """Forked ranks inherit the function and its arguments: nothing is pickled, so a lock is no problem."""
+    lock = threading.Lock()
+
+    def uses_lock(extra_lock):
+        with lock, extra_lock:
+            return int(os.environ["RANK"])
+
+    assert notebook_launcher(uses_lock, args=(threading.Lock(),), num_processes=2, display="none",
+                             start_method="fork", return_all=True) == [0, 1]
 
 
 def ok_with_args(*args):

@@ -61,3 +61,8 @@ class Backend(ABC):
     @abstractmethod
     def run(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> Outcome:
         """Start every rank, supervise it to the end, leave nothing running; return how it ended."""
+
+    def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
+        """Every running rank's Python stacks (all threads), by rank; callable from any thread while
+        ``run`` runs. A rank that does not answer within ``timeout`` seconds is left out."""
+        return {}

@@ -8,7 +8,9 @@ from __future__ import annotations
 import _thread
 import os
 import signal
+import sys
 import threading
+import traceback
 import time
 from contextlib import contextmanager
 from typing import Dict, Iterator, Optional
@@ -16,8 +18,8 @@ from typing import Dict, Iterator, Optional
 from ..channel import DirectSender, set_rank_channel
 from ..events import RankExited, RankStarted
 from ..outcome import Failure, Outcome
-from ..payload import loads_payload
 from ..rank import run_rank, to_cpu
+from ..tracebacks import hide_launcher_frames
 from .base import Backend, LaunchSink
 from .kernel_capture import captured_fds, deliver_outside_capture
 
@@ -39,7 +41,7 @@ class InlineBackend(Backend):
             with _environment(self.plan.rank_env(0, rendezvous_env)), \
                     captured_fds(deliver), _alarm(self.plan.timeout), \
                     _interrupt_on(sink.stop_requested):
-                run = run_rank(lambda: loads_payload(self.plan.payload), sender, send_result=False,
+                run = run_rank(self.plan.payload.load, sender, send_result=False,
                                passthrough=(_InlineTimeout, KeyboardInterrupt))
         except _InlineTimeout:
             run, outcome = None, Outcome("timeout", still_running=[0])
@@ -50,12 +52,28 @@ class InlineBackend(Backend):
         if run is not None and run.exception is None:
             outcome = Outcome("finished", results={0: to_cpu(run.value)}, exitcodes={0: 0})
         elif run is not None:
-            # run_rank already delivered the failure event; the outcome keeps the exception object itself.
+            # run_rank already delivered the failure event; the outcome keeps the exception object itself,
+            # raised in the kernel starting at the user's code, as a rank's traceback does.
+            hide_launcher_frames(run.exception)
             outcome = Outcome("failed", root=Failure(0, time.monotonic(), event=run.failure),
                               local_exception=run.exception, exitcodes={0: run.exit_code})
         deliver(RankExited(rank=0, exitcode=outcome.exitcodes.get(0),
                            stopped=outcome.status in ("timeout", "stopped")))
         return outcome
+
+    def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
+        """The kernel's own threads: the rank's function runs in its main thread."""
+        return {0: format_thread_stacks()}
+
+
+def format_thread_stacks() -> str:
+    """Every thread's Python stack in this process, most recent call first (as faulthandler prints them)."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        lines = "".join(reversed(traceback.format_stack(frame)))
+        parts.append(f"Thread {ident:#x} ({names.get(ident, '?')}, most recent call first):\n{lines}")
+    return "\n".join(parts)
 
 
 @contextmanager

@@ -14,10 +14,14 @@ from typing import Dict, List, Optional, Tuple
 
 from tqdm.std import tqdm as _tqdm_format  # formatting helpers only (format_meter, format_interval)
 
+from ..metric_table import MetricSummary
 from ..events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate, RankEvent,
-                      RankExited, RankFailed, RankResult, RankStarted)
+                      RankExited, RankFailed, RankResult, RankStarted, ResourceSample)
 
 # Colours of ranks 0..9 (matplotlib's tab10), reused in the plots and the rank rows.
+STALL_AFTER_SECONDS = 10.0  # a rank whose progress has not moved this long while its peers advance is stalled
+SLOWEST_RATIO = 0.8         # a rank is marked slowest when its rate is below this fraction of the others' median
+
 RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                 "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
@@ -47,6 +51,41 @@ def format_value(value: float) -> str:
     if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
         return f"{value:.3e}"
     return f"{value:.4g}"
+
+
+def format_bytes(value: Optional[float]) -> str:
+    """``7.9 GiB``, ``512 MiB``: binary units, as torch's out-of-memory messages and nvidia-smi use."""
+    if value is None:
+        return "?"
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}" if value / size < 100 else f"{value / size:.0f} {unit}"
+    return f"{int(value)} B"
+
+
+def resource_text(sample: Optional[ResourceSample], final: bool = False) -> str:
+    """``RSS 512 MiB · CPU 98% · GPU 3.1/80 GiB (peak 5.0, torch 4.2) · util 87%`` (``final``: the peaks)."""
+    if sample is None:
+        return ""
+    parts = []
+    if final:
+        parts.append(f"peak RSS {format_bytes(sample.peak_rss)}")
+    else:
+        parts.append(f"RSS {format_bytes(sample.rss)}")
+        if sample.cpu_percent is not None:
+            parts.append(f"CPU {sample.cpu_percent:.0f}%")
+    if sample.device_used is not None:
+        peaks = [f"peak {format_bytes(sample.device_peak)}"]
+        if sample.device_peak_allocated is not None:
+            peaks.append(f"torch peak {format_bytes(sample.device_peak_allocated)}")
+        used = (f"GPU {format_bytes(sample.device_used)}/{format_bytes(sample.device_total)}" if not final
+                else "GPU")
+        parts.append(f"{used} ({', '.join(peaks)})")
+        if sample.device_util is not None and not final:
+            parts.append(f"util {sample.device_util:.0f}%")
+    elif sample.device_peak_allocated is not None:
+        parts.append(f"torch peak {format_bytes(sample.device_peak_allocated)}")
+    return " · ".join(parts)
 
 
 class Series:
@@ -129,6 +168,18 @@ class BarState:
             args["total"] = update.n  # tqdm's own behaviour when n overshoots total
         return args
 
+    def summary_line(self) -> str:
+        """A finished loop in one compact line: ``epoch 1: 100/100 [00:03, 33.0it/s, loss=0.3]``."""
+        args = self._format_args("")
+        args["prefix"] = ""
+        args["bar_format"] = ("{n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]" if args.get("total")
+                              else "{n_fmt}{unit} [{elapsed}, {rate_fmt}{postfix}]")
+        try:
+            counts = _tqdm_format.format_meter(**args).strip()
+        except Exception:
+            counts = f"{self.update.n}/{self.update.total}"
+        return f"{self.desc}: {counts}" if self.desc else counts
+
     @property
     def desc(self) -> str:
         return (self.update.desc or "").rstrip().rstrip(":")
@@ -149,6 +200,17 @@ class RankState:
     failure: Optional[RankFailed] = None
     root_cause: bool = False
     output_lines: int = 0
+    resources: Optional[ResourceSample] = None  # the latest sample (memory, CPU, GPU)
+    # finished leave=True loops whose slot a new loop took: one summary line each (the last few kept)
+    finished_loops: List[str] = field(default_factory=list)
+    finished_loop_count: int = 0
+    last_progress_at: Optional[float] = None  # monotonic time a bar of this rank last moved (or it reported)
+    last_output_at: Optional[float] = None    # wall-clock time of its last output line
+
+    def archive(self, bar: BarState, keep: int = 8) -> None:
+        self.finished_loops.append(bar.summary_line())
+        self.finished_loop_count += 1
+        del self.finished_loops[:-keep]
 
     def visible_bars(self) -> List[BarState]:
         return [self.bars[bar_id] for bar_id in self.slots if bar_id is not None]
@@ -175,6 +237,10 @@ class LaunchState:
         self.start_time = time.monotonic()
         self.ranks: Dict[int, RankState] = {}
         self.series: Dict[str, Dict[int, Series]] = {}  # metric -> rank -> points
+        self.x_is_time: Dict[str, bool] = {}  # metric -> x is seconds since the start (reported without step)
+        self.metric_summary = MetricSummary()
+        self.start_wall = time.time()
+        self.stall_after = STALL_AFTER_SECONDS
 
     # ------------------------------------------------------------------------------------------ reading
     @property
@@ -206,10 +272,16 @@ class LaunchState:
         if isinstance(event, OutputLine):
             state = self.rank(event.rank)
             state.output_lines += 1
+            state.last_output_at = time.time()
+            return state
+        if isinstance(event, ResourceSample):
+            state = self.rank(event.rank)
+            state.resources = event
             return state
         if isinstance(event, LaunchStarted):
             self.started = event
             self.start_time = time.monotonic()
+            self.start_wall = time.time()
             for rank in range(event.world_size):
                 self.rank(rank)
             return self
@@ -257,6 +329,8 @@ class LaunchState:
         if state.status == "starting":
             state.status = "running"
         bar = state.bars.get(event.bar_id)
+        if bar is None or bar.update.n != event.n:
+            state.last_progress_at = time.monotonic()
         if bar is None:
             slot = self._free_slot(state, event.position)
             bar = state.bars[event.bar_id] = BarState(event.rank, event.bar_id, event, slot)
@@ -278,6 +352,8 @@ class LaunchState:
             old = state.bars.get(bar_id)
             if old is not None and old.closed and old.update.position == position:
                 del state.bars[bar_id]
+                if old.update.leave:  # tqdm's leave=True: the finished loop stays, as one summary line
+                    state.archive(old)
                 return slot
         state.slots.append(None)
         return len(state.slots) - 1
@@ -285,10 +361,72 @@ class LaunchState:
     def _on_metrics(self, event: MetricReport) -> List[str]:
         state = self.rank(event.rank)
         state.metrics.update(event.metrics)
-        x = float(event.step if event.step is not None else event.seq)
-        for name, value in event.metrics.items():
-            self.series.setdefault(name, {}).setdefault(event.rank, Series()).add(x, float(value))
+        state.last_progress_at = time.monotonic()
+        self.metric_summary.add(event)
+        for step, when, _seq, values in event.calls():
+            for name, value in values.items():
+                # x is the step; a metric first reported without one is plotted against time instead
+                by_time = self.x_is_time.setdefault(name, step is None)
+                if by_time:
+                    x = when - self.start_wall
+                elif step is not None:
+                    x = float(step)
+                else:  # a step-less call of a metric plotted by step: right after its last point
+                    last = self.series.get(name, {}).get(event.rank)
+                    x = last.last[0] + 1 if last is not None and last.last is not None else 0.0
+                self.series.setdefault(name, {}).setdefault(event.rank, Series()).add(x, float(value))
         return list(event.metrics)
+
+    # ------------------------------------------------------------------------------------ stragglers
+    def stalled_for(self, state: RankState, now: Optional[float] = None) -> Optional[float]:
+        """Seconds since ``state``'s progress last moved, when that is ``stall_after`` or more while a peer
+        moved within ``stall_after`` (a rank that is merely waiting with everyone else is not stalled)."""
+        if self.finished is not None or state.status != "running" or len(self.ranks) < 2:
+            return None
+        now = time.monotonic() if now is None else now
+        since = state.last_progress_at if state.last_progress_at is not None else self.start_time
+        idle = now - since
+        if idle < self.stall_after:
+            return None
+        peers_moving = any(peer.last_progress_at is not None and now - peer.last_progress_at < self.stall_after
+                           for peer in self.ranks.values() if peer is not state)
+        return idle if peers_moving else None
+
+    def slowest_rank(self) -> Optional[Tuple[int, float, float]]:
+        """(rank, its rate, the others' median rate) when one running rank's innermost loop is clearly slower
+        than the same loop on every peer (below ``SLOWEST_RATIO`` of their median), else None."""
+        if self.finished is not None or len(self.ranks) < 2:
+            return None
+        rates: Dict[int, float] = {}
+        loops = set()
+        for state in self.ranks.values():
+            bar = state.metrics_bar()
+            if state.status != "running" or bar is None or bar.closed or not bar.update.rate:
+                return None
+            rates[state.rank] = float(bar.update.rate)
+            loops.add((bar.desc, bar.update.position))
+        if len(loops) != 1:  # not the same loop everywhere: rates are not comparable
+            return None
+        slowest = min(rates, key=rates.__getitem__)
+        others = sorted(rate for rank, rate in rates.items() if rank != slowest)
+        median = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1]
+                                                                    + others[len(others) // 2]) / 2
+        if rates[slowest] < SLOWEST_RATIO * median:
+            return slowest, rates[slowest], median
+        return None
+
+    def straggler_text(self, state: RankState, now: Optional[float] = None) -> str:
+        """``no progress for 42 s (last output 12:03:04)`` / ``slowest: 12.0 it/s (others 30.1 it/s)`` / ""."""
+        stalled = self.stalled_for(state, now)
+        if stalled is not None:
+            last = (time.strftime("%H:%M:%S", time.localtime(state.last_output_at))
+                    if state.last_output_at is not None else "none yet")
+            return f"no progress for {stalled:.0f} s (last output {last})"
+        slowest = self.slowest_rank()
+        if slowest is not None and slowest[0] == state.rank:
+            unit = (state.metrics_bar().update.unit or "it") if state.metrics_bar() else "it"
+            return f"slowest: {slowest[1]:.3g} {unit}/s (others {slowest[2]:.3g} {unit}/s)"
+        return ""
 
     # ------------------------------------------------------------------------------------------ summary
     def header_text(self) -> str:
@@ -301,6 +439,24 @@ class LaunchState:
                 parts.append(started.mixed_precision)
         parts.append(self.status)
         parts.append(format_interval(self.elapsed()))
+        return " · ".join(parts)
+
+    def resource_totals(self) -> str:
+        """The header's totals over the ranks: ``RSS 1.0 GiB · CPU 196% · GPU 6.2/160 GiB``."""
+        samples = [state.resources for state in self.ranks.values() if state.resources is not None]
+        if not samples:
+            return ""
+        live = self.finished is None
+        rss = sum((s.rss if live else s.peak_rss) or 0 for s in samples)
+        parts = [f"RSS {format_bytes(rss)}" if live else f"peak RSS {format_bytes(rss)}"]
+        if live:
+            parts.append(f"CPU {sum(s.cpu_percent or 0.0 for s in samples):.0f}%")
+        devices = [s for s in samples if s.device_used is not None]
+        if devices:
+            used = sum((s.device_used if live else s.device_peak) or 0 for s in devices)
+            total = sum(s.device_total or 0 for s in devices)
+            parts.append(f"GPU {format_bytes(used)}/{format_bytes(total)}" if live
+                         else f"peak GPU {format_bytes(used)}")
         return " · ".join(parts)
 
     def rank_status_text(self, state: RankState, mark_root: bool = True) -> str:
@@ -322,13 +478,22 @@ class LaunchState:
             prefix = f"[rank {rank}] "
             bars = state.visible_bars()
             metrics_bar = state.metrics_bar()
+            earlier = state.finished_loop_count - len(state.finished_loops)
+            if earlier:
+                lines.append(prefix + f"… {earlier} earlier finished loop{'s' if earlier > 1 else ''}")
+            lines.extend(prefix + "✓ " + line if not ascii else prefix + "done " + line
+                         for line in state.finished_loops)
             for bar in bars:
                 extra = state.metrics_postfix() if bar is metrics_bar else ""
                 lines.append(prefix + bar.meter(extra, ascii=ascii, ncols=ncols))
             if not bars and state.metrics:
                 lines.append(prefix + state.metrics_postfix())
-            lines.append(prefix + self.rank_status_text(state))
+            resources = resource_text(state.resources, final=self.finished is not None)
+            lines.append(prefix + self.rank_status_text(state) + (f" · {resources}" if resources else ""))
         finished = self.finished
         if finished is not None and finished.error:
             lines.append(f"error: {finished.error}")
+        if finished is not None and self.metric_summary:
+            lines.append("metrics:")
+            lines.extend("  " + line for line in self.metric_summary.text().splitlines())
         return lines

@@ -46,6 +46,7 @@ class TextView:
         self._printed_at: Dict[int, float] = {}  # id(bar) -> time of its last progress line
         self._printed_n: Dict[int, float] = {}
         self._pending: Dict[int, BarState] = {}
+        self._stalled: set = set()
 
     # Resolved at write time so a view made before ipykernel swapped sys.stdout still writes to the cell.
     def _out(self, stream: str) -> TextIO:
@@ -72,9 +73,21 @@ class TextView:
     def tick(self) -> None:
         with self._lock:
             now = time.monotonic()
+            self._report_stalls(now)
             for key, bar in list(self._pending.items()):
                 if now - self._printed_at.get(key, 0.0) >= self.progress_interval:
                     self._print_bar(bar, now)
+
+    def _report_stalls(self, now: float) -> None:
+        """One line when a rank stalls while its peers advance (once per stall, not every tick)."""
+        for rank, state in self.state.ranks.items():
+            stalled = self.state.stalled_for(state, now) is not None
+            if stalled and rank not in self._stalled:
+                self._out("stdout").write(f"[rank {rank}] {self.state.straggler_text(state, now)}\n")
+            if stalled:
+                self._stalled.add(rank)
+            else:
+                self._stalled.discard(rank)
 
     def _on_bar(self, bar: BarState) -> None:
         key = id(bar)

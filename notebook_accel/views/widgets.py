@@ -5,7 +5,12 @@ Layout::
     header   train() · 2 × cpu · running · 00:12
     rank 0   [desc  ████████░░░░]  45% 45/100 [00:01<00:01, 40.1it/s, loss=0.31]
     rank 1   [desc  ███████░░░░░]  41% 41/100 [00:01<00:01, 38.7it/s, loss=0.33]
-    plots    one SVG line plot per reported metric, one line per rank, axes and legend
+    plots    one SVG line plot per reported metric, one line per rank, axes and legend; a y-scale picker per
+             plot (log past two decades by default), a smoothing slider
+
+Each rank row also shows its memory and CPU (and GPU) from ``ResourceSample`` events, a mark while it is
+stalled or clearly the slowest, its finished ``leave=True`` loops as one line each, and (button "where is
+each rank?") its Python stack. At the end, a last/min/max metrics table is left as plain output.
 
 Choices, and why:
 
@@ -34,8 +39,9 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 import ipywidgets as widgets
 
 from ..events import (LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate, RankEvent,
-                      RankExited, RankFailed, RankResult, RankStarted)
-from .model import STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, rank_colour
+                      RankExited, RankFailed, RankResult, RankStacks, RankStarted, ResourceSample)
+from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, rank_colour,
+                    resource_text)
 from .plot import render_line_plot
 
 __all__ = ["WidgetView", "DashboardBox"]
@@ -88,9 +94,12 @@ class _RankRow:
 
     def __init__(self, rank: int) -> None:
         self.label = widgets.HTML(value="")
+        self.done = widgets.HTML(value="", layout=widgets.Layout(display="none"))  # finished loops
+        self.done_count = 0
         self.bars = widgets.VBox([])
         self.error = widgets.HTML(value="", layout=widgets.Layout(display="none"))
-        self.box = widgets.VBox([self.label, self.bars, self.error], layout=widgets.Layout(
+        self.stacks = widgets.HTML(value="", layout=widgets.Layout(display="none"))  # "where is each rank?"
+        self.box = widgets.VBox([self.label, self.done, self.bars, self.error, self.stacks], layout=widgets.Layout(
             border_left=f"4px solid {rank_colour(rank)}", padding="0 0 0 8px", margin="3px 0"))
         self.box.add_class("notebook-accel-rank")
         self.slots: List[_BarRow] = []
@@ -136,11 +145,26 @@ class WidgetView:
 
         self.header = widgets.HTML(value=self._header_html())
         self.ranks_box = widgets.VBox([])
-        self.plots_box = widgets.HBox([], layout=widgets.Layout(flex_flow="row wrap", display="none"))
+        self.plots_box = widgets.HBox([], layout=widgets.Layout(flex_flow="row wrap"))
+        self.smoothing = widgets.FloatSlider(value=0.0, min=0.0, max=0.99, step=0.01, description="smoothing",
+                                             continuous_update=False, readout_format=".2f",
+                                             layout=widgets.Layout(width="300px"))
+        self.smoothing.observe(lambda _change: self._redraw_plots(), names="value")
+        self.plots_area = widgets.VBox([self.plots_box, self.smoothing], layout=widgets.Layout(display="none"))
+        self._plot_scales: Dict[str, widgets.Dropdown] = {}
+        self._plot_boxes: Dict[str, widgets.VBox] = {}
         self.log_box = widgets.HTML(value="", layout=widgets.Layout(display="none"))
-        self.widget = DashboardBox(self.summary, children=[self.header, self.ranks_box, self.plots_box,
-                                                           self.log_box],
-                                   layout=widgets.Layout(border="1px solid #ddd", padding="6px 8px"))
+        self.metrics_table = widgets.HTML(value="", layout=widgets.Layout(display="none"))
+        # "where is each rank?": shown when ``on_dump_stacks`` is set (the launcher wires Launch.dump_stacks)
+        self.on_dump_stacks: Optional[Callable[[], Dict[int, str]]] = None
+        self.stacks_button = widgets.Button(description="where is each rank?", icon="search",
+                                            tooltip="show every running rank's Python stack",
+                                            layout=widgets.Layout(display="none", width="auto"))
+        self.stacks_button.on_click(lambda _button: self.show_stacks())
+        self.widget = DashboardBox(self.summary, children=[self.header, self.stacks_button, self.ranks_box,
+                                                           self.plots_area, self.metrics_table, self.log_box],
+                                   layout=widgets.Layout(border="1px solid var(--jp-border-color2, #ddd)",
+                                                         padding="6px 8px"))
         self.widget.add_class("notebook-accel-dashboard")
 
         self._rank_rows: Dict[int, _RankRow] = {}
@@ -154,6 +178,10 @@ class WidgetView:
         self._log_lines: Deque[str] = deque(maxlen=self.log_tail)
         self._log_total = 0
         self._log_at = 0.0
+        self._dirty_labels: set = set()          # ranks whose label (resources, stall mark) needs a redraw
+        self._straggler_marks: Dict[int, str] = {}
+        self._stragglers_at = 0.0
+        self._label_drawn: Dict[int, float] = {}
 
     # ------------------------------------------------------------------------------------ View protocol
     def handle(self, event: RankEvent) -> None:
@@ -166,6 +194,10 @@ class WidgetView:
                 self._log_buffer.append((event.stream, f"[rank {event.rank}] {clean_line(event.text)}\n"))
             elif isinstance(event, MetricReport):
                 self._on_metrics(event, changed)  # type: ignore[arg-type]
+            elif isinstance(event, ResourceSample):
+                self._dirty_labels.add(event.rank)
+            elif isinstance(event, RankStacks):
+                self._show_stack(event.rank, event.text, time.strftime("%H:%M:%S"))
             elif isinstance(event, LaunchStarted):
                 self._on_started()
             elif isinstance(event, (RankStarted, RankResult, RankFailed, RankExited)):
@@ -180,6 +212,36 @@ class WidgetView:
     def tick(self) -> None:
         with self._lock:
             self._flush(time.monotonic())
+
+    def show_stacks(self) -> Dict[int, str]:
+        """Ask ``on_dump_stacks`` where each rank is and show each stack in its rank's row.
+
+        The button calls this; it only responds while the kernel is free to handle widget messages (a launch
+        from ``launch_panel`` or ``start_launch``): a cell blocked in ``notebook_launcher`` handles the click
+        when it ends. Returns {rank: stack text}.
+        """
+        callback = self.on_dump_stacks
+        if callback is None:
+            return {}
+        try:
+            stacks = dict(callback())
+        except Exception as error:  # the ranks may be gone between the click and the dump
+            stacks = {rank: f"(could not get the stack: {type(error).__name__}: {error})"
+                      for rank in self.state.ranks}
+        when = time.strftime("%H:%M:%S")
+        with self._lock:
+            for rank, text in sorted(stacks.items()):
+                self._show_stack(rank, text, when)
+        return stacks
+
+    def _show_stack(self, rank: int, text: str, when: str) -> None:
+        row = self._rank_rows.get(rank)
+        if row is None:
+            return
+        row.stacks.value = (f'<details open><summary style="font-size:11px">where rank {rank} was at '
+                            f'{when}</summary><pre style="font-size:11px;max-height:260px;overflow:auto">'
+                            f"{escape(text)}</pre></details>")
+        row.stacks.layout.display = None
 
     # ------------------------------------------------------------------------------------------- summary
     def summary(self) -> str:
@@ -197,6 +259,8 @@ class WidgetView:
         for rank in sorted(self.state.ranks):
             self._rank_row(rank)
         self._draw_header()
+        if self.on_dump_stacks is not None:
+            self.stacks_button.layout.display = None
         if self._display:
             from IPython.display import display
 
@@ -204,7 +268,11 @@ class WidgetView:
 
     def _on_bar(self, bar: BarState, now: float) -> None:
         key = (bar.rank, bar.bar_id)
-        row = self._rank_row(bar.rank).row(bar.slot)
+        rank_row = self._rank_row(bar.rank)
+        state = self.state.rank(bar.rank)
+        if rank_row.done_count != state.finished_loop_count:
+            self._draw_finished_loops(rank_row, state)
+        row = rank_row.row(bar.slot)
         if bar.closed or row.bar_id != bar.bar_id or now - row.sent_at >= self.bar_interval:
             self._dirty_bars.pop(key, None)
             self._draw_bar(bar, row, now)
@@ -232,6 +300,8 @@ class WidgetView:
         self._dirty_plots.clear()
         self._flush_logs(now)
         self._draw_header()
+        self.stacks_button.layout.display = "none"
+        self._show_metrics_table()
         if self._display_handle is not None:
             # Re-publish so the saved text/plain becomes the final summary (the widget itself is unchanged).
             try:
@@ -249,13 +319,58 @@ class WidgetView:
                 del self._dirty_bars[key]
                 self._draw_bar(bar, row, now)
         for name in list(self._dirty_plots):
-            if now - self._plot_drawn.get(name, 0.0) >= self.plot_interval:
+            if now - self._plot_drawn.get(name, 0.0) >= self.plot_interval_now():
                 del self._dirty_plots[name]
                 self._draw_plot(name, now)
+        if now - self._stragglers_at >= 0.5:  # stall / slowest marks change with time, not only with events
+            self._stragglers_at = now
+            for rank, state in self.state.ranks.items():
+                mark = self.state.straggler_text(state, now)
+                if mark != self._straggler_marks.get(rank, ""):
+                    self._straggler_marks[rank] = mark
+                    self._dirty_labels.add(rank)
+        if self._dirty_labels:
+            # Each label at most every label_interval() s: ≤ 4 label messages a second whatever the world size.
+            interval = self.label_interval()
+            for rank in sorted(self._dirty_labels):
+                if now - self._label_drawn.get(rank, 0.0) >= interval:
+                    self._dirty_labels.discard(rank)
+                    self._draw_rank_label(self.state.rank(rank))
         if now - self._header_at >= self.header_interval or self._header_status != self.state.status:
             self._draw_header()
         if self._log_buffer and now - self._log_at >= self.log_interval:
             self._flush_logs(now)
+
+    def _show_metrics_table(self) -> None:
+        """The final last/min/max table: in the widget, and (in a cell) as a plain HTML + text output, which
+        a saved notebook keeps where widgets do not render (GitHub, nbconvert)."""
+        summary = self.state.metric_summary
+        if not summary:
+            return
+        table = summary.html()
+        if self._display:  # in a cell: one plain output (shown live and kept in the saved notebook)
+            from IPython.display import display
+
+            display({"text/html": table, "text/plain": "metrics:\n" + summary.text()}, raw=True)
+            return
+        self.metrics_table.value = (f'<details open><summary style="font-size:12px"><b>metrics</b> '
+                                    f"(last / min / max per rank)</summary>{table}</details>")
+        self.metrics_table.layout.display = None
+
+    @staticmethod
+    def _draw_finished_loops(row: _RankRow, state: RankState) -> None:
+        """Finished leave=True loops, one compact line each (a new loop took their slot)."""
+        row.done_count = state.finished_loop_count
+        earlier = state.finished_loop_count - len(state.finished_loops)
+        lines = ([f"… {earlier} earlier finished loop{'s' if earlier > 1 else ''}"] if earlier else [])
+        lines += [f"✓ {line}" for line in state.finished_loops]
+        row.done.value = ('<div class="notebook-accel-finished" style="font-family:monospace;font-size:11px;'
+                          'line-height:1.35;white-space:pre;opacity:0.8">' + escape("\n".join(lines)) + "</div>")
+        row.done.layout.display = None
+
+    def label_interval(self) -> float:
+        """Seconds between two redraws of one rank's label: 1 s up to 4 ranks, then longer (8 ranks: 2 s)."""
+        return max(1.0, self.state.world_size / 4.0)
 
     def _rank_row(self, rank: int) -> _RankRow:
         row = self._rank_rows.get(rank)
@@ -306,39 +421,50 @@ class WidgetView:
 
     def _header_html(self) -> str:
         state = self.state
-        colour = STATUS_COLOURS.get(state.status, "#333")
+        colour = STATUS_COLOURS.get(state.status, "inherit")
         started = state.started
         items = [
             ("device", state.device if started else "…"),
             ("world size", str(state.world_size) if started else "…"),
-            ("status", f'<span style="color:{colour}">{escape(state.status)}</span>'),
+            ("status", f'<span style="{readable(colour)}">{escape(state.status)}</span>'),
             ("elapsed", format_interval(state.elapsed())),
         ]
         if started is not None and started.mixed_precision not in ("", "no"):
             items.append(("precision", escape(started.mixed_precision)))
+        totals = state.resource_totals()
+        if totals:
+            items.append(("resources", escape(totals)))
         cells = "".join(f'<span style="margin-right:18px">{name}: <b class="na-{name.replace(" ", "-")}">'
                         f"{value}</b></span>" for name, value in items)
         title = escape(f"{started.function_name}()") if started is not None and started.function_name else ""
         return (f'<div class="notebook-accel-header" style="font-size:13px;padding:2px 0 4px 0">'
-                f'<b>notebook_accel</b> <span style="color:#666;margin-right:18px">{title}</span>{cells}</div>')
+                f'<b>notebook_accel</b> <span style="color:var(--jp-ui-font-color2, #666);margin-right:18px">'
+                f"{title}</span>{cells}</div>")
 
     def _draw_rank_label(self, state: RankState) -> None:
         row = self._rank_rows.get(state.rank)
         if row is None:
             return
-        colour = rank_colour(state.rank)
-        status_colour = STATUS_COLOURS.get(state.status, "#333")
+        self._label_drawn[state.rank] = time.monotonic()
+        colour = readable(rank_colour(state.rank))
+        status_colour = STATUS_COLOURS.get(state.status, "inherit")
         pid = f" · pid {state.pid}" if state.pid else ""
         mark = ""
+        straggler = self._straggler_marks.get(state.rank, "") if self.state.finished is None else ""
+        if straggler:
+            mark = f' <b class="notebook-accel-straggler" style="color:#e67e22">⚠ {escape(straggler)}</b>'
         if state.root_cause:
             mark = ' <b style="color:#d62728">✖ root cause</b>'
             row.box.layout.border_left = "4px solid #d62728"
-            row.box.layout.background_color = "#fdecea"
+            row.box.layout.background_color = "rgba(214, 39, 40, 0.10)"  # a tint: readable in light and dark
+        resources = resource_text(state.resources, final=self.state.finished is not None)
+        resources = (f' · <span class="notebook-accel-resources">{escape(resources)}</span>'
+                     if resources else "")
         row.label.value = (f'<span class="notebook-accel-rank-label" style="font-size:12px">'
-                           f'<b style="color:{colour}">rank {state.rank}</b>{pid} · '
-                           f'<span style="color:{status_colour}">'
+                           f'<b style="{colour}">rank {state.rank}</b>{pid} · '
+                           f'<span style="{readable(status_colour)}">'
                            f'{escape(self.state.rank_status_text(state, mark_root=False))}'
-                           f"</span>{mark}</span>")
+                           f"</span>{resources}{mark}</span>")
 
     def _draw_failure(self, state: RankState) -> None:
         row = self._rank_rows.get(state.rank)
@@ -346,9 +472,14 @@ class WidgetView:
             return
         failure = state.failure
         finished = self.state.finished
+        full = ""
         if failure is not None:
             headline = f"{failure.exc_type.rsplit('.', 1)[-1]}: {failure.message}"
             traceback = failure.traceback
+            if failure.full_traceback and failure.full_traceback != failure.traceback:
+                full = (f'<details><summary style="font-size:11px;opacity:0.75">full traceback, with '
+                        f'notebook_accel\'s own frames (for a bug report)</summary><pre style="font-size:11px;'
+                        f'max-height:240px;overflow:auto">{escape(failure.full_traceback)}</pre></details>')
         elif finished is not None and state.root_cause:
             headline, traceback = finished.error or "failed", finished.traceback or ""
         else:
@@ -356,9 +487,9 @@ class WidgetView:
         if state.root_cause or (finished is None):
             body = (f'<details open><summary style="color:#d62728"><b>{escape(headline)}</b></summary>'
                     f'<pre style="font-size:11px;line-height:1.3;max-height:320px;overflow:auto;'
-                    f'background:#fff5f5;padding:4px">{escape(traceback)}</pre></details>')
+                    f'background:rgba(214,39,40,0.06);padding:4px">{escape(traceback)}</pre>{full}</details>')
         else:  # collateral failure of a peer (e.g. "Connection closed by peer"): one line, folded traceback
-            body = (f'<details><summary style="color:#a33">{escape(headline)} (collateral)</summary>'
+            body = (f'<details><summary style="color:#d62728">{escape(headline)} (collateral)</summary>'
                     f'<pre style="font-size:11px;max-height:200px;overflow:auto">{escape(traceback)}</pre>'
                     f"</details>")
         row.error.value = body
@@ -370,15 +501,40 @@ class WidgetView:
         series = self.state.series.get(name)
         if not series:
             return
-        svg = render_line_plot(name, {rank: s.view() for rank, s in series.items()})
+        scale = self._plot_scales[name].value if name in self._plot_scales else "auto"
+        svg = render_line_plot(name, {rank: s.view() for rank, s in series.items()},
+                               x_label="time (s)" if self.state.x_is_time.get(name) else "step",
+                               log_y=None if scale == "auto" else scale == "log",
+                               smoothing=float(self.smoothing.value))
         plot = self._plots.get(name)
         if plot is None:
-            plot = self._plots[name] = widgets.HTML(value=svg, layout=widgets.Layout(margin="4px 8px 0 0"))
+            plot = self._plots[name] = widgets.HTML(value=svg)
             plot.add_class("notebook-accel-plot")
-            self.plots_box.children = tuple(self._plots[n] for n in self._plots)
-            self.plots_box.layout.display = None
+            picker = self._plot_scales[name] = widgets.Dropdown(
+                options=[("y: auto", "auto"), ("y: linear", "linear"), ("y: log", "log")], value="auto",
+                tooltip="y axis: auto is log when the values span more than two decades",
+                layout=widgets.Layout(width="110px"))
+            picker.observe(lambda _change, name=name: self._redraw_plot(name), names="value")
+            box = widgets.VBox([plot, picker], layout=widgets.Layout(margin="4px 8px 0 0"))
+            self._plot_boxes[name] = box
+            self.plots_box.children = tuple(self._plot_boxes[n] for n in self._plot_boxes)
+            self.plots_area.layout.display = None
         else:
             plot.value = svg
+
+    def _redraw_plot(self, name: str) -> None:
+        """A control changed (scale, smoothing): redraw now, whatever the throttle says."""
+        with self._lock:
+            self._draw_plot(name, time.monotonic())
+
+    def _redraw_plots(self) -> None:
+        with self._lock:
+            for name in list(self._plots):
+                self._draw_plot(name, time.monotonic())
+
+    def plot_interval_now(self) -> float:
+        """Seconds between two redraws of one plot: 1 s up to 3 plots, then longer (≤ 3 plot messages a second)."""
+        return max(self.plot_interval, len(self._plots) / 3.0)
 
     def _flush_logs(self, now: float) -> None:
         self._log_at = now
@@ -403,6 +559,14 @@ class WidgetView:
                 run_stream, run = stream, []
             run.append(text)
         _write(run_stream, "".join(run))
+
+
+def readable(colour: str) -> str:
+    """CSS for text in ``colour`` that stays readable on light and dark themes: the colour mixed with the
+    theme's font colour (darker on white, lighter on black), plain ``colour`` where color-mix is unknown."""
+    if colour == "inherit":
+        return "color:inherit"
+    return f"color:{colour};color:color-mix(in srgb, {colour} 75%, var(--jp-ui-font-color1, #000))"
 
 
 def _write(stream: str, text: str) -> None:

@@ -5,15 +5,21 @@
 """
 from __future__ import annotations
 
-import fcntl
 import multiprocessing
 import multiprocessing.util
 import os
 import signal
+import threading
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from multiprocessing import reduction
-from typing import Dict, List
+from multiprocessing import reduction, spawn
+from typing import Dict, Iterator, List
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
 from ...forkserver_preload import KERNEL_TEMPDIR_VARIABLE
 from ...outcome import Outcome
@@ -33,6 +39,11 @@ class RankProcess:
     stdout_fd: int
     stderr_fd: int
     events_fd: int
+    stacks_fd: int   # faulthandler writes the rank's Python stacks here on SIGUSR1 (``Launch.dump_stacks``)
+
+    @property
+    def fds(self) -> List[int]:
+        return [self.stdout_fd, self.stderr_fd, self.events_fd, self.stacks_fd]
 
     @property
     def pid(self) -> int:
@@ -66,19 +77,24 @@ class ProcessBackend(Backend):
             # Read by the server (it inherits the environment when it starts) to clean up after a killed kernel.
             os.environ[KERNEL_TEMPDIR_VARIABLE] = f"{os.getpid()}:{multiprocessing.util.get_temp_dir()}"
         self._lifeline_r, self._lifeline_w = os.pipe()
+        self._supervisor = None
 
     def run(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> Outcome:
         from .supervisor import Supervisor
 
         try:
             ranks = self.start(rendezvous_env)
-            supervisor = Supervisor(
+            self._supervisor = Supervisor(
                 ranks, sink.deliver, sink.tick, timeout=self.plan.timeout,
                 expect_results=lambda rank: self.plan.return_all or rank == 0,
                 stop_requested=sink.stop_requested)
-            return supervisor.run()
+            return self._supervisor.run()
         finally:
             self.close()
+
+    def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
+        supervisor = self._supervisor
+        return supervisor.request_stacks(timeout) if supervisor is not None else {}
 
     def start(self, rendezvous_env: Dict[str, str]) -> List[RankProcess]:
         ranks: List[RankProcess] = []
@@ -89,7 +105,7 @@ class ProcessBackend(Backend):
             for started in ranks:
                 started.signal_group(signal.SIGKILL)
                 started.process.join()
-                for fd in (started.stdout_fd, started.stderr_fd, started.events_fd):
+                for fd in started.fds:
                     os.close(fd)
             raise
         finally:
@@ -101,29 +117,35 @@ class ProcessBackend(Backend):
         if self._lifeline_w >= 0:
             os.close(self._lifeline_w)
             self._lifeline_w = -1
+        self.plan.payload.close()
 
     def _start_rank(self, rank: int, rendezvous_env: Dict[str, str], started: List[RankProcess]) -> RankProcess:
-        pipes = {name: _pipe() for name in ("stdout", "stderr", "events")}
+        pipes = {name: _pipe() for name in ("stdout", "stderr", "events", "stacks")}
         inherited: List[int] = []
         if self.plan.start_method == "fork":
             # A forked rank inherits every fd of the kernel; it must close the kernel's ends, or a pipe would
             # never reach EOF and the lifeline would never break.
             inherited = [self._lifeline_w] + [read for read, _ in pipes.values()]
             for other in started:
-                inherited += [other.stdout_fd, other.stderr_fd, other.events_fd]
+                inherited += other.fds
+        plan = self.plan
         spec = RankSpec(
-            rank=rank, world_size=self.plan.world_size,
-            env=self.plan.rank_env(rank, rendezvous_env), payload=self.plan.payload,
+            rank=rank, world_size=plan.world_size,
+            env={**plan.kernel_env, **plan.rank_env(rank, rendezvous_env)},
+            cwd=plan.kernel_cwd, sys_path=plan.kernel_sys_path,
+            # fork: the kernel's own objects, inherited; otherwise pickled once, large data in shared memory
+            payload=plan.payload if plan.start_method == "fork" else plan.payload.pickled(),
             send_result=self.plan.return_all or rank == 0,
             stdout_fd=PassedFd(pipes["stdout"][1]),
             stderr_fd=PassedFd(pipes["stderr"][1]),
             events_fd=PassedFd(pipes["events"][1]),
+            stacks_fd=PassedFd(pipes["stacks"][1]),
             lifeline_fd=PassedFd(self._lifeline_r),
             inherited_fds=inherited,
         )
         process = self.context.Process(target=rank_main, args=(spec,), name=f"notebook_accel-rank-{rank}")
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), main_not_rerun():
                 # Python >= 3.12 warns on fork in a multi-threaded process (every Jupyter kernel); the rank
                 # replaces what it inherited from those threads (streams, signal handlers) first thing.
                 warnings.simplefilter("ignore", DeprecationWarning)
@@ -131,7 +153,8 @@ class ProcessBackend(Backend):
         finally:
             for _, write in pipes.values():
                 os.close(write)  # the kernel keeps only read ends: EOF once the rank is gone
-        return RankProcess(rank, process, pipes["stdout"][0], pipes["stderr"][0], pipes["events"][0])
+        return RankProcess(rank, process, pipes["stdout"][0], pipes["stderr"][0], pipes["events"][0],
+                           pipes["stacks"][0])
 
 
 class PassedFd:
@@ -151,9 +174,46 @@ def _rebuild_passed_fd(duplicated) -> PassedFd:
 
 def _pipe():
     read, write = os.pipe()
-    if hasattr(fcntl, "F_SETPIPE_SZ"):
+    if fcntl is not None and hasattr(fcntl, "F_SETPIPE_SZ"):
         try:
             fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
         except OSError:  # over /proc/sys/fs/pipe-max-size for unprivileged users
             pass
     return read, write
+
+
+_skip_main = threading.local()
+
+
+@contextmanager
+def main_not_rerun() -> Iterator[None]:
+    """Start forkserver/spawn children without re-running the launching script's ``__main__``.
+
+    multiprocessing makes such a child import the parent's main script (as ``__mp_main__``) so that
+    functions pickled by reference resolve; a script that calls ``notebook_launcher`` without an
+    ``if __name__ == "__main__":`` guard would then launch again in every rank and die with
+    multiprocessing's bootstrap error. Our ranks never need it: the function travels by value
+    (cloudpickle). Only this thread's starts are affected.
+    """
+    _install_preparation_filter()
+    _skip_main.active = True
+    try:
+        yield
+    finally:
+        _skip_main.active = False
+
+
+def _install_preparation_filter() -> None:
+    if getattr(spawn.get_preparation_data, "_notebook_accel", False):
+        return
+    original = spawn.get_preparation_data
+
+    def get_preparation_data(name):
+        data = original(name)
+        if getattr(_skip_main, "active", False):
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+        return data
+
+    get_preparation_data._notebook_accel = True  # type: ignore[attr-defined]
+    spawn.get_preparation_data = get_preparation_data

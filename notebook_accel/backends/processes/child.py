@@ -6,19 +6,22 @@ the user's function is ``notebook_accel.rank``, shared with every other backend.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import faulthandler
 import io
+import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
 from ...channel import EventSender
 from ...events import RankStarted
-from ...payload import loads_payload
 from ...rank import run_rank
 
 # Written into os.environ of every rank, so that code made for torchrun or HF accelerate works unchanged.
@@ -36,12 +39,15 @@ class RankSpec:
 
     rank: int
     world_size: int
-    env: Dict[str, str]
-    payload: bytes
+    env: Dict[str, str]            # the kernel's os.environ when the launch was called, plus the launch's own
+    cwd: str                       # the kernel's working directory then
+    sys_path: List[str]            # and its sys.path
+    payload: Any                   # payload.Payload (fork: inherited objects) or payload.PickledPayload
     send_result: bool
     stdout_fd: Any
     stderr_fd: Any
     events_fd: Any
+    stacks_fd: Any
     lifeline_fd: Any
     # fork only: kernel-side fds the child inherited and must close (read ends, the lifeline's write end).
     inherited_fds: List[int] = field(default_factory=list)
@@ -50,19 +56,110 @@ class RankSpec:
 def rank_main(spec: RankSpec) -> None:
     """Entry point of every rank process (the ``target`` of the multiprocessing Process)."""
     _detach_from_kernel_signals()
+    # First, so that no SIGUSR1 from Launch.dump_stacks() can find the default action (terminate) in place.
+    faulthandler.register(signal.SIGUSR1, file=_take_fd(spec.stacks_fd), all_threads=True, chain=False)
     _die_with_launcher(spec)
     for fd in spec.inherited_fds:
         _close_quietly(fd)
-    os.environ.update(spec.env)
+    # What a forked rank inherited from the kernel (ipykernel's, zmq's handlers), or a forkserver rank from
+    # the server, is not the rank's to run; what the rank registers itself runs when it ends.
+    atexit._clear()
+    # The rank's main thread, as in any Python program: threads the function starts are non-daemon (and
+    # waited for at the end) even when the launch forked from a daemon thread (``start_launch``, the panel).
+    threading.current_thread()._daemonic = False  # type: ignore[attr-defined]  # no public setter once started
+    as_launched(spec)
     _set_torch_threads(int(spec.env.get("OMP_NUM_THREADS", "0")))
     _capture_output(_take_fd(spec.stdout_fd), _take_fd(spec.stderr_fd))
     sender = EventSender(_take_fd(spec.events_fd), spec.rank)
     sender.send(RankStarted(rank=spec.rank, pid=os.getpid()))
-    run = run_rank(lambda: loads_payload(spec.payload), sender, send_result=spec.send_result)
-    _flush_streams()
+    run = run_rank(lambda: _known_to_main(spec.payload.load()), sender, send_result=spec.send_result)
+    end_like_python(spec.rank)
     sender.close()
-    # os._exit: a forked rank must not run the kernel's atexit handlers (ipykernel, zmq) it inherited.
     os._exit(run.exit_code)
+
+
+# ------------------------------------------------------------------------------------ a torchrun rank's world
+
+def as_launched(spec: RankSpec) -> None:
+    """The kernel's environment, working directory and sys.path as they were when the launch was called.
+
+    A forked rank has them already; a forkserver rank would otherwise see the server's, from when the
+    server started (variables set in a cell since then — NCCL_*, WANDB_*, CUDA_VISIBLE_DEVICES — missing).
+    Inside the rank, multiprocessing's default start method is the platform's, as in a torchrun rank (a
+    forkserver or spawn child otherwise inherits its own), so DataLoader workers fork as usual.
+    """
+    os.environ.clear()
+    os.environ.update(spec.env)
+    try:
+        os.chdir(spec.cwd)
+    except OSError:  # the kernel's directory is gone; stay where the rank started
+        pass
+    sys.path[:] = spec.sys_path
+    multiprocessing.set_start_method(None, force=True)
+
+
+def _known_to_main(call):
+    """Classes and functions the notebook defined resolve by name in the rank's ``__main__``.
+
+    cloudpickle sends them by value; registering them in the rank's ``__main__`` lets ``pickle``,
+    ``torch.save`` and DataLoader workers refer to them by name, as in the notebook. (A forked rank's
+    ``__main__`` is the notebook's own.)
+    """
+    function, args, kwargs = call
+    main = sys.modules["__main__"]
+    named = dict(getattr(function, "__globals__", {}))
+    for value in (function, *args, *kwargs.values()):
+        named.setdefault(getattr(value, "__name__", ""), value)
+        named.setdefault(type(value).__name__, type(value))
+    for name, value in named.items():
+        if (name and getattr(value, "__module__", None) == "__main__" and not hasattr(main, name)
+                and (isinstance(value, type) or callable(value))):
+            setattr(main, name, value)
+    return call
+
+
+EXIT_GRACE_VARIABLE = "NOTEBOOK_ACCEL_EXIT_GRACE"
+DEFAULT_EXIT_GRACE = 30.0
+
+
+def end_like_python(rank: int) -> None:
+    """End the rank the way a Python program ends after its main code: wait for non-daemon threads
+    (an async checkpoint writer, an uploader), run ``atexit`` handlers (wandb's finish, loggers' flush),
+    join the rank's own non-daemon child processes, flush. Threads still running after the grace period
+    (``NOTEBOOK_ACCEL_EXIT_GRACE`` seconds, 30 by default) are named on stderr and the rank ends anyway."""
+    grace = _exit_grace()
+    deadline = time.monotonic() + grace
+    for thread in threading.enumerate():
+        if thread is threading.current_thread() or thread.daemon:
+            continue
+        thread.join(max(0.0, deadline - time.monotonic()))
+    running = [thread.name for thread in threading.enumerate()
+               if thread.is_alive() and not thread.daemon and thread is not threading.current_thread()]
+    if running:
+        names = ", ".join(repr(name) for name in running)
+        print(f"notebook_accel: rank {rank}'s function returned {grace:g} s ago, but non-daemon thread(s) "
+              f"{names} still run; ending the rank (raise {EXIT_GRACE_VARIABLE} to wait longer)",
+              file=sys.stderr)
+    else:
+        atexit._run_exitfuncs()
+        try:
+            multiprocessing.util._exit_function()  # joins non-daemon children, as at a program's exit
+        except Exception:
+            pass
+    try:
+        import logging
+
+        logging.shutdown()
+    except Exception:
+        pass
+    _flush_streams()
+
+
+def _exit_grace() -> float:
+    try:
+        return max(0.0, float(os.environ.get(EXIT_GRACE_VARIABLE, DEFAULT_EXIT_GRACE)))
+    except ValueError:
+        return DEFAULT_EXIT_GRACE
 
 
 # --------------------------------------------------------------------------------------------- process set-up
@@ -72,7 +169,7 @@ def _detach_from_kernel_signals() -> None:
     which then stops the ranks, and the launcher can kill a rank's whole group (its subprocesses too)."""
     try:
         os.setsid()
-    except OSError:  # already a group leader
+    except (OSError, AttributeError):  # already a group leader; no sessions (Windows)
         pass
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

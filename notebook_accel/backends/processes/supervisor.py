@@ -9,16 +9,18 @@ from __future__ import annotations
 import codecs
 import os
 import pickle
+import queue
 import select
 import selectors
 import signal
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ...channel import EventDecoder
 from ...errors import LaunchError
-from ...events import OutputLine, RankEvent, RankExited, RankFailed, RankResult
+from ...events import OutputLine, RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted
 from ...outcome import Failure, Outcome, choose_root_cause, is_interrupt, signal_name
 from .backend import RankProcess
 
@@ -26,13 +28,23 @@ TICK_SECONDS = 0.1          # view.tick() cadence, and the longest the loop slee
 ROOT_CAUSE_WINDOW = 0.25    # after a first failure, how long to collect others before naming the root cause
 TERMINATE_GRACE = 1.0       # SIGTERM, then SIGKILL after this
 DRAIN_AFTER_EXIT = 1.0      # how long to wait for pipe EOF once a rank is gone (its children may hold them)
+STACKS_WAIT = 2.0           # how long a timeout waits for the ranks' stack dumps
+STACKS_QUIET = 0.15         # a dump is complete once its pipe has been quiet this long
 _READ_BYTES = 1 << 16
+
+
+@dataclass
+class _StackRequest:
+    timeout: float
+    done: threading.Event = field(default_factory=threading.Event)
+    stacks: Dict[int, str] = field(default_factory=dict)
 
 
 class _RankState:
     def __init__(self, handle: RankProcess) -> None:
         self.handle = handle
-        self.open_fds = {handle.stdout_fd: "stdout", handle.stderr_fd: "stderr", handle.events_fd: "events"}
+        self.open_fds = {handle.stdout_fd: "stdout", handle.stderr_fd: "stderr", handle.events_fd: "events",
+                         handle.stacks_fd: "stacks"}
         self.decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")}
         self.partial = {"stdout": "", "stderr": ""}
         self.events = EventDecoder()
@@ -42,6 +54,10 @@ class _RankState:
         self.failed: Optional[RankFailed] = None
         self.result: Optional[bytes] = None
         self.stopped_by_us = False
+        self.started = False            # sent RankStarted: its SIGUSR1 stack dump is armed
+        self.pid = handle.pid           # the process the rank runs in, as its RankStarted says
+        self.stacks = bytearray()       # everything faulthandler wrote for this rank's dumps
+        self.stacks_at = 0.0            # when the last of it arrived
 
     @property
     def done(self) -> bool:
@@ -74,6 +90,8 @@ class Supervisor:
         self.still_running: List[int] = []
         self._terminated_at: Optional[float] = None
         self._killed = False
+        self._stack_requests: "queue.Queue[_StackRequest]" = queue.Queue()
+        self._timeout_stacks: Dict[int, str] = {}
 
     # ------------------------------------------------------------------------------------------ main loop
 
@@ -84,6 +102,7 @@ class Supervisor:
         try:
             while not all(state.done for state in self.ranks.values()):
                 self._poll(TICK_SECONDS)
+                self._serve_stack_requests()
                 self._decide(deadline)
                 self.tick()
         except BaseException:  # Ctrl-C, or a bug: either way no rank may outlive the launch
@@ -112,6 +131,7 @@ class Supervisor:
             elif self.failures and all(s.exited_at is not None for s in self.ranks.values()):
                 self.status = "failed"
             elif deadline is not None and now >= deadline:
+                self._timeout_stacks = self._collect_stacks(STACKS_WAIT)  # where each rank was stuck
                 self._stop("timeout")
         if self._terminated_at is not None and not self._killed and now - self._terminated_at >= TERMINATE_GRACE:
             self._signal_alive(signal.SIGKILL)
@@ -132,6 +152,9 @@ class Supervisor:
         if name == "events":
             for event in state.events.feed(chunk):
                 self._on_event(state, event)
+        elif name == "stacks":
+            state.stacks += chunk
+            state.stacks_at = time.monotonic()
         else:
             self._on_output(state, name, chunk)
         if not chunk:
@@ -155,7 +178,10 @@ class Supervisor:
             if state.exited_at is None:
                 self._rank_gone(state, event.exitcode, stopped_elsewhere=event.stopped, process_gone=False)
             return
-        if isinstance(event, RankResult):
+        if isinstance(event, RankStarted):
+            state.started = True
+            state.pid = event.pid  # where the rank runs: an XLA device thread's is a worker, not our child
+        elif isinstance(event, RankResult):
             state.result = event.payload
         elif isinstance(event, RankFailed):
             state.failed = event
@@ -205,11 +231,55 @@ class Supervisor:
 
     def _close_fd(self, state: _RankState, fd: int) -> None:
         name = state.open_fds.pop(fd)
-        if name != "events" and state.partial[name]:
+        if name in state.partial and state.partial[name]:
             self.deliver(OutputLine(rank=state.handle.rank, stream=name, text=state.partial[name]))
             state.partial[name] = ""
         self.selector.unregister(fd)
         os.close(fd)
+
+    # ----------------------------------------------------------------------------------- where is each rank
+
+    def request_stacks(self, timeout: float) -> Dict[int, str]:
+        """From any thread: every running rank's stacks, collected by the loop (which owns the pipes)."""
+        request = _StackRequest(timeout)
+        self._stack_requests.put(request)
+        request.done.wait(timeout + 2 * TICK_SECONDS + 1.0)
+        return request.stacks
+
+    def _serve_stack_requests(self) -> None:
+        while not self._stack_requests.empty():
+            request = self._stack_requests.get_nowait()
+            request.stacks = self._collect_stacks(request.timeout)
+            request.done.set()
+
+    def _collect_stacks(self, wait: float) -> Dict[int, str]:
+        """SIGUSR1 to every running rank (faulthandler dumps all its threads onto its stacks pipe); read
+        until each has answered and gone quiet, or ``wait`` seconds passed. Delivers ``RankStacks``."""
+        asked: Dict[int, int] = {}
+        signalled = set()
+        for rank, state in self.ranks.items():
+            # Each process once, answering on the stacks pipe of the first rank it runs (the ranks of an XLA
+            # worker are its threads, and its dump shows them all).
+            if state.started and state.exited_at is None and state.pid not in signalled:
+                signalled.add(state.pid)
+                asked[rank] = len(state.stacks)
+        for rank in list(asked):
+            try:
+                os.kill(self.ranks[rank].pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                del asked[rank]
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            self._poll(0.05)
+            now = time.monotonic()
+            if all(len(self.ranks[rank].stacks) > mark and now - self.ranks[rank].stacks_at >= STACKS_QUIET
+                   for rank, mark in asked.items()):
+                break
+        stacks = {rank: self.ranks[rank].stacks[mark:].decode("utf-8", "replace")
+                  for rank, mark in asked.items() if len(self.ranks[rank].stacks) > mark}
+        for rank, text in stacks.items():
+            self.deliver(RankStacks(rank=rank, text=text))
+        return stacks
 
     # ------------------------------------------------------------------------------------------- stopping
 
@@ -258,7 +328,8 @@ class Supervisor:
         if self.failures and self.status in (None, "failed"):
             return Outcome("failed", results, root=choose_root_cause(self.failures),
                            still_running=self.still_running, exitcodes=exitcodes)
-        return Outcome(self.status or "finished", results, still_running=self.still_running, exitcodes=exitcodes)
+        return Outcome(self.status or "finished", results, still_running=self.still_running, exitcodes=exitcodes,
+                       stacks=self._timeout_stacks)
 
 
 def _decode_result(rank: int, payload: bytes) -> Any:

@@ -15,7 +15,7 @@ import warnings
 from typing import Dict, List, Optional
 
 from ... import tpu
-from ..processes.backend import PassedFd, ProcessBackend, RankProcess, _pipe
+from ..processes.backend import PassedFd, ProcessBackend, RankProcess, _pipe, main_not_rerun
 from .host import XlaHostSpec, host_main
 
 
@@ -37,20 +37,21 @@ class XlaBackend(ProcessBackend):
         # makes one at import), since a pool worker never runs its interpreter's exit handlers.
         self._temp_dir = tempfile.mkdtemp(prefix="notebook_accel-xla-")
         world = self.plan.world_size
-        pipes = [{name: _pipe() for name in ("stdout", "stderr", "events")} for _ in range(world)]
+        pipes = [{name: _pipe() for name in ("stdout", "stderr", "events", "stacks")} for _ in range(world)]
         inherited: List[int] = []
         if self.plan.start_method == "fork":  # the host must close the kernel's ends it inherited
             inherited = [self._lifeline_w] + [read for rank in pipes for read, _ in rank.values()]
         spec = XlaHostSpec(
-            world_size=world, env=self.host_env(rendezvous_env), payload=self.plan.payload,
+            world_size=world, env=self.host_env(rendezvous_env), cwd=self.plan.kernel_cwd,
+            sys_path=self.plan.kernel_sys_path, payload=self.plan.payload.pickled(),
             return_all=self.plan.return_all, nprocs=1 if world == 1 else None,
-            pipes=[(PassedFd(rank["stdout"][1]), PassedFd(rank["stderr"][1]), PassedFd(rank["events"][1]))
+            pipes=[tuple(PassedFd(rank[name][1]) for name in ("stdout", "stderr", "events", "stacks"))
                    for rank in pipes],
             lifeline_fd=PassedFd(self._lifeline_r), inherited_fds=inherited,
             compile_cache=getattr(self.plan, "compile_cache", None))
         process = self.context.Process(target=host_main, args=(spec,), name="notebook_accel-xla-host")
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), main_not_rerun():
                 warnings.simplefilter("ignore", DeprecationWarning)  # fork in a multi-threaded kernel (3.12+)
                 process.start()
         except BaseException:
@@ -63,20 +64,20 @@ class XlaBackend(ProcessBackend):
                 for _, write in rank.values():
                     os.close(write)  # the kernel keeps only read ends
             os.close(self._lifeline_r)
-        return [RankProcess(rank, process, pipe["stdout"][0], pipe["stderr"][0], pipe["events"][0])
-                for rank, pipe in enumerate(pipes)]
+        return [RankProcess(rank, process, pipe["stdout"][0], pipe["stderr"][0], pipe["events"][0],
+                            pipe["stacks"][0]) for rank, pipe in enumerate(pipes)]
 
     def host_env(self, rendezvous_env: Dict[str, str]) -> Dict[str, str]:
         """The environment of the host and its workers: the kernel's, torchrun's world-level variables (a rank
         number is per device thread, so ``RANK`` is set only where a worker runs exactly one device), the
         precision, and ``PJRT_DEVICE`` when we found a TPU and the user chose no client."""
-        # The kernel's whole environment as it is now: the host comes from a fork server started earlier,
-        # and torch_xla reads much of its configuration from the environment (PJRT_DEVICE, TPU_*, XLA_FLAGS).
-        env = dict(os.environ)
+        # The kernel's whole environment as the launch was called: the host comes from a fork server started
+        # earlier, and torch_xla reads much of its configuration from it (PJRT_DEVICE, TPU_*, XLA_FLAGS).
+        env = dict(self.plan.kernel_env)
         env.update(self.plan.rank_env(0, rendezvous_env))
         for per_rank in ("RANK", "LOCAL_RANK", "ROLE_RANK"):
             env.pop(per_rank, None)
-        if "PJRT_DEVICE" not in os.environ and tpu.detect_tpu() is not None:
+        if "PJRT_DEVICE" not in env and tpu.detect_tpu() is not None:
             env["PJRT_DEVICE"] = "TPU"
         if self._temp_dir:
             env["TMPDIR"] = self._temp_dir

@@ -9,22 +9,46 @@ pipes, its own event channel and progress rows, and runs ``rank.run_rank`` like 
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import io
 import os
 import signal
 import sys
 import threading
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from ...channel import EventSender
 from ...events import RankExited, RankStarted
-from ...payload import loads_payload
 from ...rank import failure_event, run_rank
 from ..processes import child
 
 _setup_lock = threading.Lock()
 _set_up_in: Optional[int] = None  # pid of the process already set up (a forked worker inherits the host's)
+_call: Any = None                 # (function, args, kwargs), unpickled once in the host, inherited by fork
+_call_taken_in: Optional[int] = None
+
+
+def set_call(call: Any) -> Any:
+    """In the host, before ``xmp.spawn``: the launched function and its arguments, for every device."""
+    global _call
+    _call = call
+    return call
+
+
+def take_call() -> Any:
+    """This device thread's ``(function, args, kwargs)``. The first thread of a process takes the objects it
+    inherited from the host (copy-on-write: no copy); the others get their own copies, since device threads
+    of one process would otherwise share one model object, one optimizer, one list."""
+    global _call_taken_in
+    with _setup_lock:
+        first = _call_taken_in != os.getpid()
+        _call_taken_in = os.getpid()
+    if first:
+        return _call
+    import cloudpickle
+
+    return cloudpickle.loads(cloudpickle.dumps(_call))
 
 
 @dataclass
@@ -32,9 +56,8 @@ class DeviceLayout:
     """Plain data handed through ``xmp.spawn`` to every device thread (pickled into each worker's task)."""
 
     world_size: int
-    payload: bytes
     return_all: bool
-    pipes: List[Tuple[int, int, int]]     # per rank: stdout, stderr, events write ends (inherited fds)
+    pipes: List[Tuple[int, ...]]          # per rank: stdout, stderr, events, stacks write ends (inherited)
     registry_fd: int                      # "pid rank" lines for the host's WorkerWatcher
     host_pid: int
     compile_cache: Optional[str] = None
@@ -43,7 +66,7 @@ class DeviceLayout:
 def run_device(index: int, layout: DeviceLayout) -> None:
     """``xmp.spawn``'s function: run the launched function as rank ``index`` (the global ordinal)."""
     rank = index
-    stdout_fd, stderr_fd, events_fd = layout.pipes[rank]
+    stdout_fd, stderr_fd, events_fd, _ = layout.pipes[rank]
     os.write(layout.registry_fd, f"{os.getpid()} {rank}\n".encode())
     sender = EventSender(events_fd, rank)
     sender.send(RankStarted(rank=rank, pid=os.getpid()))
@@ -54,8 +77,8 @@ def run_device(index: int, layout: DeviceLayout) -> None:
         routes = [stream for stream in (sys.stdout, sys.stderr) if isinstance(stream, ThreadRoutedStream)]
         for stream, fd in zip(routes, (stdout_fd, stderr_fd)):
             stream.route_this_thread(fd)
-        exit_code = run_rank(lambda: loads_payload(layout.payload), sender,
-                             send_result=layout.return_all or rank == 0, thread_only=True).exit_code
+        exit_code = run_rank(take_call, sender, send_result=layout.return_all or rank == 0,
+                             thread_only=True).exit_code
     except BaseException as exc:  # the set-up failed (e.g. the compile cache): this rank's failure, named
         sender.send(failure_event(rank, exc))
     finally:
@@ -81,6 +104,8 @@ def _set_up_process(layout: DeviceLayout) -> None:
             child._flush_streams()
             os.dup2(layout.pipes[first_rank][0], 1)
             os.dup2(layout.pipes[first_rank][1], 2)
+            faulthandler.register(signal.SIGUSR1, file=layout.pipes[first_rank][3], all_threads=True,
+                                  chain=False)
         if devices_here == 1:  # torchrun's per-rank variables make sense where a process is one rank
             rank = local_index if layout.world_size > 1 else 0
             os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))

@@ -8,6 +8,8 @@ pipe, when one dies and how (a segfault, the OOM killer), since torch_xla itself
 """
 from __future__ import annotations
 
+import atexit
+import faulthandler
 import multiprocessing
 import os
 import select
@@ -23,7 +25,8 @@ from ...channel import EventSender
 from ...events import RankExited
 from ...outcome import signal_name
 from ..processes import child
-from .device import DeviceLayout, run_device
+from . import device
+from .device import DeviceLayout
 
 WATCH_SECONDS = 0.05
 
@@ -35,10 +38,12 @@ class XlaHostSpec:
 
     world_size: int
     env: Dict[str, str]
-    payload: bytes
+    cwd: str
+    sys_path: List[str]
+    payload: Any                            # payload.PickledPayload
     return_all: bool
     nprocs: Optional[int]                   # xmp.spawn's: 1 (one device) or None (every device)
-    pipes: List[Tuple[Any, Any, Any]]
+    pipes: List[Tuple[Any, Any, Any, Any]]  # stdout, stderr, events, stacks
     lifeline_fd: Any
     inherited_fds: List[int] = field(default_factory=list)
     compile_cache: Optional[str] = None
@@ -47,30 +52,35 @@ class XlaHostSpec:
 def host_main(spec: XlaHostSpec) -> None:
     """Entry point of the host process (the ``target`` of its multiprocessing Process)."""
     child._detach_from_kernel_signals()
+    pipes = [tuple(child._take_fd(passed) for passed in rank) for rank in spec.pipes]
+    # First, so that no SIGUSR1 (Launch.dump_stacks) finds the default action (terminate) in place; the
+    # host's own threads go to the first rank's stacks pipe, each worker registers its own.
+    faulthandler.register(signal.SIGUSR1, file=pipes[0][3], all_threads=True, chain=False)
     child._die_with_launcher(spec)
     for fd in spec.inherited_fds:
         child._close_quietly(fd)
-    os.environ.clear()  # the kernel's environment now, not the fork server's from when it started
-    os.environ.update(spec.env)
+    atexit._clear()  # the fork server's handlers are not the host's to run
+    child.as_launched(spec)  # the kernel's environment, working directory and sys.path (not the server's)
     tempfile.tempdir = None  # found again from the new TMPDIR (the launch's own, removed when it ends)
     # No torch.set_num_threads here (unlike a process rank): it would start torch's thread pools in the host,
     # and the workers forked from it would inherit them broken. They read OMP_NUM_THREADS themselves.
-    pipes = [tuple(child._take_fd(passed) for passed in rank) for rank in spec.pipes]
     # The host's own output (torch_xla's warnings, a failing xmp.spawn) is labelled as the first device's.
     child._capture_output(os.dup(pipes[0][0]), os.dup(pipes[0][1]))
     registry_read, registry_write = os.pipe()
-    layout = DeviceLayout(world_size=spec.world_size, payload=spec.payload, return_all=spec.return_all,
+    layout = DeviceLayout(world_size=spec.world_size, return_all=spec.return_all,
                           pipes=pipes, registry_fd=registry_write, host_pid=os.getpid(),
                           compile_cache=spec.compile_cache)
     watcher = WorkerWatcher(registry_read, pipes)
     watcher.start()
     exit_code = 0
     try:
+        # Unpickled once, here: the workers are forks of the host and inherit it (see device.take_call).
+        device.set_call(child._known_to_main(spec.payload.load()))
         import torch_xla.distributed.xla_multiprocessing as xmp
 
         # fork: the host never touches an XLA device, so its workers may be forks of it, and they inherit
         # the pipes (spawn would re-import the notebook's function and drop every pipe).
-        xmp.spawn(run_device, args=(layout,), nprocs=spec.nprocs, start_method="fork")
+        xmp.spawn(device.run_device, args=(layout,), nprocs=spec.nprocs, start_method="fork")
     except BaseException:  # e.g. BrokenProcessPool after a worker died: the watcher already named it
         traceback.print_exc()
         exit_code = 1
@@ -86,7 +96,7 @@ class WorkerWatcher(threading.Thread):
     pool terminated (SIGTERM) because another one died are reported as stopped: collateral, not a failure.
     """
 
-    def __init__(self, registry_fd: int, pipes: List[Tuple[int, int, int]]) -> None:
+    def __init__(self, registry_fd: int, pipes: List[Tuple[int, ...]]) -> None:
         super().__init__(name="notebook_accel-xla-watcher", daemon=True)
         self.registry_fd = registry_fd
         self.pipes = pipes

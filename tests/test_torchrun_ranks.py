@@ -1,0 +1,425 @@
+"""A rank launched from a notebook behaves like a torchrun rank, on every start method (issue: torchrun ranks).
+
+Real processes throughout; most launches run in a fresh ``python -c`` script, whose functions live in
+``__main__`` as a notebook's do.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+
+from notebook_accel import LaunchError, LaunchTimeout, notebook_launcher
+from notebook_accel.errors import LaunchConfigError
+from notebook_accel.launcher import start_launch
+from notebook_accel.plan import plan_launch
+from scripts import run_script, script_env
+
+pytestmark = pytest.mark.timeout(180)
+
+START_METHODS = ["fork", "forkserver", "spawn"]
+MIB = 1 << 20
+
+
+def ok_script(code: str, timeout: float = 150) -> str:
+    done = run_script(code, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+# ------------------------------------------------------------------------------ 2, 3: data is not copied
+
+def uss_mib(*tensors):
+    import torch  # noqa: F401  (a bare rank imports torch too, so both sides pay for it alike)
+
+    for tensor in tensors:
+        tensor.sum().item()  # read every page
+    return psutil.Process().memory_full_info().uss / MIB
+
+
+def bare_rank():
+    return uss_mib()
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_a_200_mb_global_and_argument_are_not_copied_into_ranks(start_method):
+    """As in a notebook: the global lives in ``__main__`` (a script), so it travels with the function."""
+    out = ok_script(f"""
+        import psutil, torch
+        from notebook_accel import notebook_launcher
+        big = torch.ones(50 << 20)        # 200 MiB of float32, a global the function reads
+        argument = torch.ones(50 << 20)   # 200 MiB more, an argument
+
+        def uss_mib(*tensors):
+            for tensor in tensors:
+                tensor.sum().item()       # read every page
+            return psutil.Process().memory_full_info().uss / (1 << 20)
+
+        def bare(small):                  # a tensor too: a spawn rank pays torch's own import alike
+            return uss_mib(small)
+
+        def reads_both(argument):
+            return uss_mib(big, argument)
+
+        options = dict(num_processes=2, display="none", start_method={start_method!r}, return_all=True)
+        print("BARE", notebook_launcher(bare, args=(torch.ones(4),), **options))
+        print("LOADED", notebook_launcher(reads_both, args=(argument,), **options))
+    """)
+    bare = eval(re.search(r"BARE (\[.*\])", out).group(1))
+    loaded = eval(re.search(r"LOADED (\[.*\])", out).group(1))
+    for rank in range(2):
+        # A copy would add 400 MiB of private memory to each rank; allow noise, not a copy.
+        assert loaded[rank] < bare[rank] + 40, (start_method, bare, loaded)
+
+
+def test_an_800_mb_tensor_through_the_warm_fork_server_is_shared_not_copied():
+    notebook_launcher(bare_rank, num_processes=2, display="none", start_method="forkserver")  # warm
+    tensor = torch.ones(200 * MIB)  # 800 MiB
+    started = time.monotonic()
+    private = notebook_launcher(uss_mib, args=(tensor,), num_processes=2, display="none",
+                                start_method="forkserver", return_all=True)
+    elapsed = time.monotonic() - started
+    assert all(value < 150 for value in private), private  # a copy would be over 800
+    assert elapsed < 60, elapsed  # hang guard only; benchmarks/bench_payload.py measures it
+
+
+def writes_into_its_argument(tensor):
+    tensor += 1  # copy-on-write: the rank's own pages, as under fork
+    return tensor[:3].tolist()
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_a_rank_writing_a_shared_tensor_changes_only_its_own_copy(start_method):
+    tensor = torch.zeros(1 * MIB)
+    results = notebook_launcher(writes_into_its_argument, args=(tensor,), num_processes=2, display="none",
+                                start_method=start_method, return_all=True)
+    assert results == [[1.0, 1.0, 1.0]] * 2
+    assert tensor.sum().item() == 0  # the kernel's tensor is untouched
+
+
+def test_numpy_arrays_travel_through_shared_memory_and_aliasing_survives():
+    out = ok_script("""
+        import numpy as np, torch
+        from notebook_accel import notebook_launcher
+        array = np.arange(1_000_000, dtype=np.float64)
+        base = torch.arange(100_000.0)
+        view = base[10:20]
+        def check(array, base, view):
+            view[0] = -1.0           # a view of the same storage: base sees it, as in the kernel
+            return float(array.sum()), base[10].item(), array.flags.writeable
+        print("RESULT", notebook_launcher(check, args=(array, base, view), num_processes=2,
+                                          start_method="spawn", display="none"))
+    """)
+    assert "RESULT (499999500000.0, -1.0, True)" in out
+
+
+def test_fork_runs_with_the_notebooks_real_globals():
+    out = ok_script("""
+        import threading
+        from notebook_accel import notebook_launcher
+        lock = threading.Lock()          # cannot be pickled: fine under fork
+        def train():
+            with lock:
+                return globals()["late_name"], counter["n"]
+        late_name = "bound after the function was defined"
+        counter = {"n": 41}
+        counter["n"] += 1
+        print("RESULT", notebook_launcher(train, num_processes=2, start_method="fork", display="none"))
+    """)
+    assert "RESULT ('bound after the function was defined', 42)" in out
+
+
+def test_a_large_pickled_payload_names_what_makes_it_large():
+    out = run_script("""
+        import warnings
+        from notebook_accel import notebook_launcher
+        rows = [str(i) * 10 for i in range(8_000_000)]   # a big list of Python objects: pickled bytes
+        def train():
+            return len(rows)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            print("RESULT", notebook_launcher(train, num_processes=2, start_method="spawn", display="none"))
+        print("WARNING", [str(w.message) for w in caught])
+    """, timeout=170)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "RESULT 8000000" in out.stdout
+    assert re.search(r"is \d+ MiB once pickled.*global 'rows' \(list, \d+ MiB\)", out.stdout), out.stdout[-2000:]
+
+
+# ----------------------------------------------------------------------------- 4: the kernel's environment
+
+def environment_seen():
+    return os.environ.get("SET_IN_A_LATER_CELL"), os.getcwd(), sys.path[-1], os.environ["RANK"]
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_ranks_see_the_environment_cwd_and_path_of_the_moment_of_launch(start_method, tmp_path, monkeypatch):
+    notebook_launcher(bare_rank, num_processes=2, display="none", start_method=start_method)  # server up
+    monkeypatch.setenv("SET_IN_A_LATER_CELL", "yes")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", sys.path + [str(tmp_path / "extra")])
+    seen = notebook_launcher(environment_seen, num_processes=2, display="none", start_method=start_method,
+                             return_all=True)
+    assert seen == [("yes", str(tmp_path), str(tmp_path / "extra"), str(rank)) for rank in range(2)]
+
+
+# ----------------------------------------------------------------------- 5: multiprocessing inside a rank
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_dataloader_workers_pickle_and_torch_save_with_notebook_defined_classes(start_method):
+    out = ok_script(f"""
+        import io, multiprocessing, pickle, torch
+        from torch.utils.data import DataLoader, Dataset
+        from notebook_accel import notebook_launcher
+
+        class Squares(Dataset):
+            def __len__(self):
+                return 8
+            def __getitem__(self, index):
+                return torch.tensor([float(index * index)])
+
+        def train():
+            loader = DataLoader(Squares(), batch_size=4, num_workers=2,
+                                collate_fn=lambda items: torch.cat(items))
+            total = sum(batch.sum().item() for batch in loader)
+            pickled = pickle.loads(pickle.dumps(Squares()))
+            buffer = io.BytesIO()
+            torch.save(Squares(), buffer)
+            return total, type(pickled).__name__, multiprocessing.get_start_method()
+
+        print("RESULT", notebook_launcher(train, num_processes=2, start_method={start_method!r},
+                                          display="none", return_all=True))
+    """)
+    assert "RESULT [(140.0, 'Squares', 'fork'), (140.0, 'Squares', 'fork')]" in out
+
+
+# ---------------------------------------------------------------------- 6: a process group in the kernel
+
+def test_a_process_group_in_the_kernel_is_not_inherited():
+    out = ok_script("""
+        import torch, torch.distributed as dist
+        from notebook_accel import notebook_launcher
+        from notebook_accel.errors import LaunchConfigError
+        store = dist.HashStore()
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)   # an experiment cell
+        def train():
+            dist.init_process_group("gloo")
+            total = torch.tensor([1.0])
+            dist.all_reduce(total)
+            return dist.get_world_size(), total.item()
+        print("RESULT", notebook_launcher(train, num_processes=2, display="none"))
+        try:
+            notebook_launcher(train, num_processes=2, display="none", start_method="fork")
+        except LaunchConfigError as error:
+            print("REFUSED", error)
+        dist.destroy_process_group()
+        print("AFTER", notebook_launcher(train, num_processes=2, display="none", start_method="fork"))
+    """)
+    assert "RESULT (2, 2.0)" in out
+    assert re.search(r"REFUSED start_method='fork' is not safe here: a torch.distributed process group "
+                     r"\(backend gloo, world size 1\).*destroy_process_group\(\)", out), out
+    assert "AFTER (2, 2.0)" in out
+
+
+# ------------------------------------------------------------------ 7: a rank ends as a Python program
+
+def leaves_a_writer_thread_and_an_atexit_handler(folder):
+    import atexit
+
+    rank = os.environ["RANK"]
+
+    def write_later():
+        time.sleep(1.0)
+        with open(os.path.join(folder, f"thread-{rank}"), "w") as out:
+            out.write("written after the function returned")
+
+    threading.Thread(target=write_later, name="checkpoint-writer").start()
+    atexit.register(lambda: open(os.path.join(folder, f"atexit-{rank}"), "w").close())
+    return rank
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_non_daemon_threads_finish_and_atexit_runs(start_method, tmp_path):
+    result = notebook_launcher(leaves_a_writer_thread_and_an_atexit_handler, args=(str(tmp_path),),
+                               num_processes=2, display="none", start_method=start_method)
+    assert result == "0"
+    assert sorted(os.listdir(tmp_path)) == ["atexit-0", "atexit-1", "thread-0", "thread-1"]
+
+
+def never_ending_thread():
+    threading.Thread(target=time.sleep, args=(120,), name="stuck-uploader").start()
+    return "returned"
+
+
+def test_threads_past_the_grace_period_are_named_and_the_rank_ends(monkeypatch):
+    monkeypatch.setenv("NOTEBOOK_ACCEL_EXIT_GRACE", "1")
+    job = start_launch(never_ending_thread, num_processes=2, display="none", start_method="fork")
+    assert job.wait(timeout=60) == "returned"
+    stderr = "\n".join(job.outputs[0])
+    assert "non-daemon thread(s) 'stuck-uploader' still run; ending the rank" in stderr
+
+
+def exits_with(code):
+    if os.environ["RANK"] == str(int(os.environ["WORLD_SIZE"]) - 1):
+        sys.exit(code)
+    time.sleep(0.5)
+    return "rank 0 ended normally"
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_sys_exit_zero_is_a_normal_end_and_sys_exit_n_a_failure_with_code_n(ranks):
+    value = notebook_launcher(exits_with, args=(0,), num_processes=ranks, display="none")
+    assert value == (None if ranks == 1 else "rank 0 ended normally")
+    with pytest.raises(LaunchError, match=rf"rank {ranks - 1} called sys.exit\(3\)") as caught:
+        notebook_launcher(exits_with, args=(3,), num_processes=ranks, display="none")
+    assert caught.value.exitcode == 3 and caught.value.rank == ranks - 1
+
+
+# -------------------------------------------------------------------- 8: scripts without a __main__ guard
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_script_without_a_main_guard_runs_its_body_once(start_method, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import os
+        from notebook_accel import notebook_launcher
+        print("BODY RAN", flush=True)
+        def train():
+            return int(os.environ["RANK"])
+        print("RESULT", notebook_launcher(train, num_processes=2, start_method={start_method!r},
+                                          display="none", return_all=True))
+    """))
+    done = subprocess.run([sys.executable, str(script)], env=script_env(), capture_output=True, text=True,
+                          timeout=150, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("BODY RAN") == 1 and "RESULT [0, 1]" in done.stdout
+
+
+# ------------------------------------------------------------- 9: a CUDA driver opened by another library
+
+def test_a_loaded_cuda_driver_library_makes_the_launch_use_the_fork_server(tmp_path):
+    """No GPU here: a stand-in shared library *named* libcuda.so.1 is loaded the way cupy or numba load the
+    real one; the check reads /proc/self/maps, so the name is what it sees. Faked for want of hardware."""
+    source = tmp_path / "fake.c"
+    source.write_text("int cuInit(unsigned int flags) { return 0; }\n")
+    library = tmp_path / "libcuda.so.1"
+    built = subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], capture_output=True,
+                           text=True)
+    if built.returncode != 0:
+        pytest.skip(f"no C compiler to build the stand-in library: {built.stderr}")
+    out = ok_script(f"""
+        import ctypes
+        from notebook_accel.plan import plan_launch
+        from notebook_accel.errors import LaunchConfigError
+        print("BEFORE", plan_launch(len, args=((),), num_processes=2).start_method)
+        ctypes.CDLL({str(library)!r})
+        print("AFTER", plan_launch(len, args=((),), num_processes=2).start_method)
+        try:
+            plan_launch(len, args=((),), num_processes=2, start_method="fork")
+        except LaunchConfigError as error:
+            print("REFUSED", error)
+    """)
+    assert "BEFORE fork" in out and "AFTER forkserver" in out
+    assert "REFUSED start_method='fork' is not safe here: a CUDA driver is loaded in this process" in out
+
+
+# ------------------------------------------------------------------------ 10: the in-kernel rank's fds
+
+def writes_at_every_level():
+    print("python print")
+    os.write(1, b"raw fd write\n")
+    subprocess.run(["echo", "from a subprocess"], check=True)
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.printf(b"from C printf\n")
+    return "done"
+
+
+def test_the_in_kernel_rank_captures_c_and_subprocess_output_and_restores_the_fds():
+    job_outputs = {}
+    from notebook_accel.launcher import Launch
+
+    plan = plan_launch(writes_at_every_level, num_processes=1, display="none")
+    assert plan.backend == "inline"
+    launch = Launch(plan)
+    assert launch.run() == "done"
+    job_outputs = launch.outputs[0]
+    for line in ("python print", "raw fd write", "from a subprocess", "from C printf"):
+        assert line in job_outputs, job_outputs
+    # The kernel's fds are its own again: a write now is not captured by the finished launch.
+    os.write(1, b"")
+    print("after the launch")
+    assert "after the launch" not in launch.outputs[0]
+
+
+# ------------------------------------------------------------------------ 11: where is each rank?
+
+def stuck_in_a_collective_like_wait():
+    if os.environ["RANK"] == "1":
+        time.sleep(120)   # the rank that never arrives
+    waiting_for_rank_one()
+
+
+def waiting_for_rank_one():
+    time.sleep(120)
+
+
+def test_timeout_names_the_function_each_rank_is_stuck_in():
+    with pytest.raises(LaunchTimeout) as caught:
+        notebook_launcher(stuck_in_a_collective_like_wait, num_processes=2, display="none", timeout=4)
+    assert sorted(caught.value.stacks) == [0, 1]
+    assert "in waiting_for_rank_one" in caught.value.stacks[0]
+    assert "in stuck_in_a_collective_like_wait" in caught.value.stacks[1]
+    assert "Where they were:" in str(caught.value) and "in waiting_for_rank_one" in str(caught.value)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_dump_stacks_on_demand_shows_every_running_rank(start_method):
+    job = start_launch(stuck_in_a_collective_like_wait, num_processes=2, display="none",
+                       start_method=start_method)
+    try:
+        deadline = time.monotonic() + 60
+        stacks = {}
+        while time.monotonic() < deadline and "in waiting_for_rank_one" not in stacks.get(0, ""):
+            time.sleep(0.5)  # a spawn rank may still be importing torch: ask again
+            stacks = job.dump_stacks()
+        assert sorted(stacks) == [0, 1]
+        assert "in waiting_for_rank_one" in stacks[0]
+        assert "in stuck_in_a_collective_like_wait" in stacks[1]
+    finally:
+        job.stop()
+        with pytest.raises(KeyboardInterrupt):
+            job.wait(timeout=60)
+
+
+# --------------------------------------------------------------------------------- 12: other platforms
+
+def test_import_and_spawn_launch_work_without_fcntl_and_fork_is_refused_on_macos():
+    out = ok_script("""
+        import sys
+        sys.modules["fcntl"] = None          # as on Windows: importing it fails
+        import notebook_accel
+        from notebook_accel import notebook_launcher
+        import notebook_accel.backends.processes
+        print("RESULT", notebook_launcher(lambda: 7, num_processes=2, start_method="spawn", display="none"))
+        sys.platform = "darwin"
+        from notebook_accel.errors import LaunchConfigError
+        try:
+            notebook_launcher(lambda: 7, num_processes=2, start_method="fork", display="none")
+        except LaunchConfigError as error:
+            print("REFUSED", error)
+        from notebook_accel.plan import plan_launch
+        print("AUTO", plan_launch(lambda: 7, num_processes=2).start_method)
+    """)
+    assert "RESULT 7" in out
+    assert "REFUSED start_method='fork' is not safe here: on macOS" in out
+    assert "AUTO forkserver" in out
