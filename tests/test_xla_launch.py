@@ -48,6 +48,19 @@ def tpu_host(monkeypatch, tmp_path):
     return become
 
 
+def running(pid: int, wait: float = 5.0) -> bool:
+    """Still running after ``wait`` s (a killed worker may stay a zombie until init reaps it: not running)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            alive = False
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
 def launch(function, *args, **options):
     recorder = Recorder()
     job = start_launch(function, args, view=recorder, device="xla", **options)
@@ -173,7 +186,7 @@ def test_a_segfaulting_worker_is_a_launch_error(tpu_host):
     assert "Fatal Python error: Segmentation fault" in rank2  # faulthandler's, on the worker's own stderr
     started = {event.rank: event.pid for event in raised.value.recorder.of(RankStarted)}
     assert 2 in started and len(set(started.values())) == len(started)  # a process per device on v5e
-    assert not any(psutil.pid_exists(pid) for pid in started.values())
+    assert not any(running(pid) for pid in started.values())
 
 
 def test_compile_cache_is_per_worker_process(tpu_host, tmp_path):
@@ -240,8 +253,7 @@ except KeyboardInterrupt:
     process.wait(60)
     reader.join(10)
     assert "INTERRUPTED []" in "".join(seen), "".join(seen)
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in workers)
+    assert not any(running(pid) for pid in workers)
 
 
 @pytest.mark.parametrize("host, precision", [("cpu-client", "no"), ("v5e-2", "bf16")])
