@@ -277,3 +277,19 @@ def test_the_seeds_transformer_trains_with_the_accelerator_on_xla(tpu_host, monk
     assert sum(first["losses"][-4:]) < 0.8 * sum(first["losses"][:4]), first["losses"]  # it learns
     for name, value in first["weights"].items():  # XLA's gradient all-reduce kept the replicas identical
         assert torch.equal(value, second["weights"][name]), name
+
+
+def test_a_function_that_cannot_be_loaded_in_the_host_is_named(tpu_host):
+    tpu_host("v5e-2")
+
+    class Unloadable:
+        def __reduce__(self):
+            return (_refuse_to_load, ())
+
+    with pytest.raises(ImportError, match="cannot be loaded on the TPU host") as raised:
+        launch(lambda value: value, Unloadable())
+    assert raised.value.rank == 0
+
+
+def _refuse_to_load():
+    raise ImportError("cannot be loaded on the TPU host")

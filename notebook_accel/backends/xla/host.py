@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from ...channel import EventSender
 from ...events import RankExited
 from ...outcome import signal_name
+from ...rank import failure_event
 from ..processes import child
 from . import device
 from .device import DeviceLayout
@@ -76,6 +77,11 @@ def host_main(spec: XlaHostSpec) -> None:
     try:
         # Unpickled once, here: the workers are forks of the host and inherit it (see device.take_call).
         device.set_call(child._known_to_main(spec.payload.load()))
+    except BaseException as exc:  # nothing started yet: the first rank's failure, with its own exception
+        EventSender(pipes[0][2], 0).send(failure_event(0, exc))
+        watcher.stop()
+        os._exit(1)
+    try:
         import torch_xla.distributed.xla_multiprocessing as xmp
 
         # fork: the host never touches an XLA device, so its workers may be forks of it, and they inherit
