@@ -125,7 +125,9 @@ def test_root_cause_is_the_rank_that_raised_and_its_peers_are_stopped(case):
 
 @pytest.mark.parametrize("case", CASES)
 def test_stop_requested_stops_every_rank(case):
+    started = time.monotonic()
     outcome, events, world = run_case(case, sleeps_for_ever, stop_after=3.0)
+    assert time.monotonic() - started < 40, "the ranks were not stopped (they sleep for 60 s)"
     assert outcome.status == "stopped"
     assert sorted(outcome.still_running) == list(range(world))
     assert all(event.stopped for event in of_type(events, RankExited))
@@ -133,7 +135,9 @@ def test_stop_requested_stops_every_rank(case):
 
 @pytest.mark.parametrize("case", CASES)
 def test_timeout_stops_every_rank(case):
+    started = time.monotonic()
     outcome, events, world = run_case(case, sleeps_for_ever, timeout=3.0)
+    assert time.monotonic() - started < 40, "the ranks were not stopped (they sleep for 60 s)"
     assert outcome.status == "timeout"
     assert sorted(outcome.still_running) == list(range(world))
 

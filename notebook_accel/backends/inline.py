@@ -109,6 +109,15 @@ def _alarm(seconds: Optional[float]) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def _interrupt_main_thread() -> None:
+    """Ctrl-C for the main thread: a real SIGINT, so a blocking call (sleep, a wait) is interrupted too;
+    only a simulated one where SIGINT is not Python's to handle (sending it would kill the process)."""
+    if callable(signal.getsignal(signal.SIGINT)):
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    else:
+        _thread.interrupt_main()
+
+
 @contextmanager
 def _interrupt_on(stop_requested: threading.Event) -> Iterator[None]:
     """``Launch.stop()`` from another thread interrupts the function as Ctrl-C would."""
@@ -120,7 +129,7 @@ def _interrupt_on(stop_requested: threading.Event) -> Iterator[None]:
             if stop_requested.wait(0.1):
                 with lock:
                     if not finished.is_set():
-                        _thread.interrupt_main()
+                        _interrupt_main_thread()
                 return
 
     watcher = threading.Thread(target=watch, name="notebook_accel-inline-stop", daemon=True)

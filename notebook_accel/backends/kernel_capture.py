@@ -12,7 +12,6 @@ thread that is delivering an event writes through to the streams as they were be
 from __future__ import annotations
 
 import codecs
-import ctypes
 import io
 import os
 import select
@@ -22,6 +21,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, List, TextIO
 
 from ..events import OutputLine, RankEvent
+from .streams import flush_std_streams, line_writer
 
 DRAIN_AFTER_END = 1.0  # a subprocess the function left running may hold the pipe open: stop waiting then
 _READ_BYTES = 1 << 16
@@ -52,8 +52,7 @@ class _RankStream(io.TextIOBase):
     def __init__(self, fd: int, outside: TextIO) -> None:
         self._fd = fd
         self._outside = outside
-        self._writer = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
-                                        errors="backslashreplace", line_buffering=True)
+        self._writer = line_writer(fd)
 
     def write(self, text: str) -> int:
         if getattr(_delivering, "active", False):
@@ -118,7 +117,7 @@ def captured_fds(deliver: Callable[[RankEvent], None]) -> Iterator[None]:
         with captured_fds(deliver):
             train()          # print(), C printf and subprocess output become OutputLine events
     """
-    _flush_all()
+    flush_std_streams()  # what the function left in buffers lands in the pipes
     saved = {fd: os.dup(fd) for fd in (1, 2)}
     previous = (sys.stdout, sys.stderr)
     readers: List[_PipeReader] = []
@@ -134,7 +133,7 @@ def captured_fds(deliver: Callable[[RankEvent], None]) -> Iterator[None]:
             reader.start()
         yield
     finally:
-        _flush_all()
+        flush_std_streams()
         sys.stdout, sys.stderr = previous
         for fd, copy in saved.items():
             os.dup2(copy, fd)  # closes the capture pipe's write end: the readers see EOF
@@ -154,19 +153,5 @@ def _outside_stream(stream: TextIO, saved: dict) -> TextIO:
     except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
         return stream
     if isinstance(stream, io.TextIOWrapper) and fd in saved:
-        return io.TextIOWrapper(io.FileIO(saved[fd], "w", closefd=False), encoding=stream.encoding,
-                                errors="backslashreplace", line_buffering=True)
+        return line_writer(saved[fd], stream.encoding)
     return stream
-
-
-def _flush_all() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    try:
-        ctypes.CDLL(None).fflush(None)  # C stdio buffers: printf output of the function lands in the pipe
-    except Exception:
-        pass
-

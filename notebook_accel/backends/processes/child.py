@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import ctypes
 import faulthandler
-import io
 import multiprocessing
 import multiprocessing.util
 import os
@@ -23,6 +22,7 @@ from typing import Any, Dict, List
 from ...channel import EventSender
 from ...events import RankStarted
 from ...rank import run_rank
+from ..streams import flush_std_streams, line_writer
 
 # Written into os.environ of every rank, so that code made for torchrun or HF accelerate works unchanged.
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -152,7 +152,7 @@ def end_like_python(rank: int) -> None:
         logging.shutdown()
     except Exception:
         pass
-    _flush_streams()
+    flush_std_streams()
 
 
 def _exit_grace() -> float:
@@ -225,8 +225,8 @@ def _capture_output(stdout_fd: int, stderr_fd: int) -> None:
     os.close(devnull)
     # A forked rank inherited ipykernel's OutStream objects; replace them with writers on the real fds.
     replaced = {id(sys.stdout): 1, id(sys.__stdout__): 1, id(sys.stderr): 2, id(sys.__stderr__): 2}
-    sys.stdout = sys.__stdout__ = _line_writer(1)
-    sys.stderr = sys.__stderr__ = _line_writer(2)
+    sys.stdout = sys.__stdout__ = line_writer(1)
+    sys.stderr = sys.__stderr__ = line_writer(2)
     _rebind_logging_handlers(replaced)
     sys.stdin = sys.__stdin__ = open(0, closefd=False)
     faulthandler.enable(file=sys.stderr)  # a segfault prints its Python stack on the captured stderr
@@ -246,11 +246,6 @@ def _rebind_logging_handlers(replaced: Dict[int, int]) -> None:
                 handler.stream = sys.stdout if replaced[id(handler.stream)] == 1 else sys.stderr
 
 
-def _line_writer(fd: int) -> io.TextIOWrapper:
-    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
-                            errors="backslashreplace", line_buffering=True)
-
-
 def _line_buffer_c_stdio() -> None:
     """C stdio fully buffers a pipe; line-buffer it so printf output is not lost if the rank crashes."""
     if not sys.platform.startswith("linux"):
@@ -261,18 +256,6 @@ def _line_buffer_c_stdio() -> None:
         for name in ("stdout", "stderr"):
             stream = ctypes.c_void_p.in_dll(libc, name)
             libc.setvbuf(stream, None, line_buffered, 0)
-    except Exception:
-        pass
-
-
-def _flush_streams() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    try:
-        ctypes.CDLL(None).fflush(None)
     except Exception:
         pass
 

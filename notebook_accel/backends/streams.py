@@ -1,0 +1,26 @@
+"""Writers on raw fds and flushing every layer of buffering: what both kinds of fd-level capture need
+(a process rank's, ``processes/child.py``, and the in-kernel rank's, ``kernel_capture.py``)."""
+from __future__ import annotations
+
+import ctypes
+import io
+import sys
+
+
+def line_writer(fd: int, encoding: str = "utf-8") -> io.TextIOWrapper:
+    """A line-buffered text stream on ``fd`` that does not close it."""
+    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=encoding,
+                            errors="backslashreplace", line_buffering=True)
+
+
+def flush_std_streams() -> None:
+    """Flush ``sys.stdout``/``sys.stderr`` and C stdio's buffers (printf output), ignoring closed streams."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except Exception:
+        pass
