@@ -21,7 +21,7 @@ from typing import Any, List, Optional, Tuple
 from ...channel import EventSender
 from ...events import RankExited, RankStarted
 from ...rank import failure_event, run_rank
-from ..processes import child
+from ..streams import flush_std_streams, line_writer
 
 _setup_lock = threading.Lock()
 _set_up_in: Optional[int] = None  # pid of the process already set up (a forked worker inherits the host's)
@@ -101,7 +101,7 @@ def _set_up_process(layout: DeviceLayout) -> None:
         if os.getpid() != layout.host_pid:  # a worker xmp.spawn forked
             _die_with_host()
             first_rank = min(local_index * devices_here, layout.world_size - 1)
-            child._flush_streams()
+            flush_std_streams()
             os.dup2(layout.pipes[first_rank][0], 1)
             os.dup2(layout.pipes[first_rank][1], 2)
             faulthandler.register(signal.SIGUSR1, file=layout.pipes[first_rank][3], all_threads=True,
@@ -145,8 +145,7 @@ class ThreadRoutedStream(io.TextIOBase):
         self._local = threading.local()
 
     def route_this_thread(self, fd: int) -> None:
-        self._local.stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
-                                              errors="backslashreplace", line_buffering=True)
+        self._local.stream = line_writer(fd)
 
     def unroute_this_thread(self) -> None:
         stream = getattr(self._local, "stream", None)

@@ -26,6 +26,7 @@ from ...events import RankExited
 from ...outcome import signal_name
 from ...rank import failure_event
 from ..processes import child
+from ..streams import flush_std_streams
 from . import device
 from .device import DeviceLayout
 
@@ -91,7 +92,7 @@ def host_main(spec: XlaHostSpec) -> None:
         traceback.print_exc()
         exit_code = 1
     watcher.stop()
-    child._flush_streams()
+    flush_std_streams()
     os._exit(exit_code)
 
 
