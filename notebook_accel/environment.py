@@ -7,10 +7,9 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-DEVICES = ("cuda", "cpu", "xla", "mps")
+from . import tpu
 
-# Environment variables that Colab, Kaggle and Cloud TPU VMs set when TPU cores are attached.
-_TPU_ENV_MARKERS = ("COLAB_TPU_ADDR", "TPU_NAME", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID")
+DEVICES = ("cuda", "cpu", "xla", "mps")
 
 
 @dataclass(frozen=True)
@@ -48,8 +47,8 @@ def mps_available() -> bool:
 
 
 def tpu_detected() -> bool:
-    """A TPU is attached (Colab, Kaggle, Cloud TPU VM or an explicit ``PJRT_DEVICE=TPU``)."""
-    return os.environ.get("PJRT_DEVICE", "").upper() == "TPU" or any(m in os.environ for m in _TPU_ENV_MARKERS)
+    """TPU chips are on this host's PCI bus (Colab, Kaggle, Cloud TPU VM), read without touching torch_xla."""
+    return tpu.detect_tpu() is not None
 
 
 def torch_xla_importable() -> bool:
@@ -75,7 +74,7 @@ def available_devices() -> List[DeviceInfo]:
     """The device kinds a launch can use here, best first (CPU always last and always present)."""
     found = []
     for kind in ("cuda", "xla", "mps", "cpu"):
-        if kind == "xla" and not (tpu_detected() and torch_xla_importable()):
+        if kind == "xla" and not ((tpu_detected() or tpu.xla_cpu_devices()) and torch_xla_importable()):
             continue
         info = describe(kind)
         if info.count > 0:
@@ -89,8 +88,7 @@ def describe(kind: str) -> DeviceInfo:
         count = cuda_device_count()
         return DeviceInfo("cuda", count, f"{count} CUDA device(s)")
     if kind == "xla":
-        cores = int(os.environ.get("TPU_NUM_DEVICES", os.environ.get("CPU_NUM_DEVICES", "8")))
-        return DeviceInfo("xla", cores, f"{cores} TPU core(s)")
+        return describe_xla()
     if kind == "mps":
         return DeviceInfo("mps", 1 if mps_available() else 0, "Apple MPS (one device)")
     cores = cpu_count()
@@ -108,8 +106,9 @@ def fork_safety() -> Tuple[bool, Optional[str]]:
     if cuda_driver_loaded():
         return False, ("a CUDA driver is loaded in this process (by a library such as cupy, numba, jax or a C "
                        "extension), and a forked child cannot use its context")
-    if "torch_xla" in sys.modules:
-        return False, "torch_xla is imported in this process, and its runtime does not survive fork"
+    if tpu.runtime_initialized():
+        return False, ("the XLA runtime is already initialized in this process (an XLA device was used), and "
+                       "a forked child cannot use the TPU")
     group = kernel_process_group()
     if group:
         return False, (f"a torch.distributed process group ({group}) is initialized in this process; forked "
@@ -139,6 +138,18 @@ def kernel_process_group() -> Optional[str]:
         return f"backend {distributed.get_backend()}, world size {distributed.get_world_size()}"
     except Exception:
         return None
+
+
+def describe_xla() -> DeviceInfo:
+    """XLA devices here: the TPU's cores ("TPU v5e × 8"), or torch_xla's CPU client under
+    ``PJRT_DEVICE=CPU`` ("XLA CPU client × 2"); a count of 0 when neither."""
+    cpu_devices = tpu.xla_cpu_devices()
+    if cpu_devices:
+        return DeviceInfo("xla", cpu_devices, f"XLA CPU client × {cpu_devices}")
+    info = tpu.detect_tpu()
+    if info is None:
+        return DeviceInfo("xla", 0, "no TPU")
+    return DeviceInfo("xla", info.devices, info.describe())
 
 
 def _torch_importable() -> bool:

@@ -268,8 +268,8 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
                       mixed_precision: str = "no", start_method: str = "auto",
                       master_addr: str = "127.0.0.1", use_port: Optional[int] = None,
                       timeout: Optional[float] = None, return_all: bool = False,
-                      display: str = "auto", num_nodes: int = 1, node_rank: int = 0,
-                      rdzv_backend: str = "static", rdzv_endpoint: Optional[str] = None,
+                      display: str = "auto", compile_cache: Optional[str] = None, num_nodes: int = 1,
+                      node_rank: int = 0, rdzv_backend: str = "static", rdzv_endpoint: Optional[str] = None,
                       rdzv_id: Optional[str] = None, rdzv_conf: Optional[Dict[str, Any]] = None,
                       max_restarts: int = 0, monitor_interval: float = 0.1,
                       config: Union[bool, str, None] = None) -> Union[Any, List[Any]]:
@@ -291,6 +291,8 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
         timeout: seconds; past it every rank is stopped and ``LaunchTimeout`` (a ``TimeoutError``) raised.
         return_all: return a list of every rank's value (by rank) instead of rank 0's.
         display: "auto" (dashboard in a notebook, text elsewhere) | "widgets" | "text" | "none".
+        compile_cache: XLA only, opt-in: a directory for torch_xla's persistent compilation cache (one
+            subdirectory per worker process), so relaunching the same program skips recompiling.
         num_nodes, node_rank: several machines, one notebook (or ``notebook-accel launch``) per node;
             ``num_processes`` is per node and global ranks follow the node order.
         rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf: torch elastic's rendezvous: "static" (node 0 at
@@ -302,6 +304,10 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
         monitor_interval: seconds between checks of the other nodes' state.
         config: ``True`` or a path: take the saved defaults (``notebook-accel config``) for the options
             left at their defaults here. Off by default: a shared notebook carries its own settings.
+
+    On a TPU (``device="xla"``, the default on a TPU runtime) every rank is a TPU core: the launcher starts
+    one host process that calls ``torch_xla``'s ``xmp.spawn``; ``RANK`` is set where a process drives one
+    core, and ``torch_xla.runtime.global_ordinal()`` is the rank everywhere.
 
     Raises:
         The root-cause rank's own exception (with its remote traceback as ``__cause__``), or
@@ -318,9 +324,9 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
     __tracebackhide__ = True  # noqa: F841
     options = dict(num_processes=num_processes, device=device, mixed_precision=mixed_precision,
                    start_method=start_method, master_addr=master_addr, use_port=use_port, timeout=timeout,
-                   return_all=return_all, display=display, num_nodes=num_nodes, node_rank=node_rank,
-                   rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_conf=rdzv_conf,
-                   max_restarts=max_restarts, monitor_interval=monitor_interval)
+                   return_all=return_all, display=display, compile_cache=compile_cache, num_nodes=num_nodes,
+                   node_rank=node_rank, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
+                   rdzv_conf=rdzv_conf, max_restarts=max_restarts, monitor_interval=monitor_interval)
     options = fill_from_config(config, options, _LAUNCHER_DEFAULTS)
     plan = plan_launch(function, args, kwargs, options.pop("num_processes"), **options)
     return Launch(plan).run()

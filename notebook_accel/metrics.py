@@ -26,11 +26,20 @@ __all__ = ["report", "flush"]
 MIN_INTERVAL = 0.02  # seconds between two MetricReports of one rank (≤ 50 a second)
 
 _lock = threading.Lock()
-_last_sent = 0.0
-_seq = 0
-_pending: Optional[MetricReport] = None
-_pending_sender: Any = None  # the channel the held-back values belong to (still known after a launch ends)
-_timer: Optional[threading.Timer] = None
+
+
+class _RankThrottle:
+    """One rank's report state. Per channel, since the ranks of an XLA worker are threads of one process."""
+
+    def __init__(self, sender: Any) -> None:
+        self.sender = sender
+        self.last_sent = 0.0
+        self.seq = 0
+        self.pending: Optional[MetricReport] = None
+        self.timer: Optional[threading.Timer] = None
+
+
+_throttles: Dict[int, _RankThrottle] = {}  # id(sender) -> its state (the sender is kept alive in it)
 
 
 def report(step: Optional[int] = None, **metrics: Any) -> None:
@@ -47,7 +56,6 @@ def report(step: Optional[int] = None, **metrics: Any) -> None:
 
     Outside a launch the values go to the postfix of the innermost open tqdm bar, if any.
     """
-    global _seq, _last_sent, _pending, _pending_sender
     values = {str(name): _scalar(name, value) for name, value in metrics.items()}
     if step is not None:
         step = int(step)
@@ -56,38 +64,42 @@ def report(step: Optional[int] = None, **metrics: Any) -> None:
         _show_locally(values)
         return
     with _lock:
-        _seq += 1
-        event = MetricReport(rank=sender.rank, step=step, metrics=values, seq=_seq)
-        if _pending is not None:  # merge: the latest value of each name wins; every call kept in rows
-            event.rows = _pending.calls() + [(step, event.time, _seq, values)]
-            event.metrics = {**_pending.metrics, **values}
-            event.step = step if step is not None else _pending.step
-            _pending = None
+        state = _throttles.get(id(sender))
+        if state is None:
+            state = _throttles[id(sender)] = _RankThrottle(sender)
+        state.seq += 1
+        event = MetricReport(rank=sender.rank, step=step, metrics=values, seq=state.seq)
+        pending = state.pending
+        if pending is not None:  # merge: the latest value of each name wins; every call kept in rows
+            event.rows = pending.calls() + [(step, event.time, state.seq, values)]
+            event.metrics = {**pending.metrics, **values}
+            event.step = step if step is not None else pending.step
+            state.pending = None
         now = time.monotonic()
-        if now - _last_sent >= MIN_INTERVAL:
-            _last_sent = now
+        if now - state.last_sent >= MIN_INTERVAL:
+            state.last_sent = now
             _send(sender, event)
         else:
-            _pending, _pending_sender = event, sender
-            _arm_timer()
+            state.pending = event
+            _arm_timer(state)
 
 
 def flush() -> None:
-    """Send the values ``report`` is holding back now (the end of a rank, in ``rank.run_rank``)."""
-    global _pending, _pending_sender, _last_sent
+    """Send the values ``report`` is holding back now, for every rank of this process (the end of a rank,
+    in ``rank.run_rank``)."""
     with _lock:
-        event, sender = _pending, _pending_sender
-        _pending = _pending_sender = None
-        if event is not None and sender is not None:
-            _last_sent = time.monotonic()
-            _send(sender, event)
+        for state in _throttles.values():
+            event, state.pending = state.pending, None
+            if event is not None:
+                state.last_sent = time.monotonic()
+                _send(state.sender, event)
 
 
 def reset_for_rank() -> None:
-    """Forget state inherited from a forked parent (called when a rank starts)."""
-    global _lock, _last_sent, _seq, _pending, _pending_sender, _timer
+    """Forget state inherited from a forked parent (called when a rank process starts)."""
+    global _lock, _throttles
     _lock = threading.Lock()  # a forked child may inherit it held by a thread that does not exist there
-    _last_sent, _seq, _pending, _pending_sender, _timer = 0.0, 0, None, None, None
+    _throttles = {}
 
 
 def _send(sender: Any, event: MetricReport) -> None:
@@ -98,13 +110,12 @@ def _send(sender: Any, event: MetricReport) -> None:
     maybe_send_device_memory(sender)  # torch's peak device memory, at most once a second
 
 
-def _arm_timer() -> None:
-    global _timer
-    if _timer is not None and _timer.is_alive():
+def _arm_timer(state: _RankThrottle) -> None:
+    if state.timer is not None and state.timer.is_alive():
         return
-    _timer = threading.Timer(MIN_INTERVAL, flush)
-    _timer.daemon = True
-    _timer.start()
+    state.timer = threading.Timer(MIN_INTERVAL, flush)
+    state.timer.daemon = True
+    state.timer.start()
 
 
 def _scalar(name: str, value: Any) -> float:

@@ -28,7 +28,8 @@ class LaunchPlan:
     payload: Payload
     world_size: int
     device: str
-    backend: str                 # how ranks start: a name in ``backends.BACKENDS`` ("inline", "processes", "nodes")
+    backend: str                 # how ranks start: a name in ``backends.BACKENDS`` ("inline", "processes", "xla",
+                                 # "nodes")
     start_method: Optional[str]  # "fork" | "forkserver" | "spawn" for process ranks; None in the kernel
     mixed_precision: str
     master_addr: str
@@ -36,6 +37,7 @@ class LaunchPlan:
     timeout: Optional[float]
     return_all: bool
     display: str
+    compile_cache: Optional[str] = None  # XLA only: root of the per-rank persistent compilation caches
     # The kernel as it is when the launch is called: every rank starts from it, whatever its start method.
     kernel_env: Dict[str, str] = field(default_factory=lambda: dict(os.environ))
     kernel_cwd: str = field(default_factory=os.getcwd)
@@ -88,14 +90,15 @@ class LaunchPlan:
         explicit = os.environ.get("OMP_NUM_THREADS", "")
         if explicit.isdigit() and int(explicit) > 0:
             return int(explicit)
-        return max(1, environment.cpu_count() // self.world_size) if self.device == "cpu" else 1
+        sharing = self.device in ("cpu", "xla")  # XLA workers' torch does the host-side (input) work
+        return max(1, environment.cpu_count() // self.world_size) if sharing else 1
 
 
 def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_processes: Any = None, *,
                 device: Any = None, mixed_precision: Any = "no", start_method: Any = "auto",
                 master_addr: Any = "127.0.0.1", use_port: Any = None, timeout: Any = None,
-                return_all: Any = False, display: Any = "auto", allow_inline: bool = True,
-                **node_options: Any) -> LaunchPlan:
+                return_all: Any = False, display: Any = "auto", compile_cache: Any = None,
+                allow_inline: bool = True, **node_options: Any) -> LaunchPlan:
     """Validate every option and serialize the function; raise a clear error on the first bad one."""
     if rank_channel() is not None:
         raise RuntimeError("notebook_launcher was called inside a launched rank; launches cannot be nested")
@@ -122,24 +125,36 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
                                 or not timeout > 0):
         raise LaunchConfigError(f"timeout must be None or a positive number of seconds, got {timeout!r}")
 
+    if compile_cache is not None and not isinstance(compile_cache, (str, os.PathLike)):
+        raise TypeError(f"compile_cache must be a directory path or None, got {compile_cache!r}")
     unknown = sorted(set(node_options) - set(_NODE_OPTION_NAMES))
     if unknown:
         raise TypeError(f"unexpected launcher option(s): {', '.join(unknown)}")
     nodes = check_node_options(**node_options)
 
     device = device or environment.best_device()
+    if compile_cache is not None and device != "xla":
+        raise LaunchConfigError(f"compile_cache is torch_xla's persistent compilation cache: it needs "
+                                f"device='xla', not {device!r}")
     available = _check_device(device)
     world_size = _resolve_world_size(num_processes, device, available)
+    if mixed_precision == "fp16" and device == "xla":
+        raise LaunchConfigError("mixed_precision='fp16' is not supported on XLA; TPUs compute in 'bf16'")
     if mixed_precision == "fp16" and device in ("cpu", "mps"):
         raise LaunchConfigError(f"mixed_precision='fp16' needs CUDA; on {device.upper()} use 'bf16'")
     # One rank runs in the kernel itself (no process to start) unless a start method was asked for, or the
     # launch runs in a background thread, where an in-kernel run could not be stopped.
     inline = (allow_inline and nodes is None and world_size == 1 and start_method == "auto"
               and threading.current_thread() is threading.main_thread())
-    backend = "inline" if inline else "processes" if nodes is None else "nodes"
+    # XLA ranks always start in a host process: using an XLA device in the kernel would initialize the
+    # runtime there, after which torch_xla can start no TPU process at all (pytorch/xla#7765).
+    if device == "xla" and nodes is not None:
+        raise LaunchConfigError("several nodes and max_restarts are not supported on TPU (device='xla') yet")
+    backend = "xla" if device == "xla" else "nodes" if nodes is not None else "inline" if inline else "processes"
 
     payload = Payload(function, args, kwargs)
-    start = None if inline else _resolve_start_method(start_method)
+    start = (None if backend == "inline" else _resolve_xla_start_method(start_method) if backend == "xla"
+             else _resolve_start_method(start_method))
     if start in ("forkserver", "spawn"):
         payload.pickled()  # now, so that what cannot be pickled is named before any process starts
     return LaunchPlan(
@@ -149,6 +164,7 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
         start_method=start, mixed_precision=mixed_precision,
         master_addr=master_addr, use_port=use_port, timeout=None if timeout is None else float(timeout),
         return_all=return_all, display=display, nodes=nodes,
+        compile_cache=None if compile_cache is None else os.path.abspath(os.path.expanduser(compile_cache)),
     )
 
 
@@ -169,15 +185,30 @@ def _is_int(value: Any) -> bool:
 def _check_device(device: str) -> int:
     """How many ranks ``device`` can host, or a clear error when it is not here."""
     if device == "xla":
-        if not environment.torch_xla_importable():
-            raise LaunchConfigError(
-                "device='xla' needs torch_xla, which is not installed. On Colab/Kaggle TPU runtimes it "
-                "comes preinstalled; elsewhere see https://github.com/pytorch/xla#installation")
-        raise LaunchConfigError("device='xla': TPU launches are not supported by this version of "
-                                "notebook_accel yet; use device='cpu' or 'cuda'")
+        return _check_xla()
     info = environment.describe(device)
     if info.count < 1:
         raise LaunchConfigError(f"device={device!r} was asked for, but none is available here")
+    return info.count
+
+
+def _check_xla() -> int:
+    """XLA devices a TPU launch can use, or a clear error: torch_xla missing, no TPU, runtime already up."""
+    if not environment.torch_xla_importable():
+        raise LaunchConfigError(
+            "device='xla' needs torch_xla, which is not installed. On Colab/Kaggle TPU runtimes it "
+            "comes preinstalled; elsewhere see https://github.com/pytorch/xla#installation")
+    if environment.tpu.runtime_initialized():
+        raise LaunchConfigError(
+            "the XLA runtime is already initialized in this notebook (an XLA device or tensor was used "
+            "here), and torch_xla cannot start TPU processes after that (pytorch/xla#7765). Restart the "
+            "runtime and launch before touching an XLA device in the notebook")
+    info = environment.describe("xla")
+    if info.count < 1:
+        old_colab = " (COLAB_TPU_ADDR is set: Colab's retired TPU node runtime is not supported)" \
+            if "COLAB_TPU_ADDR" in os.environ else ""
+        raise LaunchConfigError(f"device='xla' was asked for, but no TPU is attached here{old_colab}; "
+                                f"set PJRT_DEVICE=CPU to use torch_xla's CPU client")
     return info.count
 
 
@@ -186,10 +217,27 @@ def _resolve_world_size(num_processes: Any, device: str, available: int) -> int:
         return 1 if device == "cpu" else available
     if not _is_int(num_processes) or num_processes < 1:
         raise LaunchConfigError(f"num_processes must be a positive int or None, got {num_processes!r}")
+    if device == "xla" and num_processes not in (1, available):
+        # xmp.spawn runs on one device (nprocs=1) or on all of them (nprocs=None), nothing in between.
+        raise LaunchConfigError(
+            f"num_processes={num_processes}: on XLA a launch runs on 1 device or on all {available} "
+            f"(torch_xla's xmp.spawn allows nothing in between); use num_processes=None or 1")
     if num_processes > available:
         unit = "CPU cores" if device == "cpu" else f"{device} devices"
         raise LaunchConfigError(f"num_processes={num_processes} is more than the {available} {unit} here")
     return int(num_processes)
+
+
+def _resolve_xla_start_method(start_method: str) -> str:
+    """The XLA host is never a fork of the kernel: it forks the workers itself, and torch in a process forked
+    twice from a kernel whose torch thread pools were started is broken (the autograd engine's threads abort
+    with "Invalid thread pool", GNU OpenMP hangs in its first parallel region). A fork-server child (warm,
+    torch preloaded but unused) or a spawned one forks cleanly."""
+    if start_method == "fork":
+        raise LaunchConfigError("start_method='fork' is not supported with device='xla': the TPU host process "
+                                "forks the workers itself, and a fork of a fork of the kernel cannot use torch "
+                                "safely. Use start_method='auto' (forkserver) or 'spawn'")
+    return _resolve_start_method("forkserver" if start_method == "auto" else start_method)
 
 
 def _resolve_start_method(start_method: str) -> str:

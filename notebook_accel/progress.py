@@ -27,10 +27,11 @@ that rank's output (carriage-return redraws collapsed to the last frame).
 from __future__ import annotations
 
 import itertools
+import threading
 import sys
 import time
 import types
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from tqdm.asyncio import tqdm_asyncio as _asyncio_tqdm
 from tqdm.std import tqdm as _std_tqdm
@@ -239,7 +240,36 @@ def patch_tqdm() -> Callable[[], None]:
     """
     from . import metrics
 
-    metrics.reset_for_rank()
+    global _patch_depth, _patch_undo
+    with _patch_lock:
+        if _patch_depth == 0:  # the first rank of this process patches; ranks that are threads share it
+            metrics.reset_for_rank()
+            _patch_undo = _apply_patches()
+        _patch_depth += 1
+    done = False
+
+    def unpatch() -> None:
+        global _patch_depth
+        nonlocal done
+        if done:
+            return
+        done = True
+        metrics.flush()
+        with _patch_lock:
+            _patch_depth -= 1
+            if _patch_depth == 0 and _patch_undo is not None:
+                _patch_undo()
+
+    return unpatch
+
+
+_patch_lock = threading.Lock()
+_patch_depth = 0   # ranks of this process inside patch_tqdm (several where ranks are threads: XLA)
+_patch_undo: Optional[Callable[[], None]] = None
+
+
+def _apply_patches() -> Callable[[], None]:
+    """Patch tqdm's classes and modules; return what restores them."""
     undo: List[Callable[[], None]] = []
 
     def set_attr(owner: Any, name: str, value: Any) -> None:
@@ -271,15 +301,8 @@ def patch_tqdm() -> Callable[[], None]:
         for attribute, value in attributes.items():
             set_attr(module, attribute, value)
 
-    done = False
-
-    def unpatch() -> None:
-        nonlocal done
-        if done:
-            return
-        done = True
-        metrics.flush()
+    def restore() -> None:
         for step in reversed(undo):
             step()
 
-    return unpatch
+    return restore

@@ -26,7 +26,17 @@ CASES: Dict[str, Tuple[Dict[str, Any], str]] = {
     "fork": ({"num_processes": 2, "start_method": "fork"}, "processes"),
     "forkserver": ({"num_processes": 2, "start_method": "forkserver"}, "processes"),
     "spawn": ({"num_processes": 2, "start_method": "spawn"}, "processes"),
+    # A fake 2-chip TPU host (tests/fake_tpu.py; no TPU here): two xmp.spawn workers of one device each.
+    "xla": ({"device": "xla"}, "xla"),
 }
+
+
+@pytest.fixture(autouse=True)
+def fake_tpu_for_the_xla_case(request, monkeypatch, tmp_path):
+    if getattr(request.node, "callspec", None) and request.node.callspec.params.get("case") == "xla":
+        from fake_tpu import become_tpu_host
+
+        become_tpu_host(monkeypatch, str(tmp_path / "sysfs"), "v5e-2")
 
 
 def run_case(case: str, function: Callable, args: tuple = (), *, stop_after: float = 0.0,

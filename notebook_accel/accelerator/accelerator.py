@@ -12,9 +12,9 @@ from torch.utils.data import DataLoader
 
 from . import operations
 from .checkpointing import load_checkpoint, save_checkpoint
-from .data_loader import PreparedDataLoader, prepare_data_loader
+from .data_loader import PreparedDataLoader, XlaDeviceLoader, prepare_data_loader
 from .gradient_state import GradientState
-from .optimizer import AcceleratedOptimizer, move_state_to_params
+from .optimizer import AcceleratedOptimizer, move_state_to_params, switch_parameters
 from .precision import (
     add_autocast_to_forward,
     autocast_context,
@@ -99,6 +99,7 @@ class Accelerator:
         self._schedulers: List[AcceleratedScheduler] = []
         self._data_loaders: List[PreparedDataLoader] = []
         self._accumulation_count = 0
+        self._moved_parameters: Dict[torch.nn.Parameter, torch.nn.Parameter] = {}  # old -> new, see prepare_model
         if seed is not None:
             self.set_seed(seed)
 
@@ -217,24 +218,38 @@ class Accelerator:
                 self._models.append(model)
             return model
         if self.device_placement:
+            before = dict(model.named_parameters())
             model = model.to(self.device)
+            # Moving to an XLA device makes new Parameter objects (CPU and XLA tensors cannot share a
+            # TensorImpl): remember them, so an optimizer built on the old ones is pointed at the new ones.
+            for name, param in model.named_parameters():
+                if name in before and before[name] is not param:
+                    self._moved_parameters[before[name]] = param
         add_autocast_to_forward(model, self.device, self._mixed_precision)
-        if self.num_processes > 1:
+        if self.num_processes > 1 and self.distributed_type == DistributedType.XLA:
+            # No DDP on XLA: the optimizer step all-reduces the gradients with torch_xla's collective. What
+            # DDP would do at construction still matters: every replica starts from rank 0's weights (device
+            # threads share one torch RNG, so their own inits differ).
+            import torch_xla.core.xla_model as xm
+
+            xm.broadcast_master_param(model)
+        elif self.num_processes > 1:
             options = dict(self.ddp_kwargs)
             if self.device.type == "cuda":
                 options.setdefault("device_ids", [self.device.index])
                 options.setdefault("output_device", self.device.index)
-            elif self.device.type == "xla":
-                options.setdefault("gradient_as_bucket_view", True)  # what torch_xla's DDP guide asks for
             model = DistributedDataParallel(model, **options)
         self._models.append(model)
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` (its state moves to its parameters' device)."""
+        if self._moved_parameters:
+            switch_parameters(optimizer, self._moved_parameters)
         if self.device_placement:
             move_state_to_params(optimizer)
-        wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler)
+        xla_world = self.num_processes if self.distributed_type == DistributedType.XLA else 0
+        wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler, xla_world=xla_world)
         self._optimizers.append(wrapped)
         return wrapped
 
@@ -242,16 +257,19 @@ class Accelerator:
         """This rank's shard of ``data_loader``; see :mod:`notebook_accel.accelerator.data_loader`."""
         # The data-order seed: rank 0's initial seed (what set_seed / torch.manual_seed chose), everywhere.
         base_seed = operations.broadcast_object(torch.initial_seed())
+        on_xla = self.distributed_type == DistributedType.XLA
         prepared = prepare_data_loader(
             data_loader,
             process_index=self.process_index,
             num_processes=self.num_processes,
-            device=self.device if self.device_placement else None,
+            device=self.device if self.device_placement and not on_xla else None,
             gradient_state=self.gradient_state,
             base_seed=base_seed,
             split_batches=self.split_batches,
         )
         self._data_loaders.append(prepared)
+        if on_xla and self.device_placement:
+            return XlaDeviceLoader(prepared, self.device)  # type: ignore[return-value]
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
@@ -312,6 +330,11 @@ class Accelerator:
         for optimizer in self._optimizers:
             optimizer.unscale_gradients()
 
+    def _reduce_xla_gradients(self) -> None:
+        """On XLA, clip what every device agrees on: the averaged gradients, not this device's own."""
+        for optimizer in self._optimizers:
+            optimizer.reduce_gradients()
+
     def clip_grad_norm_(
         self, parameters: Union[torch.Tensor, Iterable[torch.Tensor]], max_norm: float, norm_type: float = 2.0
     ) -> Optional[torch.Tensor]:
@@ -323,6 +346,7 @@ class Accelerator:
         if not self.sync_gradients:
             return None
         self._unscale_gradients()
+        self._reduce_xla_gradients()
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Union[torch.Tensor, Iterable[torch.Tensor]], clip_value: float) -> None:
@@ -330,6 +354,7 @@ class Accelerator:
         if not self.sync_gradients:
             return
         self._unscale_gradients()
+        self._reduce_xla_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     def autocast(self, enabled: bool = True) -> ContextManager[Any]:

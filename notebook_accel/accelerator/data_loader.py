@@ -216,6 +216,35 @@ class PreparedDataLoader(DataLoader):
             self.gradient_state.loader_stopped(self)
 
 
+class XlaDeviceLoader:
+    """``prepare``'s loader on XLA: torch_xla's ``MpDeviceLoader`` over this rank's shard. It uploads the next
+    batches to the device in a background thread and cuts the lazy graph once per step (what torch_xla asks
+    of a training loop); everything else (``set_epoch``, ``end_of_dataloader``...) is the shard's.
+
+    Example::
+
+        loader = accelerator.prepare(loader)      # on a TPU: an XlaDeviceLoader
+        for inputs, targets in loader: ...        # tensors already on the XLA device
+    """
+
+    def __init__(self, prepared: PreparedDataLoader, device: torch.device) -> None:
+        self.prepared = prepared
+        self.device = device
+
+    def __iter__(self) -> Iterator[Any]:
+        import torch_xla.distributed.parallel_loader as pl
+
+        return iter(pl.MpDeviceLoader(self.prepared, self.device))
+
+    def __len__(self) -> int:
+        return len(self.prepared)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "prepared":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.prepared, name)
+
+
 def prepare_data_loader(
     loader: DataLoader,
     *,

@@ -126,19 +126,44 @@ def send_to_device(tree: Tree, device: torch.device, non_blocking: bool = False)
 
 
 # ------------------------------------------------------------------------------------------- process group
+# On XLA a rank is a device, and on TPU v2/v3 (and torch_xla's CPU client) devices are threads of one process:
+# a torch.distributed group (one per process) cannot serve them, so collectives use torch_xla's own
+# (xm.all_gather / all_reduce / mesh_reduce / rendezvous), which every device thread joins.
+_xla_collectives = False
+
+
+def use_xla_collectives(enabled: bool = True) -> None:
+    """Route this process's collectives through torch_xla (set once by the Accelerator on XLA)."""
+    global _xla_collectives
+    _xla_collectives = enabled
+
+
 def world_size() -> int:
-    """Ranks in the default process group, 1 when there is none."""
+    """Ranks in the launch: the default process group's, torch_xla's on XLA, 1 when there is neither."""
+    if _xla_collectives:
+        import torch_xla.runtime as xr
+
+        return xr.world_size()
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def barrier() -> None:
     """Wait until every rank gets here (no-op for one process)."""
     if world_size() > 1:
-        dist.barrier()
+        if _xla_collectives:
+            import torch_xla.core.xla_model as xm
+
+            xm.rendezvous("notebook_accel.barrier")
+        else:
+            dist.barrier()
 
 
 def _comm_device(tensor: torch.Tensor) -> torch.device:
     """Where a tensor must live for the current backend's collectives."""
+    if _xla_collectives:
+        from .state import xla_device
+
+        return xla_device()
     backend = dist.get_backend()
     if backend == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
@@ -153,7 +178,11 @@ def _comm_device(tensor: torch.Tensor) -> torch.device:
 
 def _all_gather_flat(output: torch.Tensor, tensor: torch.Tensor) -> None:
     """All-gather equal-shaped tensors into ``output`` (world * dim0 rows)."""
-    if dist.get_backend() in ("gloo", "nccl"):
+    if _xla_collectives:
+        import torch_xla.core.xla_model as xm
+
+        output.copy_(xm.all_gather(tensor, dim=0))
+    elif dist.get_backend() in ("gloo", "nccl"):
         gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         gather_single(output, tensor)
     else:  # the list form is the one every backend implements
@@ -267,6 +296,10 @@ def gather_object(obj: Any) -> List[Any]:
     world = world_size()
     if world == 1:
         return [obj]
+    if _xla_collectives:
+        import torch_xla.core.xla_model as xm
+
+        return list(xm.mesh_reduce("notebook_accel.gather_object", obj, list))
     everyone: List[Any] = [None] * world
     dist.all_gather_object(everyone, obj)
     return everyone
@@ -285,6 +318,11 @@ def reduce(tree: Tree, reduction: str = "sum") -> Tree:
     def reduce_one(tensor: torch.Tensor) -> torch.Tensor:
         if world == 1:
             result = tensor.clone()
+        elif _xla_collectives:
+            import torch_xla.core.xla_model as xm
+
+            result = xm.all_reduce(_REDUCE_OPS[reduction].lower(), tensor.to(_comm_device(tensor), copy=True))
+            result = result.to(tensor.device)
         else:
             result = tensor.to(_comm_device(tensor), copy=True)
             dist.all_reduce(result, op=getattr(dist.ReduceOp, _REDUCE_OPS[reduction]))
@@ -331,6 +369,11 @@ def broadcast(tree: Tree, src: int = 0) -> Tree:
 
     def broadcast_one(tensor: torch.Tensor) -> torch.Tensor:
         comm = tensor.to(_comm_device(tensor), copy=True)
+        if _xla_collectives:
+            import torch_xla.core.xla_model as xm
+
+            everyone = xm.all_gather(comm.unsqueeze(0), dim=0)
+            return everyone[src].to(tensor.device)
         dist.broadcast(comm, src=src)
         return comm.to(tensor.device)
 
@@ -341,6 +384,10 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s (picklable) python object, on every rank."""
     if world_size() == 1:
         return obj
+    if _xla_collectives:
+        import torch_xla.core.xla_model as xm
+
+        return xm.mesh_reduce("notebook_accel.broadcast_object", obj, lambda everyone: everyone[src])
     holder = [obj]
     dist.broadcast_object_list(holder, src=src)
     return holder[0]

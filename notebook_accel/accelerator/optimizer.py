@@ -7,7 +7,21 @@ import torch
 
 from .gradient_state import GradientState
 
-__all__ = ["AcceleratedOptimizer", "move_state_to_params"]
+__all__ = ["AcceleratedOptimizer", "move_state_to_params", "switch_parameters"]
+
+
+def switch_parameters(optimizer: torch.optim.Optimizer, moved: Dict[Any, Any]) -> None:
+    """Point ``optimizer`` at the parameters its model got when it moved to the device (``old -> new``).
+
+    Needed on XLA, where ``model.to(device)`` makes new Parameter objects, so an optimizer built before
+    ``prepare`` (the usual order) would keep updating the CPU copies and the model would never learn.
+    """
+    for group in optimizer.param_groups:
+        group["params"] = [moved.get(param, param) for param in group["params"]]
+    entries = list(optimizer.state.items())  # the state is keyed by parameter too (a defaultdict)
+    optimizer.state.clear()
+    for param, value in entries:
+        optimizer.state[moved.get(param, param)] = value
 
 
 def move_state_to_params(optimizer: torch.optim.Optimizer) -> None:
@@ -43,13 +57,17 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         optimizer: torch.optim.Optimizer,
         gradient_state: GradientState,
         scaler: Optional["torch.amp.GradScaler"] = None,
+        *,
+        xla_world: int = 0,
     ) -> None:
         # Deliberately no super().__init__(): param_groups/state/defaults are the wrapped optimizer's.
         self.optimizer = optimizer
         self.gradient_state = gradient_state
         self.scaler = scaler
+        self.xla_world = xla_world  # > 1: the step first all-reduces gradients over XLA (no DDP there)
         self._step_was_skipped = False
         self._gradients_unscaled = False
+        self._gradients_reduced = False
 
     # --- the wrapped optimizer's data, shared (not copied) so schedulers and users see one truth
     @property
@@ -115,11 +133,23 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self.scaler.unscale_(self.optimizer)
             self._gradients_unscaled = True
 
+    def reduce_gradients(self) -> None:
+        """On XLA: average the gradients over every device, once per step, with torch_xla's all-reduce (what
+        ``xm.optimizer_step`` does before stepping; done early when the gradients are clipped first)."""
+        if self.xla_world > 1 and not self._gradients_reduced:
+            import torch_xla.core.xla_model as xm
+
+            xm.reduce_gradients(self.optimizer)
+            self._gradients_reduced = True
+
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
         """Update the weights, unless this is an accumulation step or fp16 gradients overflowed."""
         if not self.gradient_state.sync_gradients:
             self._step_was_skipped = False  # nothing was attempted: not an overflow
             return None
+        if self.xla_world > 1:
+            self.reduce_gradients()
+            self._gradients_reduced = False
         if self.scaler is None:
             self._step_was_skipped = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()

@@ -67,8 +67,11 @@ def _env_flag(environ: Mapping[str, str], name: str) -> bool:
     return environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _xla_is_usable() -> bool:
-    """True when torch_xla is installed *and* drives a TPU (an installed torch_xla on a CPU box is not)."""
+def _xla_is_usable(environ: Mapping[str, str]) -> bool:
+    """True when the launcher started this rank on XLA (``NOTEBOOK_ACCEL_DEVICE=xla``: a TPU, or torch_xla's
+    CPU client), or torch_xla is installed *and* drives a TPU (an installed torch_xla on a CPU box is not)."""
+    if environ.get("NOTEBOOK_ACCEL_DEVICE") == "xla":
+        return True
     if importlib.util.find_spec("torch_xla") is None:
         return False
     try:
@@ -103,7 +106,7 @@ def resolve_process_state(cpu: bool = False, environ: Optional[Mapping[str, str]
     # the launcher's device="cpu" arrives as both of these (HF accelerate reads the first)
     cpu = cpu or _env_flag(environ, "ACCELERATE_USE_CPU") or environ.get("NOTEBOOK_ACCEL_DEVICE") == "cpu"
 
-    if not cpu and _xla_is_usable():
+    if not cpu and _xla_is_usable(environ):
         return _resolve_xla_state()
 
     rank = _env_int(environ, "RANK", 0)
@@ -135,15 +138,18 @@ def resolve_process_state(cpu: bool = False, environ: Optional[Mapping[str, str]
 
 
 def _resolve_xla_state() -> ProcessState:
-    """TPU cores: torch_xla's runtime knows the ranks; the group uses the xla backend (PJRT)."""
-    import torch_xla.distributed.xla_backend  # noqa: F401  (registers the "xla" backend)
+    """TPU cores: torch_xla's runtime knows the ranks (a rank is a device: a thread of a worker process on
+    v2/v3 and on the CPU client, a whole process elsewhere). No torch.distributed group: it would be one per
+    process, not per device thread; collectives go through torch_xla's own (see ``operations``)."""
     import torch_xla.runtime as xr
 
+    from . import operations
+
+    device = xla_device()  # first: it binds this thread to its device, which the ordinals below read
     rank, world = xr.global_ordinal(), xr.world_size()
-    local_rank, local_world = xr.local_ordinal(), xr.local_process_count()
-    device = xla_device()
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("xla", init_method="xla://")
+    local_rank = xr.local_ordinal()
+    local_world = xr.local_process_count() * xr.addressable_device_count()
+    operations.use_xla_collectives()
     kind = DistributedType.XLA
     return ProcessState(rank, local_rank, world, max(local_world, 1), device, kind, "xla" if world > 1 else None)
 

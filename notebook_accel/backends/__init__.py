@@ -4,6 +4,7 @@
 |-------------|--------------------------------------------------------|---------------------------------|
 | ``inline``  | the kernel process itself (one rank, nothing started)  | one rank, no start method asked |
 | ``processes`` | local processes: fork, a warm forkserver, or spawn   | CPU, CUDA, MPS                  |
+| ``xla``     | TPU cores: threads of ``xmp.spawn`` workers in a host  | device="xla"                    |
 | ``nodes``   | this node's processes of a multi-node world, restarted | ``num_nodes > 1`` or             |
 |             | as a whole after a failure (torch elastic rendezvous)  | ``max_restarts > 0``            |
 """
@@ -21,6 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
 BACKENDS: Dict[str, Tuple[str, str]] = {
     "inline": (".inline", "InlineBackend"),
     "processes": (".processes", "ProcessBackend"),
+    "xla": (".xla", "XlaBackend"),
     "nodes": (".nodes", "NodesBackend"),
 }
 

@@ -49,11 +49,13 @@ class _RankState:
         self.partial = {"stdout": "", "stderr": ""}
         self.events = EventDecoder()
         self.exited_at: Optional[float] = None
+        self.drain_from: Optional[float] = None  # when to start the DRAIN_AFTER_EXIT clock: its process is gone
         self.exitcode: Optional[int] = None
         self.failed: Optional[RankFailed] = None
         self.result: Optional[bytes] = None
         self.stopped_by_us = False
         self.started = False            # sent RankStarted: its SIGUSR1 stack dump is armed
+        self.pid = handle.pid           # the process the rank runs in, as its RankStarted says
         self.stacks = bytearray()       # everything faulthandler wrote for this rank's dumps
         self.stacks_at = 0.0            # when the last of it arrived
 
@@ -75,10 +77,14 @@ class Supervisor:
         self.expect_result = expect_results
         self.stop_requested = stop_requested
         self.selector = selectors.DefaultSelector()
+        # Several ranks may live in one process (an XLA host's device threads and workers): one sentinel each.
+        carried: Dict[int, List[_RankState]] = {}
         for state in self.ranks.values():
             for fd in state.open_fds:
                 self.selector.register(fd, selectors.EVENT_READ, (state, "pipe"))
-            self.selector.register(state.handle.process.sentinel, selectors.EVENT_READ, (state, "exit"))
+            carried.setdefault(state.handle.process.sentinel, []).append(state)
+        for sentinel, states in carried.items():
+            self.selector.register(sentinel, selectors.EVENT_READ, (states, "exit"))
         self.failures: List[Failure] = []
         self.status: Optional[str] = None       # set once we decided to stop: failed | stopped | timeout
         self.still_running: List[int] = []
@@ -113,7 +119,7 @@ class Supervisor:
                 if key.fd in state.open_fds:  # not already drained to EOF earlier in this batch
                     self._read(state, key.fd)
             else:
-                self._on_exit(state)
+                self._on_exit(state)  # here ``state`` is the list of ranks that process carried
 
     def _decide(self, deadline: Optional[float]) -> None:
         now = time.monotonic()
@@ -131,7 +137,7 @@ class Supervisor:
             self._signal_alive(signal.SIGKILL)
             self._killed = True
         for state in self.ranks.values():  # children of a dead rank may keep its pipes open: stop waiting
-            if state.exited_at is not None and state.open_fds and now - state.exited_at >= DRAIN_AFTER_EXIT:
+            if state.drain_from is not None and state.open_fds and now - state.drain_from >= DRAIN_AFTER_EXIT:
                 for fd in list(state.open_fds):
                     self._close_fd(state, fd)
 
@@ -165,8 +171,16 @@ class Supervisor:
             self.deliver(OutputLine(rank=rank, stream=stream, text=line.rstrip("\r")))
 
     def _on_event(self, state: _RankState, event: RankEvent) -> None:
+        if isinstance(event, RankExited):
+            # The rank ended while the process we started lives on: an XLA device thread returned, or the
+            # XLA host reports that a worker it forked (not our child) died. Its pipes stay open until
+            # that process is gone: other ranks in it still write there.
+            if state.exited_at is None:
+                self._rank_gone(state, event.exitcode, stopped_elsewhere=event.stopped, process_gone=False)
+            return
         if isinstance(event, RankStarted):
             state.started = True
+            state.pid = event.pid  # where the rank runs: an XLA device thread's is a worker, not our child
         elif isinstance(event, RankResult):
             state.result = event.payload
         elif isinstance(event, RankFailed):
@@ -178,24 +192,38 @@ class Supervisor:
                     self.failures.append(Failure(state.handle.rank, time.monotonic(), event=event))
         self.deliver(event)
 
-    def _on_exit(self, state: _RankState) -> None:
-        handle = state.handle
-        self.selector.unregister(handle.process.sentinel)
+    def _on_exit(self, states: List[_RankState]) -> None:
+        process = states[0].handle.process
+        self.selector.unregister(process.sentinel)
         # Still unreaped: its process group id cannot be reused yet. Kill whatever the rank left running.
-        handle.signal_group(signal.SIGKILL)
-        handle.process.join()
-        state.exitcode = handle.process.exitcode
+        states[0].handle.signal_group(signal.SIGKILL)
+        process.join()
+        for state in states:
+            if state.exited_at is None:
+                self._rank_gone(state, process.exitcode)
+            elif state.drain_from is None:
+                state.drain_from = time.monotonic()
+
+    def _rank_gone(self, state: _RankState, exitcode: Optional[int], *, stopped_elsewhere: bool = False,
+                   process_gone: bool = True) -> None:
+        """The process running ``state``'s rank is gone with ``exitcode``: tell the view, and count a death
+        without an exception or an expected result as a failure (unless the launcher, or for an XLA worker
+        its pool, stopped it)."""
+        handle = state.handle
+        state.exitcode = exitcode
         state.exited_at = time.monotonic()
+        state.drain_from = state.exited_at if process_gone else None
         # Read what the rank sent before dying, so an exception it managed to send is not mistaken for a
         # silent death.
-        while handle.events_fd in state.open_fds and self._fd_ready(handle.events_fd):
+        while process_gone and handle.events_fd in state.open_fds and self._fd_ready(handle.events_fd):
             self._read(state, handle.events_fd)
-        self.deliver(RankExited(rank=handle.rank, exitcode=state.exitcode, signal_name=signal_name(state.exitcode),
-                                stopped=state.stopped_by_us))
-        silent = state.failed is None and (state.exitcode != 0 or
+        stopped = state.stopped_by_us or stopped_elsewhere
+        self.deliver(RankExited(rank=handle.rank, exitcode=exitcode, signal_name=signal_name(exitcode),
+                                stopped=stopped))
+        silent = state.failed is None and (exitcode != 0 or
                                            (state.result is None and self.expect_result(handle.rank)))
-        if silent and self.status is None and not state.stopped_by_us:
-            self.failures.append(Failure(handle.rank, state.exited_at, exitcode=state.exitcode))
+        if silent and self.status is None and not stopped:
+            self.failures.append(Failure(handle.rank, state.exited_at, exitcode=exitcode))
 
     @staticmethod
     def _fd_ready(fd: int) -> bool:
@@ -227,11 +255,17 @@ class Supervisor:
     def _collect_stacks(self, wait: float) -> Dict[int, str]:
         """SIGUSR1 to every running rank (faulthandler dumps all its threads onto its stacks pipe); read
         until each has answered and gone quiet, or ``wait`` seconds passed. Delivers ``RankStacks``."""
-        asked = {rank: len(state.stacks) for rank, state in self.ranks.items()
-                 if state.started and state.exited_at is None}
+        asked: Dict[int, int] = {}
+        signalled = set()
+        for rank, state in self.ranks.items():
+            # Each process once, answering on the stacks pipe of the first rank it runs (the ranks of an XLA
+            # worker are its threads, and its dump shows them all).
+            if state.started and state.exited_at is None and state.pid not in signalled:
+                signalled.add(state.pid)
+                asked[rank] = len(state.stacks)
         for rank in list(asked):
             try:
-                os.kill(self.ranks[rank].handle.pid, signal.SIGUSR1)
+                os.kill(self.ranks[rank].pid, signal.SIGUSR1)
             except ProcessLookupError:
                 del asked[rank]
         deadline = time.monotonic() + wait
