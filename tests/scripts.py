@@ -6,7 +6,10 @@ import subprocess
 import sys
 import textwrap
 
+from typing import Any, List
+
 import notebook_accel
+from notebook_accel.events import RankEvent
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where the notebook_accel under test was imported from: site-packages when the tests run against an
@@ -30,3 +33,19 @@ def start_script(code: str, **popen_options) -> subprocess.Popen:
 def run_script(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=script_env(),
                           capture_output=True, text=True, timeout=timeout)
+
+
+class Recorder:
+    """A view that keeps every event (tests pass it as ``start_launch(view=...)``)."""
+
+    def __init__(self) -> None:
+        self.events: List[RankEvent] = []
+
+    def handle(self, event: RankEvent) -> None:
+        self.events.append(event)
+
+    def tick(self) -> None:
+        pass
+
+    def of(self, kind: type) -> List[Any]:
+        return [event for event in self.events if isinstance(event, kind)]

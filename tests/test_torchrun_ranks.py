@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from notebook_accel import LaunchError, LaunchTimeout, notebook_launcher
-from notebook_accel.errors import LaunchConfigError
 from notebook_accel.launcher import start_launch
 from notebook_accel.plan import plan_launch
 from scripts import run_script, script_env

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fake_tpu import FAKE_TORCH_XLA, HOSTS, make_sysfs, tpu_env
+from fake_tpu import FAKE_TORCH_XLA, HOSTS, tpu_env
 from notebook_accel import environment, tpu
 from notebook_accel.errors import LaunchConfigError
 from notebook_accel.plan import plan_launch

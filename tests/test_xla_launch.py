@@ -10,35 +10,18 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, List
 
 import psutil
 import torch
 import pytest
 
 from fake_tpu import become_tpu_host, tpu_env
-from notebook_accel import LaunchError, notebook_launcher
-from notebook_accel.events import MetricReport, OutputLine, ProgressUpdate, RankEvent, RankExited, RankStarted
+from notebook_accel import LaunchError
+from notebook_accel.events import MetricReport, OutputLine, ProgressUpdate, RankExited, RankStarted
 from notebook_accel.launcher import start_launch
-from scripts import REPO, script_env
+from scripts import REPO, Recorder, script_env
 
 pytestmark = pytest.mark.timeout(180)
-
-
-class Recorder:
-    """A view that keeps every event."""
-
-    def __init__(self) -> None:
-        self.events: List[RankEvent] = []
-
-    def handle(self, event: RankEvent) -> None:
-        self.events.append(event)
-
-    def tick(self) -> None:
-        pass
-
-    def of(self, kind: type) -> List[Any]:
-        return [event for event in self.events if isinstance(event, kind)]
 
 
 @pytest.fixture

@@ -15,16 +15,16 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, List
 
 import psutil
 import pytest
 
 torch_xla = pytest.importorskip("torch_xla")
 
-from notebook_accel.events import OutputLine, ProgressUpdate, RankEvent, RankExited, RankStarted  # noqa: E402
+from notebook_accel.events import OutputLine, ProgressUpdate, RankExited, RankStarted  # noqa: E402
 from notebook_accel.errors import LaunchError  # noqa: E402
 from notebook_accel.launcher import start_launch  # noqa: E402
+from scripts import Recorder  # noqa: E402
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(300)]
 
@@ -35,20 +35,6 @@ _SYNC_LOCK = threading.Lock()
 def cpu_client(monkeypatch):
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
     monkeypatch.setenv("CPU_NUM_DEVICES", "2")
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: List[RankEvent] = []
-
-    def handle(self, event: RankEvent) -> None:
-        self.events.append(event)
-
-    def tick(self) -> None:
-        pass
-
-    def of(self, kind: type) -> List[Any]:
-        return [event for event in self.events if isinstance(event, kind)]
 
 
 def launch(function, *args, **options):
