@@ -202,6 +202,20 @@ def test_failure_marks_the_root_cause_and_shows_its_traceback(clock):
     assert "error: ValueError: bad batch" in summary
 
 
+@pytest.mark.parametrize("message, said", [("bad batch too", "(not the root cause)"),
+                                            ("Connection closed by peer", "(collateral)")])
+def test_a_later_failure_is_called_collateral_only_when_it_reacts_to_a_peer(clock, message, said):
+    view = WidgetView(display=False)
+    start(view)
+    view.handle(RankFailed(rank=1, exc_type="builtins.ValueError", message="bad batch", traceback="ValueError",
+                           exception=None))
+    view.handle(RankFailed(rank=0, exc_type="builtins.RuntimeError", message=message,
+                           traceback=f"RuntimeError: {message}", exception=None))
+    view.handle(LaunchFinished(rank=-1, status="failed", elapsed=1.0, root_rank=1, error="ValueError: bad batch"))
+    assert said in view._rank_rows[0].error.value
+    assert "root cause" not in view._rank_rows[0].error.value.replace("(not the root cause)", "")
+
+
 def test_text_plain_fallback_is_the_final_summary_not_a_frozen_zero(clock):
     view = WidgetView(display=False)
     start(view)

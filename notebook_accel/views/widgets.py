@@ -40,6 +40,7 @@ import ipywidgets as widgets
 
 from ..events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate,
                       RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted, ResourceSample)
+from ..outcome import COLLATERAL_ERRORS
 from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, launch_title,
                     rank_colour, resource_text)
 from .plot import render_line_plot
@@ -499,8 +500,11 @@ class WidgetView:
             body = (f'<details open><summary style="color:#d62728"><b>{escape(headline)}</b></summary>'
                     f'<pre style="font-size:11px;line-height:1.3;max-height:320px;overflow:auto;'
                     f'background:rgba(214,39,40,0.06);padding:4px">{escape(traceback)}</pre>{full}</details>')
-        else:  # collateral failure of a peer (e.g. "Connection closed by peer"): one line, folded traceback
-            body = (f'<details><summary style="color:#d62728">{escape(headline)} (collateral)</summary>'
+        else:  # another rank's failure: one line, folded traceback
+            # "collateral" only when it is a reaction to a peer's failure (gloo's "Connection closed by peer");
+            # a rank that raised on its own, only later than the root cause, is said to be just that.
+            why = "collateral" if COLLATERAL_ERRORS.search(failure.message + failure.exc_type) else "not the root cause"
+            body = (f'<details><summary style="color:#d62728">{escape(headline)} ({why})</summary>'
                     f'<pre style="font-size:11px;max-height:200px;overflow:auto">{escape(traceback)}</pre>'
                     f"</details>")
         row.error.value = body
