@@ -6,6 +6,7 @@ rank, the finished status. A screenshot is saved to ``tests/artifacts/dashboard.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -46,6 +47,31 @@ notebook_launcher(train, args=(100,), num_processes=2)"""
 
 PANEL = """panel = launch_panel(train, args=(40,), num_processes=2)
 panel"""
+
+
+@contextlib.contextmanager
+def chromium_page(height: int):
+    """A 1280-wide page in headless Chromium, closed after. Playwright's driver and Chromium's profile go to
+    a temp dir of their own, removed after; short, as Chromium's singleton socket path must fit in a
+    sockaddr_un."""
+    from playwright import sync_api  # the tests call pytest.importorskip for it first
+
+    old_tmp = os.environ.get("TMPDIR")
+    short_tmp = tempfile.mkdtemp(prefix="na-")
+    os.environ["TMPDIR"] = short_tmp
+    try:
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                yield browser.new_page(viewport={"width": 1280, "height": height})
+            finally:
+                browser.close()
+    finally:
+        if old_tmp is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = old_tmp
+        shutil.rmtree(short_tmp, ignore_errors=True)
 
 
 def _free_port() -> int:
@@ -118,7 +144,7 @@ def _jupyter_server(tmp_path, app="jupyterlab", theme=None):
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"needs Chromium at {CHROMIUM} (.ci/run installs it)")
 @pytest.mark.timeout(240)
 def test_dashboard_in_jupyterlab(jupyter_lab, tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api")
+    pytest.importorskip("playwright.sync_api")
     base, token, root = jupyter_lab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)
                                          for source in (SETUP, LAUNCH, PANEL)])
@@ -127,40 +153,23 @@ def test_dashboard_in_jupyterlab(jupyter_lab, tmp_path):
 
     os.makedirs(ARTIFACTS, exist_ok=True)
     screenshot = os.path.join(ARTIFACTS, "dashboard.png")
-    old_tmp = os.environ.get("TMPDIR")
-    # Playwright's driver and Chromium's profile go to a dir removed below; short, as Chromium's singleton
-    # socket path must fit in a sockaddr_un.
-    short_tmp = tempfile.mkdtemp(prefix="na-")
-    os.environ["TMPDIR"] = short_tmp
-    try:
-        with sync_api.sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-            try:
-                page = browser.new_page(viewport={"width": 1280, "height": 1100})
-                page.goto(f"{base}/lab/tree/dashboard.ipynb?token={token}", wait_until="domcontentloaded")
-                try:
-                    _run_all_cells(page)
-                    page.wait_for_selector(".notebook-accel-dashboard", timeout=60_000)
-                    page.wait_for_function(
-                        "() => [...document.querySelectorAll('.notebook-accel-header .na-status')]"
-                        ".some(e => e.textContent.trim() === 'finished')", timeout=120_000)
-                except Exception:
-                    page.screenshot(path=os.path.join(ARTIFACTS, "dashboard-failure.png"))
-                    raise
-                page.wait_for_timeout(500)  # let the last widget messages render
-                dashboard = page.locator(".notebook-accel-dashboard").first
-                dashboard.scroll_into_view_if_needed()
-                page.screenshot(path=screenshot, full_page=False)
-                facts = page.evaluate(_FACTS_JS)
-                panel_facts = _press_launch_in_the_panel(page)
-            finally:
-                browser.close()
-    finally:
-        if old_tmp is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = old_tmp
-        shutil.rmtree(short_tmp, ignore_errors=True)
+    with chromium_page(height=1100) as page:
+        page.goto(f"{base}/lab/tree/dashboard.ipynb?token={token}", wait_until="domcontentloaded")
+        try:
+            _run_all_cells(page)
+            page.wait_for_selector(".notebook-accel-dashboard", timeout=60_000)
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('.notebook-accel-header .na-status')]"
+                ".some(e => e.textContent.trim() === 'finished')", timeout=120_000)
+        except Exception:
+            page.screenshot(path=os.path.join(ARTIFACTS, "dashboard-failure.png"))
+            raise
+        page.wait_for_timeout(500)  # let the last widget messages render
+        dashboard = page.locator(".notebook-accel-dashboard").first
+        dashboard.scroll_into_view_if_needed()
+        page.screenshot(path=screenshot, full_page=False)
+        facts = page.evaluate(_FACTS_JS)
+        panel_facts = _press_launch_in_the_panel(page)
 
     assert facts["ranks"] == 2, facts
     # one visible progress row per rank (the inner leave=False bar is gone), each at 100 %
@@ -328,7 +337,7 @@ def _open_and_run(page, url, app):
                                         ("notebook", "JupyterLab Dark")])
 def test_debugging_dashboard_is_readable_in_light_and_dark_themes(tmp_path, app, theme):
     """Resources, finished loops, a log-axis plot and a traceback, in JupyterLab light/dark and Notebook 7."""
-    sync_api = pytest.importorskip("playwright.sync_api")
+    pytest.importorskip("playwright.sync_api")
     if app == "notebook":
         pytest.importorskip("notebook")
     server = _jupyter_server(tmp_path, app=app, theme=theme)
@@ -338,38 +347,23 @@ def test_debugging_dashboard_is_readable_in_light_and_dark_themes(tmp_path, app,
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, str(root / "debug.ipynb"))
     os.makedirs(ARTIFACTS, exist_ok=True)
-    old_tmp = os.environ.get("TMPDIR")
-    short_tmp = tempfile.mkdtemp(prefix="na-")
-    os.environ["TMPDIR"] = short_tmp
-    try:
-        with sync_api.sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-            try:
-                page = browser.new_page(viewport={"width": 1280, "height": 1300})
-                path = "lab/tree" if app == "jupyterlab" else "notebooks"
-                try:
-                    _open_and_run(page, f"{base}/{path}/debug.ipynb?token={token}", app)
-                    page.wait_for_selector(".notebook-accel-dashboard", timeout=60_000)
-                    page.wait_for_function(  # the second launch (the failure) has ended
-                        "() => [...document.querySelectorAll('.notebook-accel-header .na-status')]"
-                        ".map(e => e.textContent.trim()).join(',') === 'finished,failed'", timeout=150_000)
-                except Exception:
-                    page.screenshot(path=os.path.join(ARTIFACTS, f"{name}-failure.png"))
-                    raise
-                page.wait_for_timeout(800)
-                page.locator(".notebook-accel-dashboard").first.scroll_into_view_if_needed()
-                page.screenshot(path=os.path.join(ARTIFACTS, f"{name}.png"), full_page=False)
-                facts = page.evaluate(_DEBUG_FACTS_JS)
-                page.locator(".notebook-accel-dashboard").nth(1).scroll_into_view_if_needed()
-                page.screenshot(path=os.path.join(ARTIFACTS, f"{name}-failure-view.png"), full_page=False)
-            finally:
-                browser.close()
-    finally:
-        if old_tmp is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = old_tmp
-        shutil.rmtree(short_tmp, ignore_errors=True)
+    with chromium_page(height=1300) as page:
+        path = "lab/tree" if app == "jupyterlab" else "notebooks"
+        try:
+            _open_and_run(page, f"{base}/{path}/debug.ipynb?token={token}", app)
+            page.wait_for_selector(".notebook-accel-dashboard", timeout=60_000)
+            page.wait_for_function(  # the second launch (the failure) has ended
+                "() => [...document.querySelectorAll('.notebook-accel-header .na-status')]"
+                ".map(e => e.textContent.trim()).join(',') === 'finished,failed'", timeout=150_000)
+        except Exception:
+            page.screenshot(path=os.path.join(ARTIFACTS, f"{name}-failure.png"))
+            raise
+        page.wait_for_timeout(800)
+        page.locator(".notebook-accel-dashboard").first.scroll_into_view_if_needed()
+        page.screenshot(path=os.path.join(ARTIFACTS, f"{name}.png"), full_page=False)
+        facts = page.evaluate(_DEBUG_FACTS_JS)
+        page.locator(".notebook-accel-dashboard").nth(1).scroll_into_view_if_needed()
+        page.screenshot(path=os.path.join(ARTIFACTS, f"{name}-failure-view.png"), full_page=False)
         for _ in server:  # stops the server
             pass
 
