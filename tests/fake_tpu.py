@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from typing import Dict
 
+from scripts import script_env
+
 FAKE_TORCH_XLA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_torch_xla")
 
 # name -> (chips, PCI device id, TPU_ACCELERATOR_TYPE, devices a launch gets, what people are shown)
@@ -43,8 +45,14 @@ def tpu_env(root: str, host: str, *, fake_torch_xla: bool = True) -> Dict[str, s
     if accelerator_type:
         env.update(TPU_ACCELERATOR_TYPE=accelerator_type, PJRT_DEVICE="TPU")
     if fake_torch_xla:
-        env["PYTHONPATH"] = FAKE_TORCH_XLA + os.pathsep + os.environ.get("PYTHONPATH", "")
+        # In front of the path scripts get anyway (the notebook_accel under test: installed, or the checkout)
+        env["PYTHONPATH"] = FAKE_TORCH_XLA + os.pathsep + script_env()["PYTHONPATH"]
     return env
+
+
+def tpu_host_env(root: str, host: str) -> Dict[str, str]:
+    """The whole environment of a script or kernel started on ``host`` (``tpu_env`` over ``script_env``)."""
+    return {**script_env(), **tpu_env(root, host)}
 
 
 def become_tpu_host(monkeypatch, root: str, host: str) -> None:

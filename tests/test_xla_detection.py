@@ -9,11 +9,10 @@ import sys
 
 import pytest
 
-from fake_tpu import FAKE_TORCH_XLA, HOSTS, tpu_env
+from fake_tpu import FAKE_TORCH_XLA, HOSTS, tpu_env, tpu_host_env
 from notebook_accel import environment, tpu
 from notebook_accel.errors import LaunchConfigError
 from notebook_accel.plan import plan_launch
-from scripts import REPO, script_env
 
 TPU_VARIABLES = ("PJRT_DEVICE", "TPU_ACCELERATOR_TYPE", "CPU_NUM_DEVICES", "NOTEBOOK_ACCEL_SYSFS_ROOT",
                  "COLAB_TPU_ADDR", "COLAB_RELEASE_TAG", "COLAB_GPU")
@@ -130,9 +129,7 @@ try:
 except Exception as error:
     print("REFUSED", type(error).__name__, error)
 """
-    env = script_env()
-    env.update(tpu_env(str(tmp_path), "v5e-8"))
-    env["PYTHONPATH"] = REPO + os.pathsep + env["PYTHONPATH"]
+    env = tpu_host_env(str(tmp_path), "v5e-8")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "IMPORTED True" in out.stdout
@@ -150,9 +147,7 @@ print(describe_environment())
 plan_launch(print, display="none")
 print("IMPORTED", "torch_xla" in sys.modules)
 """
-    env = script_env()
-    env.update(tpu_env(str(tmp_path), "v5e-8"))
-    env["PYTHONPATH"] = REPO + os.pathsep + env["PYTHONPATH"]
+    env = tpu_host_env(str(tmp_path), "v5e-8")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "IMPORTED False" in out.stdout
@@ -161,9 +156,7 @@ print("IMPORTED", "torch_xla" in sys.modules)
 
 @pytest.mark.parametrize("name", ["v5e-8", "none"])
 def test_cli_env_shows_the_tpu(tmp_path, name):
-    env = script_env()
-    env.update(tpu_env(str(tmp_path), name))
-    env["PYTHONPATH"] = REPO + os.pathsep + env["PYTHONPATH"]
+    env = tpu_host_env(str(tmp_path), name)
     out = subprocess.run([sys.executable, "-m", "notebook_accel.cli", "env"], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr

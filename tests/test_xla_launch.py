@@ -15,11 +15,11 @@ import psutil
 import torch
 import pytest
 
-from fake_tpu import become_tpu_host, tpu_env
+from fake_tpu import become_tpu_host, tpu_host_env
 from notebook_accel import LaunchError
 from notebook_accel.events import MetricReport, OutputLine, ProgressUpdate, RankExited, RankStarted
 from notebook_accel.launcher import start_launch
-from scripts import REPO, Recorder, script_env
+from scripts import Recorder
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -180,7 +180,7 @@ def test_compile_cache_is_per_worker_process(tpu_host, tmp_path):
 
 
 def test_kernel_never_imports_torch_xla_and_launches_again(tmp_path):
-    code = f"""
+    code = """
 import sys
 from notebook_accel import notebook_launcher, environment
 def where():
@@ -191,9 +191,7 @@ second = notebook_launcher(where, return_all=True, display="none")
 print("RANKS", [r for r, _ in first], [r for r, _ in second])
 print("KERNEL", "torch_xla" in sys.modules, environment.fork_safety()[0])
 """
-    env = script_env()
-    env.update(tpu_env(str(tmp_path), "v5e-8"))
-    env["PYTHONPATH"] = REPO + os.pathsep + env["PYTHONPATH"]
+    env = tpu_host_env(str(tmp_path), "v5e-8")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=150)
     assert out.returncode == 0, out.stderr
     assert "RANKS [0, 1, 2, 3, 4, 5, 6, 7] [0, 1, 2, 3, 4, 5, 6, 7]" in out.stdout
@@ -219,9 +217,7 @@ except KeyboardInterrupt:
             if not any(k in " ".join(p.cmdline()) for k in kept)]
     print("INTERRUPTED", left, flush=True)
 """
-    env = script_env()
-    env.update(tpu_env(str(tmp_path), "v2-8"))
-    env["PYTHONPATH"] = REPO + os.pathsep + env["PYTHONPATH"]
+    env = tpu_host_env(str(tmp_path), "v2-8")
     process = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     workers, seen = set(), []

@@ -20,7 +20,6 @@ pytestmark = pytest.mark.timeout(300)
 def test_the_tpu_notebook_runs_every_cell_on_a_tpu_host(tmp_path, monkeypatch):
     for key, value in tpu_env(str(tmp_path / "sysfs"), "v2-8").items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("PYTHONPATH", REPO + os.pathsep + os.environ["PYTHONPATH"])
     # The kernel's fork server leaves its socket dir behind when the kernel is shut down: give the kernel a
     # short-pathed TMPDIR of its own (AF_UNIX paths are short) and remove it afterwards.
     kernel_tmp = tempfile.mkdtemp(prefix="nbk-", dir="/tmp")
