@@ -114,12 +114,12 @@ class Supervisor:
 
     def _poll(self, wait: float) -> None:
         for key, _ in self.selector.select(wait):
-            state, kind = key.data
+            owner, kind = key.data  # a pipe's rank, or for a sentinel the ranks its process carried
             if kind == "pipe":
-                if key.fd in state.open_fds:  # not already drained to EOF earlier in this batch
-                    self._read(state, key.fd)
+                if key.fd in owner.open_fds:  # not already drained to EOF earlier in this batch
+                    self._read(owner, key.fd)
             else:
-                self._on_exit(state)  # here ``state`` is the list of ranks that process carried
+                self._on_exit(owner)
 
     def _decide(self, deadline: Optional[float]) -> None:
         now = time.monotonic()
