@@ -33,8 +33,8 @@ RANK = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c
 def bench_sampling(ranks: int, seconds: float) -> dict:
     import ipywidgets
 
-    from notebook_accel.events import LaunchStarted, RankStarted
-    from notebook_accel.resources import ResourceSampler
+    from notebook_accel.wire.events import LaunchStarted, RankStarted
+    from notebook_accel.monitor.resources import ResourceSampler
     from notebook_accel.views.widgets import WidgetView
 
     processes = [subprocess.Popen([sys.executable, "-c", RANK], start_new_session=True) for _ in range(ranks)]
@@ -88,7 +88,7 @@ def bench_traffic(ranks: int = 8, bars: int = 3, metrics: int = 4, seconds: int 
 
     import notebook_accel.views.model as model
     import notebook_accel.views.widgets as widgets_module
-    from notebook_accel.events import (LaunchFinished, LaunchStarted, MetricReport, ProgressUpdate, RankStarted,
+    from notebook_accel.wire.events import (LaunchFinished, LaunchStarted, MetricReport, ProgressUpdate, RankStarted,
                                        ResourceSample)
     from notebook_accel.views.widgets import WidgetView
 

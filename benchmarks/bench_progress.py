@@ -40,7 +40,7 @@ def _rank_costs(iterations: int, repeats: int):
     import tqdm.std
 
     from notebook_accel import progress
-    from notebook_accel.progress import _STD
+    from notebook_accel.rank.progress import _STD
 
     # The rank's tqdm is patched to report; rebuild tqdm's own terminal frontend from its saved methods.
     plain_tqdm = type("plain_tqdm", (tqdm.std.tqdm,), {name: _STD[name] for name in

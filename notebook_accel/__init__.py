@@ -25,21 +25,19 @@ _EXPORTS = {
     "LaunchError": ".errors",
     "LaunchTimeout": ".errors",
     "Accelerator": ".accelerator",
-    "report": ".metrics",
+    "report": ".rank.metrics",
     "launch_panel": ".panel",
+    "progress": ".rank.progress",
 }
 
-# Imported eagerly (it needs only tqdm): the submodule shares the name, and a lazy import would let
-# `import notebook_accel.progress` bind the *module* to `notebook_accel.progress` instead of the bar class.
-from .progress import progress  # noqa: E402
-
-__all__ = sorted(_EXPORTS) + ["__version__", "progress"]
+__all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .accelerator import Accelerator
     from .errors import LaunchError, LaunchTimeout
     from .launcher import notebook_launcher
-    from .metrics import report
+    from .rank.metrics import report
+    from .rank.progress import progress
     from .panel import launch_panel
 
 

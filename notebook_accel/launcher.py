@@ -14,15 +14,16 @@ import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from .backends import LaunchSink, backend_for
-from .config import fill_from_config
-from .errors import LaunchError, LaunchTimeout, one_line, rebuild_exception
-from .events import LaunchFinished, LaunchStarted, MetricReport, OutputLine, RankEvent
-from .metric_table import MetricLog
-from .oom import explain as explain_out_of_memory, kind_of_failure, oom_kill_count
-from .outcome import Outcome, signal_name
-from .resources import ResourceSampler
-from .plan import LaunchPlan, plan_launch
-from .rendezvous import HostedStore
+from .plan.config import fill_from_config
+from .errors import LaunchError, LaunchTimeout, one_line
+from .wire.events import LaunchFinished, MetricReport, OutputLine, RankEvent
+from .monitor.metric_log import MetricLog
+from .outcome.oom import explain as explain_out_of_memory, kind_of_failure, oom_kill_count
+from .outcome.raising import rebuild_exception
+from .outcome.root_cause import Outcome, signal_name
+from .monitor.resources import ResourceSampler
+from .plan.plan import LaunchPlan, plan_launch
+from .backends.rendezvous import HostedStore
 from .views import NullView, View, make_view
 
 _TAIL_LINES = 25  # last output lines of a rank that died without an exception, quoted in the LaunchError
@@ -160,7 +161,7 @@ class Launch:
         self._oom_kills_before = oom_kill_count()  # a SIGKILL counts as OOM only if this goes up
         try:
             if plan.nodes is None:  # the nodes backend says it once the rendezvous placed this node
-                self._deliver(launch_started(plan))
+                self._deliver(plan.started_event())
             self.status = "running"
             try:
                 outcome = self._run_backend(store)
@@ -240,15 +241,6 @@ class Launch:
         tail = self.outputs.get(root.rank, [])[-_TAIL_LINES:]
         last = ("; its last output:\n    " + "\n    ".join(tail)) if tail else ""
         return LaunchError(f"rank {root.rank} {how}{last}", rank=root.rank, exitcode=exit_code, signal_name=name)
-
-
-def launch_started(plan: LaunchPlan, **where: Any) -> LaunchStarted:
-    """The first event of a launch; ``where`` adds a node's place (num_nodes, node_rank, ranks, world_size)."""
-    fields = dict(rank=-1, world_size=plan.world_size, device=plan.device,
-                  start_method=plan.start_method or plan.backend, mixed_precision=plan.mixed_precision,
-                  function_name=plan.function_name)
-    fields.update(where)
-    return LaunchStarted(**fields)
 
 
 _last_launch: Optional[Launch] = None

@@ -18,11 +18,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 import ipywidgets as widgets
 
-from .config import load_config
-from .environment import available_devices
+from .plan.config import load_config
+from .plan.devices import available_devices
 from .errors import one_line
-from .plan import MIXED_PRECISIONS
-from .events import LaunchFinished
+from .plan.plan import MIXED_PRECISIONS
+from .wire.events import LaunchFinished
 from .views.widgets import WidgetView
 
 __all__ = ["launch_panel", "LaunchPanel"]

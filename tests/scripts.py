@@ -9,7 +9,7 @@ import textwrap
 from typing import Any, List
 
 import notebook_accel
-from notebook_accel.events import RankEvent
+from notebook_accel.wire.events import RankEvent
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where the notebook_accel under test was imported from: site-packages when the tests run against an

@@ -14,9 +14,9 @@ from typing import Any, Callable, Dict, List, Tuple
 import pytest
 
 from notebook_accel.backends import LaunchSink, backend_for
-from notebook_accel.events import OutputLine, ProgressUpdate, RankEvent, RankExited, RankFailed, RankStarted
-from notebook_accel.outcome import Outcome
-from notebook_accel.plan import plan_launch
+from notebook_accel.wire.events import OutputLine, ProgressUpdate, RankEvent, RankExited, RankFailed, RankStarted
+from notebook_accel.outcome.root_cause import Outcome
+from notebook_accel.plan.plan import plan_launch
 
 pytestmark = pytest.mark.timeout(120)
 

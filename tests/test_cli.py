@@ -133,7 +133,7 @@ def test_config_questionnaire_and_write_basic_config(home):
     retry = cli(home, "config", stdin="gpu\ncpu\n0\n1\n\n\n\n")  # wrong answers are asked again
     assert "please answer one of: cpu" in retry.stdout and "please answer a whole number" in retry.stdout
 
-    from notebook_accel.config import load_config, write_basic_config
+    from notebook_accel.plan.config import load_config, write_basic_config
 
     target = home / "basic.yaml"
     assert write_basic_config("fp16", str(target)) == str(target)

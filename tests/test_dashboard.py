@@ -8,7 +8,7 @@ import re
 import ipywidgets
 import pytest
 
-from notebook_accel.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine,
+from notebook_accel.wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine,
                                    ProgressUpdate, RankExited, RankFailed, RankResult, RankStarted)
 from notebook_accel.views import make_view
 from notebook_accel.views.plot import nice_ticks, render_line_plot

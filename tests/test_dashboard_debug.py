@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from test_dashboard import Clock, bar_rows, clock, sent, start, update  # noqa: E402,F401  (fixtures)
 
-from notebook_accel.events import LaunchFinished, MetricReport, OutputLine, ResourceSample  # noqa: E402
+from notebook_accel.wire.events import LaunchFinished, MetricReport, OutputLine, ResourceSample  # noqa: E402
 from notebook_accel.views.text import TextView  # noqa: E402
 from notebook_accel.views.widgets import WidgetView  # noqa: E402
 

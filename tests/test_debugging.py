@@ -130,7 +130,7 @@ def hold_memory(seconds):
 def test_memory_and_cpu_per_rank_are_sampled_and_plausible():
     import psutil
 
-    from notebook_accel.events import ResourceSample
+    from notebook_accel.wire.events import ResourceSample
     from notebook_accel.launcher import start_launch
 
     view = RecordingView()
@@ -182,8 +182,8 @@ class FakeNvml:
 
 
 def test_gpu_figures_come_from_nvml_mapped_through_local_rank_and_cuda_visible_devices():
-    from notebook_accel.events import DeviceMemoryReport, RankExited, RankStarted, ResourceSample
-    from notebook_accel.resources import ResourceSampler
+    from notebook_accel.wire.events import DeviceMemoryReport, RankExited, RankStarted, ResourceSample
+    from notebook_accel.monitor.resources import ResourceSampler
 
     nvml = FakeNvml()
     samples = []
@@ -243,7 +243,7 @@ def cuda_oom_on_rank_one():
 def test_a_cuda_out_of_memory_error_is_explained_in_one_line():
     import torch
 
-    from notebook_accel.events import LaunchFinished
+    from notebook_accel.wire.events import LaunchFinished
     from notebook_accel.launcher import start_launch
 
     view = RecordingView()
@@ -329,7 +329,7 @@ def test_a_sigkill_with_the_cgroup_oom_counter_raised_is_explained(tmp_path, mon
 
 
 def test_the_oom_counter_is_read_from_the_real_cgroup_files_here():
-    from notebook_accel.oom import counter_files, oom_kill_count
+    from notebook_accel.outcome.oom import counter_files, oom_kill_count
 
     assert counter_files()[-1] == "/proc/vmstat"
     assert isinstance(oom_kill_count(), int)  # this machine exposes at least one counter

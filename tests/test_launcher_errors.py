@@ -102,7 +102,7 @@ def test_fork_when_cuda_is_initialized_is_refused(monkeypatch):
     with pytest.raises(LaunchConfigError, match="fork.*not safe here: CUDA is already initialized"):
         notebook_launcher(ok, num_processes=2, start_method="fork", display="none")
     # auto picks the forkserver instead, and works
-    from notebook_accel.plan import plan_launch
+    from notebook_accel.plan.plan import plan_launch
 
     assert plan_launch(ok, num_processes=2).start_method == "forkserver"
 

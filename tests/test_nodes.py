@@ -267,7 +267,7 @@ def test_the_timeout_counts_over_the_whole_world():
 ])
 def test_bad_node_options_are_refused_before_anything_starts(options, message):
     from notebook_accel.errors import LaunchConfigError
-    from notebook_accel.plan import plan_launch
+    from notebook_accel.plan.plan import plan_launch
 
     with pytest.raises(LaunchConfigError) as caught:
         plan_launch(print, num_processes=1, device="cpu", **options)

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from notebook_accel import launch_panel
-from notebook_accel.environment import available_devices
+from notebook_accel.plan.devices import available_devices
 from notebook_accel.panel import LaunchPanel
 from scripts import PACKAGE_ROOT
 from test_dashboard_kernel import WidgetTraffic, run_notebook

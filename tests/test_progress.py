@@ -12,9 +12,9 @@ import tqdm.auto
 import tqdm.std
 
 from notebook_accel import metrics
-from notebook_accel.channel import set_rank_channel
-from notebook_accel.events import MetricReport, ProgressUpdate
-from notebook_accel.progress import patch_tqdm, progress, trange
+from notebook_accel.wire.channel import set_rank_channel
+from notebook_accel.wire.events import MetricReport, ProgressUpdate
+from notebook_accel.rank.progress import patch_tqdm, progress, trange
 from scripts import run_script
 
 
@@ -206,8 +206,8 @@ def test_patch_in_a_fresh_process_never_imports_ipywidgets():
     """A rank that never imported tqdm.notebook gets a shim: ``from tqdm.notebook import tqdm`` works."""
     result = run_script("""
         import sys
-        from notebook_accel.channel import set_rank_channel
-        from notebook_accel.progress import patch_tqdm, progress
+        from notebook_accel.wire.channel import set_rank_channel
+        from notebook_accel.rank.progress import patch_tqdm, progress
         class Sender:
             rank = 3
             events = []
@@ -233,8 +233,8 @@ def test_notebook_bars_made_before_the_patch_make_no_widgets():
         import sys
         import tqdm.notebook
         early = tqdm.notebook.tqdm_notebook
-        from notebook_accel.channel import set_rank_channel
-        from notebook_accel.progress import patch_tqdm
+        from notebook_accel.wire.channel import set_rank_channel
+        from notebook_accel.rank.progress import patch_tqdm
         class Sender:
             rank = 0
             events = []
@@ -273,8 +273,8 @@ def test_patch_in_a_forked_kernel_child_never_imports_ipywidgets():
         import sys
         import ipykernel.zmqshell  # what tqdm.autonotebook looks for to pick the notebook frontend
         assert "ipywidgets" not in sys.modules
-        from notebook_accel.channel import set_rank_channel
-        from notebook_accel.progress import patch_tqdm, progress
+        from notebook_accel.wire.channel import set_rank_channel
+        from notebook_accel.rank.progress import patch_tqdm, progress
         class Sender:
             rank = 1
             events = []

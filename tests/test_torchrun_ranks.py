@@ -19,7 +19,7 @@ import torch
 
 from notebook_accel import LaunchError, LaunchTimeout, notebook_launcher
 from notebook_accel.launcher import start_launch
-from notebook_accel.plan import plan_launch
+from notebook_accel.plan.plan import plan_launch
 from scripts import run_script, script_env
 
 pytestmark = pytest.mark.timeout(180)
@@ -316,7 +316,7 @@ def test_a_loaded_cuda_driver_library_makes_the_launch_use_the_fork_server(tmp_p
         pytest.skip(f"no C compiler to build the stand-in library: {built.stderr}")
     out = ok_script(f"""
         import ctypes
-        from notebook_accel.plan import plan_launch
+        from notebook_accel.plan.plan import plan_launch
         from notebook_accel.errors import LaunchConfigError
         print("BEFORE", plan_launch(len, args=((),), num_processes=2).start_method)
         ctypes.CDLL({str(library)!r})
@@ -416,7 +416,7 @@ def test_import_and_spawn_launch_work_without_fcntl_and_fork_is_refused_on_macos
             notebook_launcher(lambda: 7, num_processes=2, start_method="fork", display="none")
         except LaunchConfigError as error:
             print("REFUSED", error)
-        from notebook_accel.plan import plan_launch
+        from notebook_accel.plan.plan import plan_launch
         print("AUTO", plan_launch(lambda: 7, num_processes=2).start_method)
     """)
     assert "RESULT 7" in out

@@ -12,7 +12,7 @@ import pytest
 from fake_tpu import FAKE_TORCH_XLA, HOSTS, tpu_env, tpu_host_env
 from notebook_accel import environment, tpu
 from notebook_accel.errors import LaunchConfigError
-from notebook_accel.plan import plan_launch
+from notebook_accel.plan.plan import plan_launch
 
 TPU_VARIABLES = ("PJRT_DEVICE", "TPU_ACCELERATOR_TYPE", "CPU_NUM_DEVICES", "NOTEBOOK_ACCEL_SYSFS_ROOT",
                  "COLAB_TPU_ADDR", "COLAB_RELEASE_TAG", "COLAB_GPU")
@@ -120,7 +120,7 @@ def test_fork_safety_is_about_the_runtime_not_the_import(tmp_path):
     code = """
 import torch_xla
 from notebook_accel import environment
-from notebook_accel.plan import plan_launch
+from notebook_accel.plan.plan import plan_launch
 print("IMPORTED", environment.fork_safety()[0])
 torch_xla.device()
 print("USED", environment.fork_safety())
@@ -141,7 +141,7 @@ def test_detection_never_imports_torch_xla(tmp_path):
     code = """
 import sys
 from notebook_accel import environment
-from notebook_accel.plan import plan_launch
+from notebook_accel.plan.plan import plan_launch
 from notebook_accel.cli import describe_environment
 print(describe_environment())
 plan_launch(print, display="none")

@@ -17,7 +17,7 @@ import pytest
 
 from fake_tpu import become_tpu_host, tpu_host_env
 from notebook_accel import LaunchError
-from notebook_accel.events import MetricReport, OutputLine, ProgressUpdate, RankExited, RankStarted
+from notebook_accel.wire.events import MetricReport, OutputLine, ProgressUpdate, RankExited, RankStarted
 from notebook_accel.launcher import start_launch
 from scripts import Recorder
 

@@ -21,7 +21,7 @@ import pytest
 
 torch_xla = pytest.importorskip("torch_xla")
 
-from notebook_accel.events import OutputLine, ProgressUpdate, RankExited, RankStarted  # noqa: E402
+from notebook_accel.wire.events import OutputLine, ProgressUpdate, RankExited, RankStarted  # noqa: E402
 from notebook_accel.errors import LaunchError  # noqa: E402
 from notebook_accel.launcher import start_launch  # noqa: E402
 from scripts import Recorder  # noqa: E402

@@ -138,6 +138,17 @@ def use_xla_collectives(enabled: bool = True) -> None:
     _xla_collectives = enabled
 
 
+def xla_device() -> torch.device:
+    """This process's TPU core (``torch_xla.device()`` in recent torch_xla, ``xm.xla_device()`` before)."""
+    import torch_xla
+
+    if hasattr(torch_xla, "device"):
+        return torch_xla.device()
+    import torch_xla.core.xla_model as xm
+
+    return xm.xla_device()
+
+
 def world_size() -> int:
     """Ranks in the launch: the default process group's, torch_xla's on XLA, 1 when there is neither."""
     if _xla_collectives:
@@ -161,8 +172,6 @@ def barrier() -> None:
 def _comm_device(tensor: torch.Tensor) -> torch.device:
     """Where a tensor must live for the current backend's collectives."""
     if _xla_collectives:
-        from .state import xla_device
-
         return xla_device()
     backend = dist.get_backend()
     if backend == "nccl":
@@ -170,8 +179,6 @@ def _comm_device(tensor: torch.Tensor) -> torch.device:
     if backend == "gloo":
         return torch.device("cpu")
     if backend == "xla":
-        from .state import xla_device
-
         return xla_device()
     return tensor.device
 

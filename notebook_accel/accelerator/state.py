@@ -21,6 +21,8 @@ from typing import Mapping, Optional
 import torch
 import torch.distributed as dist
 
+from .operations import use_xla_collectives, xla_device
+
 __all__ = ["DistributedType", "ProcessState", "resolve_process_state", "destroy_process_group", "xla_device"]
 
 
@@ -143,26 +145,13 @@ def _resolve_xla_state() -> ProcessState:
     process, not per device thread; collectives go through torch_xla's own (see ``operations``)."""
     import torch_xla.runtime as xr
 
-    from . import operations
-
     device = xla_device()  # first: it binds this thread to its device, which the ordinals below read
     rank, world = xr.global_ordinal(), xr.world_size()
     local_rank = xr.local_ordinal()
     local_world = xr.local_process_count() * xr.addressable_device_count()
-    operations.use_xla_collectives()
+    use_xla_collectives()
     kind = DistributedType.XLA
     return ProcessState(rank, local_rank, world, max(local_world, 1), device, kind, "xla" if world > 1 else None)
-
-
-def xla_device() -> torch.device:
-    """This process's TPU core (``torch_xla.device()`` in recent torch_xla, ``xm.xla_device()`` before)."""
-    import torch_xla
-
-    if hasattr(torch_xla, "device"):
-        return torch_xla.device()
-    import torch_xla.core.xla_model as xm
-
-    return xm.xla_device()
 
 
 def destroy_process_group() -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Dict, Tuple, Type
 from .base import Backend, LaunchSink
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..plan import LaunchPlan
+    from ..plan.plan import LaunchPlan
 
 # name -> (module, class): imported when used, so a CPU launch never imports what a TPU launch needs.
 BACKENDS: Dict[str, Tuple[str, str]] = {

@@ -15,12 +15,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ClassVar, Dict
 
-from ..events import RankEvent
-from ..outcome import Outcome
+from ..wire.events import RankEvent
+from ..outcome.root_cause import Outcome
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..plan import LaunchPlan
-    from ..rendezvous import HostedStore
+    from ..plan.plan import LaunchPlan
+    from .rendezvous import HostedStore
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Backend(ABC):
     def open_rendezvous(self) -> "HostedStore":
         """Host the store the ranks meet at, synchronously, so a busy port fails in the caller's cell.
         Backends whose ranks meet elsewhere (several nodes) override this."""
-        from ..rendezvous import HostedStore
+        from .rendezvous import HostedStore
 
         return HostedStore(self.plan.master_addr, self.plan.use_port, self.plan.world_size)
 

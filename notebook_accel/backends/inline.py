@@ -15,11 +15,11 @@ import time
 from contextlib import contextmanager
 from typing import Dict, Iterator, Optional
 
-from ..channel import DirectSender, set_rank_channel
-from ..events import RankExited, RankStarted
-from ..outcome import Failure, Outcome
-from ..rank import run_rank, to_cpu
-from ..tracebacks import hide_launcher_frames
+from ..wire.channel import DirectSender, set_rank_channel
+from ..wire.events import RankExited, RankStarted
+from ..outcome.root_cause import Failure, Outcome
+from ..rank.run import run_rank, to_cpu
+from ..rank.tracebacks import hide_launcher_frames
 from .base import Backend, LaunchSink
 from .kernel_capture import captured_fds, deliver_outside_capture
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import ask_config, default_config_path, save_config, write_basic_config
+from ..plan.config import ask_config, default_config_path, save_config, write_basic_config
 
 
 def add_config_parser(commands) -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ def describe_environment() -> str:
     best device:   cpu (CPU (2 cores))
     ...
     """
-    from .. import environment
+    from ..plan import devices as environment
 
     safe, reason = environment.fork_safety()
     found = environment.available_devices()
@@ -45,7 +45,7 @@ def versions() -> List[str]:
 
 
 def config_lines() -> List[str]:
-    from ..config import LaunchConfig, find_config_file, load_config
+    from ..plan.config import LaunchConfig, find_config_file, load_config
     from ..errors import LaunchConfigError
 
     path = find_config_file()

@@ -15,7 +15,7 @@ import sys
 import traceback
 from typing import Any, Dict
 
-from ..config import LaunchConfig, load_config
+from ..plan.config import LaunchConfig, load_config
 from ..errors import LaunchConfigError, LaunchError, LaunchTimeout
 
 EXIT_BAD_OPTIONS = 2
@@ -102,8 +102,8 @@ def parse_rdzv_conf(text: str) -> Dict[str, str]:
 def run_launch(options: argparse.Namespace) -> int:
     """Plan (errors before any process starts), run, and turn the outcome into an exit code."""
     from ..launcher import Launch
-    from ..plan import plan_launch
-    from ..script import check_target, run_main, script_label
+    from ..plan.plan import plan_launch
+    from ..rank.script import check_target, run_main, script_label
 
     try:
         target = check_target(options.target, options.module)

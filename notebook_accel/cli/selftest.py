@@ -43,7 +43,7 @@ def failing_check() -> None:
 
 def _run_checks(say: Callable[[str], None]) -> List[Tuple[str, bool, str]]:
     from ..launcher import Launch
-    from ..plan import plan_launch
+    from ..plan.plan import plan_launch
     from ..views import TextView
 
     results = []
@@ -51,7 +51,7 @@ def _run_checks(say: Callable[[str], None]) -> List[Tuple[str, bool, str]]:
 
     class Recorder(TextView):
         def handle(self, event) -> None:
-            from ..events import OutputLine
+            from ..wire.events import OutputLine
 
             if isinstance(event, OutputLine):
                 lines.append(f"[rank {event.rank}] {event.text}")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..events import RankEvent
+from ..wire.events import RankEvent
 
 
 class View(Protocol):

@@ -7,15 +7,15 @@ widget leaves in the saved notebook is the same one a terminal prints.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from tqdm.std import tqdm as _tqdm_format  # formatting helpers only (format_meter, format_interval)
 
-from ..metric_table import MetricSummary
-from ..events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate,
+from ..formatting import format_bytes, format_value  # noqa: F401  (views.model.format_* for views and tests)
+from ..monitor.metric_log import MetricSummary
+from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate,
                       RankEvent, RankExited, RankFailed, RankResult, RankStarted, ResourceSample)
 
 # Colours of ranks 0..9 (matplotlib's tab10), reused in the plots and the rank rows.
@@ -43,24 +43,6 @@ def clean_line(text: str) -> str:
         frames = [frame for frame in text.split("\r") if frame.strip()]
         return frames[-1] if frames else ""
     return text
-
-
-def format_value(value: float) -> str:
-    if not math.isfinite(value):
-        return str(value)
-    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
-        return f"{value:.3e}"
-    return f"{value:.4g}"
-
-
-def format_bytes(value: Optional[float]) -> str:
-    """``7.9 GiB``, ``512 MiB``: binary units, as torch's out-of-memory messages and nvidia-smi use."""
-    if value is None:
-        return "?"
-    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if value >= size:
-            return f"{value / size:.1f} {unit}" if value / size < 100 else f"{value / size:.0f} {unit}"
-    return f"{int(value)} B"
 
 
 def resource_text(sample: Optional[ResourceSample], final: bool = False) -> str:

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Dict, Optional, TextIO
 
-from ..events import LaunchFinished, MetricReport, OutputLine, ProgressUpdate, RankEvent
+from ..wire.events import LaunchFinished, MetricReport, OutputLine, ProgressUpdate, RankEvent
 from .model import BarState, LaunchState, clean_line
 
 

@@ -38,9 +38,9 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import ipywidgets as widgets
 
-from ..events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate,
+from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate,
                       RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted, ResourceSample)
-from ..outcome import COLLATERAL_ERRORS
+from ..outcome.root_cause import COLLATERAL_ERRORS
 from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, launch_title,
                     rank_colour, resource_text)
 from .plot import render_line_plot

@@ -13,21 +13,16 @@ import threading
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
-from multiprocessing import reduction, spawn
+from multiprocessing import spawn
 from typing import Dict, Iterator, List
 
-try:
-    import fcntl
-except ImportError:  # Windows
-    fcntl = None  # type: ignore[assignment]
-
-from ...forkserver_preload import KERNEL_TEMPDIR_VARIABLE
-from ...outcome import Outcome
-from ...plan import LaunchPlan
+from ...rank.forkserver_preload import KERNEL_TEMPDIR_VARIABLE
+from ...outcome.root_cause import Outcome
+from ...plan.plan import LaunchPlan
 from ..base import Backend, LaunchSink
-from .child import RankSpec, rank_main
-
-_PIPE_BYTES = 1 << 20  # larger pipes: a chatty rank blocks less often while the kernel is busy drawing
+from .supervisor import Supervisor
+from ...rank.process import RankSpec, rank_main
+from ...wire.fds import PassedFd, make_pipe
 
 
 @dataclass
@@ -72,16 +67,14 @@ class ProcessBackend(Backend):
         self.context = multiprocessing.get_context(plan.start_method)
         if plan.start_method == "forkserver":
             # The server imports torch once; every later rank is a cheap fork of a warm interpreter.
-            self.context.set_forkserver_preload(["torch", "notebook_accel.backends.processes.child",
-                                                 "notebook_accel.forkserver_preload"])
+            self.context.set_forkserver_preload(["torch", "notebook_accel.rank.process",
+                                                 "notebook_accel.rank.forkserver_preload"])
             # Read by the server (it inherits the environment when it starts) to clean up after a killed kernel.
             os.environ[KERNEL_TEMPDIR_VARIABLE] = f"{os.getpid()}:{multiprocessing.util.get_temp_dir()}"
         self._lifeline_r, self._lifeline_w = os.pipe()
         self._supervisor = None
 
     def run(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> Outcome:
-        from .supervisor import Supervisor
-
         try:
             ranks = self.start(rendezvous_env)
             self._supervisor = Supervisor(
@@ -120,7 +113,7 @@ class ProcessBackend(Backend):
         self.plan.payload.close()
 
     def _start_rank(self, rank: int, rendezvous_env: Dict[str, str], started: List[RankProcess]) -> RankProcess:
-        pipes = {name: _pipe() for name in ("stdout", "stderr", "events", "stacks")}
+        pipes = {name: make_pipe() for name in ("stdout", "stderr", "events", "stacks")}
         inherited: List[int] = []
         if self.plan.start_method == "fork":
             # A forked rank inherits every fd of the kernel; it must close the kernel's ends, or a pipe would
@@ -155,31 +148,6 @@ class ProcessBackend(Backend):
                 os.close(write)  # the kernel keeps only read ends: EOF once the rank is gone
         return RankProcess(spec.rank, process, pipes["stdout"][0], pipes["stderr"][0], pipes["events"][0],
                            pipes["stacks"][0])
-
-
-class PassedFd:
-    """An fd handed to a rank: a forked rank inherits it as is; for spawn and forkserver, pickling it asks
-    multiprocessing to duplicate it into the child (the same mechanism that passes a ``Connection``)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def __reduce__(self):
-        return _rebuild_passed_fd, (reduction.DupFd(self.fd),)
-
-
-def _rebuild_passed_fd(duplicated) -> PassedFd:
-    return PassedFd(duplicated.detach())
-
-
-def _pipe():
-    read, write = os.pipe()
-    if fcntl is not None and hasattr(fcntl, "F_SETPIPE_SZ"):
-        try:
-            fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-        except OSError:  # over /proc/sys/fs/pipe-max-size for unprivileged users
-            pass
-    return read, write
 
 
 _skip_main = threading.local()

@@ -16,13 +16,15 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
-from ...channel import EventDecoder
+from ...wire.channel import EventDecoder
 from ...errors import LaunchError
-from ...events import OutputLine, RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted
-from ...outcome import Failure, Outcome, choose_root_cause, is_interrupt, signal_name
-from .backend import RankProcess
+from ...wire.events import OutputLine, RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted
+from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt, signal_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .backend import RankProcess
 
 TICK_SECONDS = 0.1          # view.tick() cadence, and the longest the loop sleeps
 ROOT_CAUSE_WINDOW = 0.25    # after a first failure, how long to collect others before naming the root cause

@@ -14,9 +14,10 @@ import tempfile
 import warnings
 from typing import Dict, List, Optional
 
-from ... import tpu
-from ..processes.backend import PassedFd, ProcessBackend, RankProcess, _pipe, main_not_rerun
-from .host import XlaHostSpec, host_main
+from ...plan import tpu
+from ...wire.fds import PassedFd, make_pipe
+from ..processes.backend import ProcessBackend, RankProcess, main_not_rerun
+from ...rank.xla.host import XlaHostSpec, host_main
 
 
 class XlaBackend(ProcessBackend):
@@ -37,7 +38,7 @@ class XlaBackend(ProcessBackend):
         # makes one at import), since a pool worker never runs its interpreter's exit handlers.
         self._temp_dir = tempfile.mkdtemp(prefix="notebook_accel-xla-")
         world = self.plan.world_size
-        pipes = [{name: _pipe() for name in ("stdout", "stderr", "events", "stacks")} for _ in range(world)]
+        pipes = [{name: make_pipe() for name in ("stdout", "stderr", "events", "stacks")} for _ in range(world)]
         inherited: List[int] = []
         if self.plan.start_method == "fork":  # the host must close the kernel's ends it inherited
             inherited = [self._lifeline_w] + [read for rank in pipes for read, _ in rank.values()]

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from .events import DeviceMemoryReport
+from ..wire.events import DeviceMemoryReport
 
 INTERVAL = 1.0
 _sent_at = 0.0

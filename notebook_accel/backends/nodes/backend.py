@@ -32,13 +32,14 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Callable, Deque, Dict, List, Optional
 
-from ..errors import LaunchError, rebuild_exception
-from ..events import AttemptStarted, OutputLine, RankEvent, RankExited, RankFailed
-from ..multinode import OUR_RDZV_KEYS, NodeOptions
-from ..outcome import Failure, Outcome, signal_name
-from ..plan import LaunchPlan
+from ...errors import LaunchError
+from ...outcome.raising import rebuild_exception
+from ...wire.events import AttemptStarted, OutputLine, RankEvent, RankExited, RankFailed
+from ...plan.nodes import OUR_RDZV_KEYS, NodeOptions
+from ...outcome.root_cause import Failure, Outcome, signal_name
+from ...plan.plan import LaunchPlan
 from ..rendezvous import HostedStore
-from .base import Backend, LaunchSink
+from ..base import Backend, LaunchSink
 
 _PREFIX = "notebook_accel"
 _CLOSING_KEY = f"{_PREFIX}/closing"  # set in the shared store once every node left the launch
@@ -392,13 +393,12 @@ class NodesBackend(Backend):
     # ------------------------------------------------------------------------------------------- attempts
 
     def _run_attempts(self, membership: Membership, deliver, tick, stop_requested) -> Outcome:
-        from ..launcher import launch_started
 
         options, store, node = self.options, membership.store, membership.group_rank
         sizes = self._exchange_sizes(store, node, tick)
         offset, world_size = sum(sizes[:node]), sum(sizes)
         ranks = list(range(offset, offset + sizes[node]))
-        deliver(launch_started(self.plan, world_size=world_size, num_nodes=options.num_nodes, node_rank=node,
+        deliver(self.plan.started_event(world_size=world_size, num_nodes=options.num_nodes, node_rank=node,
                                ranks=ranks))
         deadline = None if self.plan.timeout is None else time.monotonic() + self.plan.timeout
         history: List[NodeFailure] = []
@@ -465,7 +465,7 @@ class NodesBackend(Backend):
     def _run_local_ranks(self, plan: LaunchPlan, attempt: int, deadline: Optional[float],
                          watch: AttemptWatch) -> Outcome:
         """This node's ranks under the process backend's supervisor, for one attempt."""
-        from .processes import ProcessBackend
+        from ..processes import ProcessBackend
 
         if watch.aborted() is not None:  # another node gave up before we could start
             return Outcome("stopped")

@@ -10,7 +10,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from .errors import LaunchConfigError
+from ..errors import LaunchConfigError
 
 DEFAULT_RDZV_ID = "none"             # torchrun's default run id
 DEFAULT_JOIN_TIMEOUT = 600.0         # seconds, torch elastic's default join timeout

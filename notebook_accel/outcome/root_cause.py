@@ -7,11 +7,11 @@ collateral and never win over a real failure.
 from __future__ import annotations
 
 import re
-import signal
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from .events import RankFailed
+from ..formatting import signal_name  # noqa: F401  (re-exported: the outcome's vocabulary)
+from ..wire.events import RankFailed
 
 # Errors a rank raises *because* a peer died or was stopped: never the root cause when another exists.
 COLLATERAL_ERRORS = re.compile(
@@ -60,13 +60,3 @@ def choose_root_cause(failures: List[Failure]) -> Failure:
 def is_interrupt(event: RankFailed) -> bool:
     """The rank's function was interrupted (Jupyter's interrupt reached it too): the launch was stopped."""
     return event.exc_type == "builtins.KeyboardInterrupt"
-
-
-def signal_name(exitcode: Optional[int]) -> Optional[str]:
-    """multiprocessing reports death by signal N as exitcode -N."""
-    if exitcode is None or exitcode >= 0:
-        return None
-    try:
-        return signal.Signals(-exitcode).name
-    except ValueError:
-        return f"signal {-exitcode}"

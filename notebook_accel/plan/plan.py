@@ -9,12 +9,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import environment
-from .channel import rank_channel
-from .errors import LaunchConfigError
-from .multinode import NodeOptions, check_node_options
-from .payload import Payload
-from .views import DISPLAYS
+from . import devices as environment
+from ..wire.channel import rank_channel
+from ..errors import LaunchConfigError
+from .nodes import NodeOptions, check_node_options
+from ..wire.events import LaunchStarted
+from ..wire.payload import Payload
+from ..views import DISPLAYS
 
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
 START_METHODS = ("auto", "fork", "forkserver", "spawn")
@@ -48,6 +49,14 @@ class LaunchPlan:
     rank_offset: int = 0
     global_world_size: Optional[int] = None
     group_rank: int = 0
+
+    def started_event(self, **where: Any) -> LaunchStarted:
+        """The first event of a launch; ``where`` adds a node's place (num_nodes, node_rank, ranks, world_size)."""
+        fields = dict(rank=-1, world_size=self.world_size, device=self.device,
+                      start_method=self.start_method or self.backend, mixed_precision=self.mixed_precision,
+                      function_name=self.function_name)
+        fields.update(where)
+        return LaunchStarted(**fields)
 
     def global_rank(self, local_rank: int) -> int:
         return self.rank_offset + local_rank

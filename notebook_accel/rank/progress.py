@@ -36,9 +36,9 @@ from typing import Any, Callable, Dict, List, Optional
 from tqdm.asyncio import tqdm_asyncio as _asyncio_tqdm
 from tqdm.std import tqdm as _std_tqdm
 
-from .channel import rank_channel
+from ..wire.channel import rank_channel
 from .device_memory import maybe_send_device_memory
-from .events import ProgressUpdate
+from ..wire.events import ProgressUpdate
 
 __all__ = ["progress", "trange", "patch_tqdm"]
 

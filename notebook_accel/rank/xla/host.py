@@ -21,12 +21,13 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from ...channel import EventSender
-from ...events import RankExited
-from ...outcome import signal_name
-from ...rank import failure_event
-from ..processes import child
+from ...wire.channel import EventSender
+from ...wire.events import RankExited
+from ...formatting import signal_name
+from ..run import failure_event
+from .. import process as child
 from ..streams import flush_std_streams
+from ...wire.fds import take_fd
 from . import device
 from .device import DeviceLayout
 
@@ -54,7 +55,7 @@ class XlaHostSpec:
 def host_main(spec: XlaHostSpec) -> None:
     """Entry point of the host process (the ``target`` of its multiprocessing Process)."""
     child._detach_from_kernel_signals()
-    pipes = [tuple(child._take_fd(passed) for passed in rank) for rank in spec.pipes]
+    pipes = [tuple(take_fd(passed) for passed in rank) for rank in spec.pipes]
     # First, so that no SIGUSR1 (Launch.dump_stacks) finds the default action (terminate) in place; the
     # host's own threads go to the first rank's stacks pipe, each worker registers its own.
     faulthandler.register(signal.SIGUSR1, file=pipes[0][3], all_threads=True, chain=False)

@@ -17,7 +17,8 @@ import threading
 from html import escape
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from .events import MetricReport
+from ..formatting import format_value
+from ..wire.events import MetricReport
 
 COLUMNS = ("rank", "step", "time", "name", "value")
 
@@ -102,7 +103,6 @@ class MetricSummary:
 
     def table_rows(self) -> List[Tuple[str, str, str, str, str, str]]:
         """(metric, rank, last, min, max, count) as text, sorted by metric then rank."""
-        from .views.model import format_value
 
         return [(name, str(rank), format_value(s.last), format_value(s.low), format_value(s.high), str(s.count))
                 for (name, rank), s in sorted(self.stats.items())]

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Union
 
-from .errors import LaunchConfigError
+from ..errors import LaunchConfigError
 
 CONFIG_FILE_VARIABLE = "NOTEBOOK_ACCEL_CONFIG_FILE"
 _OUR_KEYS_HEADER = ("# notebook_accel launch defaults, written by `notebook-accel config`.\n"
@@ -177,7 +177,7 @@ def from_accelerate(data: Dict[str, Any], path: str = "accelerate config") -> La
 def check_config(config: LaunchConfig, where: str) -> None:
     """Types and ranges of every value, named with the file they came from."""
     from .plan import MIXED_PRECISIONS, START_METHODS
-    from .environment import DEVICES
+    from .devices import DEVICES
 
     def fail(name: str, expected: str) -> None:
         raise LaunchConfigError(f"config file {where}: {name} must be {expected}, got {getattr(config, name)!r}")
@@ -222,7 +222,7 @@ def save_config(config: LaunchConfig, path: Optional[str] = None) -> str:
 
 def basic_config(mixed_precision: str = "no") -> LaunchConfig:
     """Defaults for this machine: its best device, every device of it (1 process on CPU), one node."""
-    from . import environment
+    from . import devices as environment
 
     best = environment.available_devices()[0]
     return LaunchConfig(num_processes=1 if best.kind == "cpu" else best.count, device=best.kind,
@@ -249,7 +249,7 @@ def write_basic_config(mixed_precision: str = "no", save_location: Optional[str]
 
 def ask_config(ask: Callable[[str], str] = input, say: Callable[[str], None] = print) -> LaunchConfig:
     """The ``notebook-accel config`` questionnaire; Enter keeps the default shown in brackets."""
-    from . import environment
+    from . import devices as environment
     from .plan import MIXED_PRECISIONS
 
     base = basic_config()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Dict, Optional
 
-from .errors import LaunchConfigError
+from ..errors import LaunchConfigError
 
 
 class HostedStore:

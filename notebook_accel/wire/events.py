@@ -1,7 +1,7 @@
 """The rank → kernel events: the only thing views and the supervisor ever see.
 
 Every event is a small, picklable dataclass carrying the rank it came from. Ranks send them over a pipe
-(`notebook_accel.channel`); the supervisor adds the launch-level ones (`LaunchStarted`, `RankExited`,
+(`notebook_accel.wire.channel`); the supervisor adds the launch-level ones (`LaunchStarted`, `RankExited`,
 `LaunchFinished`). Views consume them and nothing else, so a new frontend needs no knowledge of processes.
 """
 from __future__ import annotations

@@ -24,7 +24,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import cloudpickle
 
-from .errors import LaunchConfigError
+from ..errors import LaunchConfigError
+from .fds import PassedFd  # fds travel as multiprocessing duplicates them
 
 SHARED_MIN_BYTES = 1 << 16     # smaller storages and buffers simply travel inside the pickle
 LARGE_PAYLOAD_BYTES = 64 << 20  # a pickle this big is worth a warning that names what makes it big
@@ -143,7 +144,6 @@ class PickledPayload:
         self.shared_fds, self.shared_sizes = [], []
 
     def __getstate__(self) -> Dict[str, Any]:
-        from .backends.processes.backend import PassedFd  # fds travel as multiprocessing duplicates them
 
         state = dict(self.__dict__, _buffer_file=None)
         state.pop("_release", None)

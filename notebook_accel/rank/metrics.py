@@ -17,9 +17,9 @@ import time
 from numbers import Number
 from typing import Any, Dict, Optional
 
-from .channel import rank_channel
+from ..wire.channel import rank_channel
 from .device_memory import maybe_send_device_memory
-from .events import MetricReport
+from ..wire.events import MetricReport
 
 __all__ = ["report", "flush"]
 

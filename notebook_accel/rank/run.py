@@ -11,8 +11,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from .channel import set_rank_channel
-from .events import RankFailed, RankResult
+from ..wire.channel import set_rank_channel
+from ..wire.events import RankFailed, RankResult
 
 # (function, args, kwargs), produced on demand: unpickled from bytes, or the kernel's own objects under fork
 LoadFunction = Callable[[], Tuple[Callable, Tuple, Dict[str, Any]]]

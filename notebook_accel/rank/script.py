@@ -13,7 +13,7 @@ import runpy
 import sys
 from typing import List, Sequence
 
-from .errors import LaunchConfigError
+from ..errors import LaunchConfigError
 
 
 def run_main(target: str, argv: Sequence[str], as_module: bool) -> None:

@@ -18,9 +18,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
-from ...channel import EventSender
-from ...events import RankExited, RankStarted
-from ...rank import failure_event, run_rank
+from ...wire.channel import EventSender
+from ...wire.events import RankExited, RankStarted
+from ..run import failure_event, run_rank
 from ..streams import flush_std_streams, line_writer
 
 _setup_lock = threading.Lock()

@@ -1,8 +1,8 @@
 """Inside a rank process: bind it to the launch, capture its output at the fd level, then run the rank.
 
 Knows nothing about display. Everything the rank tells the kernel goes through its event pipe
-(``notebook_accel.channel``) or through fds 1/2, which are pipes the kernel drains. What a rank does around
-the user's function is ``notebook_accel.rank``, shared with every other backend.
+(``notebook_accel.wire.channel``) or through fds 1/2, which are pipes the kernel drains. What a rank does around
+the user's function is ``notebook_accel.rank.run``, shared with every other backend.
 """
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
-from ...channel import EventSender
-from ...events import RankStarted
-from ...rank import run_rank
-from ..streams import flush_std_streams, line_writer
+from ..wire.channel import EventSender
+from ..wire.events import RankStarted
+from ..wire.fds import take_fd
+from .run import run_rank
+from .streams import flush_std_streams, line_writer
 
 # Written into os.environ of every rank, so that code made for torchrun or HF accelerate works unchanged.
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -57,7 +58,7 @@ def rank_main(spec: RankSpec) -> None:
     """Entry point of every rank process (the ``target`` of the multiprocessing Process)."""
     _detach_from_kernel_signals()
     # First, so that no SIGUSR1 from Launch.dump_stacks() can find the default action (terminate) in place.
-    faulthandler.register(signal.SIGUSR1, file=_take_fd(spec.stacks_fd), all_threads=True, chain=False)
+    faulthandler.register(signal.SIGUSR1, file=take_fd(spec.stacks_fd), all_threads=True, chain=False)
     _die_with_launcher(spec)
     for fd in spec.inherited_fds:
         _close_quietly(fd)
@@ -69,8 +70,8 @@ def rank_main(spec: RankSpec) -> None:
     threading.current_thread()._daemonic = False  # type: ignore[attr-defined]  # no public setter once started
     as_launched(spec)
     _set_torch_threads(int(spec.env.get("OMP_NUM_THREADS", "0")))
-    _capture_output(_take_fd(spec.stdout_fd), _take_fd(spec.stderr_fd))
-    sender = EventSender(_take_fd(spec.events_fd), spec.rank)
+    _capture_output(take_fd(spec.stdout_fd), take_fd(spec.stderr_fd))
+    sender = EventSender(take_fd(spec.events_fd), spec.rank)
     sender.send(RankStarted(rank=spec.rank, pid=os.getpid()))
     run = run_rank(lambda: _known_to_main(spec.payload.load()), sender, send_result=spec.send_result)
     end_like_python(spec.rank)
@@ -189,7 +190,7 @@ def _die_with_launcher(spec: RankSpec) -> None:
             libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
         except Exception:
             pass
-    lifeline = _take_fd(spec.lifeline_fd)
+    lifeline = take_fd(spec.lifeline_fd)
 
     def watch() -> None:
         try:
@@ -207,11 +208,6 @@ def _set_torch_threads(threads: int) -> None:
     torch = sys.modules.get("torch")
     if threads > 0 and torch is not None and hasattr(torch, "set_num_threads"):
         torch.set_num_threads(threads)
-
-
-def _take_fd(passed: Any) -> int:
-    """The fd number behind a ``PassedFd`` (or a plain int)."""
-    return passed if isinstance(passed, int) else passed.fd
 
 
 def _capture_output(stdout_fd: int, stderr_fd: int) -> None:

@@ -20,7 +20,8 @@ import traceback
 from types import TracebackType
 from typing import Optional, Tuple
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The package root (this file is notebook_accel/rank/tracebacks.py): every notebook_accel frame is the launcher's.
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HIDDEN_NOTE = "  [{count} notebook_accel launcher frame{s} hidden; the full traceback is kept for bug reports]\n"
 
 

@@ -27,8 +27,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import psutil
 
-from .events import DeviceMemoryReport, RankEvent, RankExited, RankStarted, ResourceSample
-from .views.model import format_bytes
+from ..wire.events import DeviceMemoryReport, RankEvent, RankExited, RankStarted, ResourceSample
+from ..formatting import format_bytes
 
 SAMPLE_INTERVAL = 1.0  # seconds between two samples of all ranks
 

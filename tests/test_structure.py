@@ -1,0 +1,194 @@
+"""The house stays as it is built: no import cycles, and the rank side never loads the kernel side.
+
+The package's imports are read from its source (every ``import`` statement, also those inside functions;
+only ``if TYPE_CHECKING:`` blocks are skipped, since they never run), so a cycle hidden behind a
+function-level import fails here too. A spawn rank running a trivial function is then asked which of our
+modules it loaded.
+"""
+from __future__ import annotations
+
+import ast
+import os
+from typing import Dict, Iterator, List, Set
+
+import pytest
+
+import notebook_accel
+from notebook_accel import notebook_launcher
+
+PACKAGE = "notebook_accel"
+ROOT = os.path.dirname(os.path.abspath(notebook_accel.__file__))
+
+# Imported by both sides and importing nothing of ours: exception classes and text formatting.
+LEAVES = {f"{PACKAGE}.errors", f"{PACKAGE}.formatting"}
+# Code that runs inside a rank: it may import only these packages (and the leaves).
+RANK_SIDE = (f"{PACKAGE}.rank", f"{PACKAGE}.wire")
+# What each folder may import of ours, beyond itself and the leaves (the arrows of the flow).
+ALLOWED = {
+    f"{PACKAGE}.rank": RANK_SIDE,
+    f"{PACKAGE}.wire": (f"{PACKAGE}.wire",),
+    f"{PACKAGE}.accelerator": (f"{PACKAGE}.accelerator",) + RANK_SIDE,
+}
+
+
+def module_files() -> Dict[str, str]:
+    """Every module of the package (dotted name -> file)."""
+    found = {}
+    for folder, _, files in os.walk(ROOT):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                relative = os.path.relpath(path, os.path.dirname(ROOT))[:-3].replace(os.sep, ".")
+                found[relative[: -len(".__init__")] if relative.endswith(".__init__") else relative] = path
+    return found
+
+
+MODULES = module_files()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _import_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every import statement that can run: at module level, in functions, in classes."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            yield from (child for other in node.orelse for child in _import_nodes_of(other))
+            continue
+        yield from _import_nodes_of(node)
+
+
+def _import_nodes_of(node: ast.AST) -> Iterator[ast.AST]:
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        yield node
+    else:
+        yield from _import_nodes(node)
+
+
+def imports_of(module: str) -> Set[str]:
+    """Our modules that ``module`` imports (``from a import b`` counts as ``a.b`` when that is a module)."""
+    path = MODULES[module]
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    targets: Set[str] = set()
+    for node in _import_nodes(tree):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names if alias.name.split(".")[0] == PACKAGE)
+            continue
+        if node.level:
+            parts = package.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+        else:
+            base = node.module or ""
+        if base.split(".")[0] != PACKAGE:
+            continue
+        for alias in node.names:
+            targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
+    return {target for target in targets if target in MODULES and target != module}
+
+
+GRAPH = {module: imports_of(module) for module in MODULES}
+
+
+def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    found: List[List[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _inside(module: str, packages) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in packages)
+
+
+def test_the_import_reader_sees_function_level_imports():
+    # rank/run.py imports progress inside run_rank (a function): the graph must have that edge.
+    assert f"{PACKAGE}.rank.progress" in GRAPH[f"{PACKAGE}.rank.run"]
+    # and a cycle of two is found as one
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+def test_no_import_cycles():
+    assert cycles(GRAPH) == []
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_each_side_imports_only_what_it_may(folder):
+    allowed = ALLOWED[folder]
+    wrong = sorted(f"{module} -> {target}" for module, targets in GRAPH.items() if _inside(module, (folder,))
+                   for target in targets if target not in LEAVES and not _inside(target, allowed))
+    assert wrong == []
+
+
+def test_leaves_import_nothing_of_ours():
+    assert {leaf: sorted(GRAPH[leaf]) for leaf in LEAVES} == {leaf: [] for leaf in LEAVES}
+
+
+def _third_party_imports(module: str) -> Set[str]:
+    tree = ast.parse(open(MODULES[module], encoding="utf-8").read())
+    names = set()
+    for node in _import_nodes(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_views_never_import_torch_and_backends_never_ipywidgets():
+    wrong = [module for module in MODULES if _inside(module, (f"{PACKAGE}.views",))
+             and "torch" in _third_party_imports(module)]
+    wrong += [module for module in MODULES if _inside(module, (f"{PACKAGE}.backends",))
+              and "ipywidgets" in _third_party_imports(module)]
+    assert wrong == []
+
+
+def _notebook_function(source: str):
+    """A function as a notebook cell defines it (in ``__main__``), so cloudpickle sends it by value and the
+    rank does not import this test module (which imports the launcher)."""
+    namespace = {"__name__": "__main__"}
+    exec(source, namespace)
+    return namespace["probe"]
+
+
+def test_a_spawn_rank_loads_only_rank_side_and_shared_modules():
+    probe = _notebook_function(
+        "def probe():\n"
+        "    import sys\n"
+        "    return sorted(name for name in sys.modules if name.split('.')[0] == 'notebook_accel')\n")
+    loaded = notebook_launcher(probe, num_processes=1, start_method="spawn", display="none")
+    assert f"{PACKAGE}.rank.run" in loaded  # the probe really ran in a rank
+    kernel_side = [name for name in loaded
+                   if name != PACKAGE and name not in LEAVES and not _inside(name, RANK_SIDE)]
+    assert kernel_side == []
