@@ -310,7 +310,8 @@ def test_a_sigkill_with_the_cgroup_oom_counter_raised_is_explained(tmp_path, mon
     MemoryError, not a SIGKILL; creating a memory cgroup needs privileges we do not have): the rank sends
     itself the SIGKILL and bumps a cgroup v2 ``memory.events`` file that stands in for the real one. The
     kernel side — a SIGKILL, the counter read before and after — is the real code."""
-    from notebook_accel import LaunchError, oom
+    from notebook_accel import LaunchError
+    from notebook_accel.outcome import oom
     from notebook_accel.launcher import start_launch
 
     counter = tmp_path / "memory.events"

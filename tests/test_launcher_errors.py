@@ -96,7 +96,7 @@ def ok_with_args(*args):
 
 
 def test_fork_when_cuda_is_initialized_is_refused(monkeypatch):
-    from notebook_accel import environment
+    from notebook_accel.plan import devices as environment
 
     monkeypatch.setattr(environment, "cuda_initialized", lambda: True)
     with pytest.raises(LaunchConfigError, match="fork.*not safe here: CUDA is already initialized"):

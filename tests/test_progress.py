@@ -11,7 +11,7 @@ import tqdm.asyncio
 import tqdm.auto
 import tqdm.std
 
-from notebook_accel import metrics
+from notebook_accel.rank import metrics
 from notebook_accel.wire.channel import set_rank_channel
 from notebook_accel.wire.events import MetricReport, ProgressUpdate
 from notebook_accel.rank.progress import patch_tqdm, progress, trange

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from fake_tpu import FAKE_TORCH_XLA, HOSTS, tpu_env, tpu_host_env
-from notebook_accel import environment, tpu
+from notebook_accel.plan import devices as environment, tpu
 from notebook_accel.errors import LaunchConfigError
 from notebook_accel.plan.plan import plan_launch
 
@@ -119,7 +119,7 @@ def test_fork_safety_is_about_the_runtime_not_the_import(tmp_path):
     then says why before starting anything."""
     code = """
 import torch_xla
-from notebook_accel import environment
+from notebook_accel.plan import devices as environment
 from notebook_accel.plan.plan import plan_launch
 print("IMPORTED", environment.fork_safety()[0])
 torch_xla.device()
@@ -140,7 +140,7 @@ except Exception as error:
 def test_detection_never_imports_torch_xla(tmp_path):
     code = """
 import sys
-from notebook_accel import environment
+from notebook_accel.plan import devices as environment
 from notebook_accel.plan.plan import plan_launch
 from notebook_accel.cli import describe_environment
 print(describe_environment())

@@ -182,7 +182,8 @@ def test_compile_cache_is_per_worker_process(tpu_host, tmp_path):
 def test_kernel_never_imports_torch_xla_and_launches_again(tmp_path):
     code = """
 import sys
-from notebook_accel import notebook_launcher, environment
+from notebook_accel import notebook_launcher
+from notebook_accel.plan import devices as environment
 def where():
     import os, torch_xla.runtime as xr
     return xr.global_ordinal(), os.getpid()
