@@ -28,6 +28,7 @@ _EXPORTS = {
     "report": ".rank.metrics",
     "launch_panel": ".panel",
     "progress": ".rank.progress",
+    "write_basic_config": ".plan.config",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .rank.metrics import report
     from .rank.progress import progress
     from .panel import launch_panel
+    from .plan.config import write_basic_config
 
 
 def __getattr__(name: str) -> Any:

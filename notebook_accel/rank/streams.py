@@ -1,5 +1,5 @@
 """Writers on raw fds and flushing every layer of buffering: what both kinds of fd-level capture need
-(a process rank's, ``processes/child.py``, and the in-kernel rank's, ``kernel_capture.py``)."""
+(a process rank's, ``rank/process.py``, and the in-kernel rank's, ``kernel_capture.py``)."""
 from __future__ import annotations
 
 import ctypes
