@@ -31,9 +31,9 @@ def test_the_rank_traceback_starts_in_the_users_function():
     frames = [line.strip() for line in remote.traceback_text.splitlines() if line.strip().startswith("File ")]
     assert frames[0].endswith("in train_that_fails"), remote.traceback_text
     assert frames[-1].endswith("in user_step")
-    assert "notebook_accel/rank.py" not in remote.traceback_text and "hidden" in remote.traceback_text
+    assert "notebook_accel/rank/run.py" not in remote.traceback_text and "hidden" in remote.traceback_text
     # still reachable for a bug report
-    assert "notebook_accel/rank.py" in remote.full_text and "in user_step" in remote.full_text
+    assert "notebook_accel/rank/run.py" in remote.full_text and "in user_step" in remote.full_text
 
 
 def test_inline_run_raises_with_the_users_frames_and_hides_the_launchers():
