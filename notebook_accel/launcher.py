@@ -11,23 +11,21 @@ import threading
 from collections import defaultdict
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from .backends import LaunchSink, backend_for
 from .plan.config import fill_from_config
+from .plan.options import defaults, launcher_parameters, options_help, with_defaults
 from .errors import LaunchError, LaunchTimeout, one_line
-from .wire.events import LaunchFinished, MetricReport, OutputLine, RankEvent
+from .wire.events import LaunchFinished, MetricReport, OutputLine, RankEvent, Status
 from .monitor.metric_log import MetricLog
 from .outcome.oom import explain as explain_out_of_memory, kind_of_failure, oom_kill_count
-from .outcome.raising import rebuild_exception
-from .outcome.root_cause import Outcome, signal_name
+from .outcome.raising import root_cause_exception
+from .outcome.root_cause import Outcome
 from .monitor.resources import ResourceSampler
 from .plan.plan import LaunchPlan, plan_launch
 from .backends.rendezvous import HostedStore
 from .views import NullView, View, make_view
-
-_TAIL_LINES = 25  # last output lines of a rank that died without an exception, quoted in the LaunchError
-
 
 class Launch:
     """One launch, as a job object: wait on it, stop it, read its output.
@@ -45,7 +43,7 @@ class Launch:
         self.view: View = view if view is not None else make_view(plan.display)
         if hasattr(self.view, "on_dump_stacks"):  # the dashboard's "where is each rank?" button
             self.view.on_dump_stacks = self.dump_stacks  # type: ignore[attr-defined]
-        self.status = "starting"           # starting | running | finished | failed | stopped | timeout
+        self.status = Status.STARTING  # then RUNNING, then FINISHED | FAILED | STOPPED | TIMEOUT (see ``Status``)
         self.outputs: Dict[int, List[str]] = defaultdict(list)  # by global rank
         self.result: Any = None
         self.error: Optional[BaseException] = None
@@ -162,11 +160,11 @@ class Launch:
         try:
             if plan.nodes is None:  # the nodes backend says it once the rendezvous placed this node
                 self._deliver(plan.started_event())
-            self.status = "running"
+            self.status = Status.RUNNING
             try:
                 outcome = self._run_backend(store)
             except KeyboardInterrupt as interrupt:
-                outcome = Outcome("stopped")
+                outcome = Outcome(Status.STOPPED)
                 self.error = interrupt
             self._finish(outcome, time.monotonic() - started)
         finally:
@@ -180,27 +178,27 @@ class Launch:
         """Turn the outcome into ``result`` / ``error`` and tell the view how it ended."""
         self.status = outcome.status
         root = outcome.root
-        if outcome.status == "finished":
+        if outcome.status == Status.FINISHED:
             ranks = outcome.ranks if outcome.ranks is not None else list(range(self.plan.world_size))
             expected = ranks if self.plan.return_all else ranks[:1]
             missing = [rank for rank in expected if rank not in outcome.results]
             if missing:
                 self.error = LaunchError(f"rank {missing[0]} ended without returning a result", rank=missing[0])
-                self.status = "failed"
+                self.status = Status.FAILED
             else:  # this node's lowest rank (rank 0 on node 0), or all of this node's ranks in order
                 self.result = ([outcome.results[rank] for rank in ranks] if self.plan.return_all
                                else outcome.results[ranks[0]])
-        elif outcome.status == "failed" and root is not None:
+        elif outcome.status == Status.FAILED and root is not None:
             self.error = self._root_cause_error(root, outcome)
             self._explain_out_of_memory(root, outcome)
-        elif outcome.status == "timeout":
+        elif outcome.status == Status.TIMEOUT:
             ranks = ", ".join(str(rank) for rank in outcome.still_running) or "none"
             where = "".join(f"\n[rank {rank}] {text.strip()}" for rank, text in sorted(outcome.stacks.items()))
             self.error = LaunchTimeout(
                 f"the launch ran past timeout={self.plan.timeout:g} s and was stopped; ranks still running: "
                 f"{ranks}" + (f". Where they were:{where}" if where else ""),
                 still_running=outcome.still_running, stacks=outcome.stacks)
-        elif outcome.status == "stopped" and self.error is None:
+        elif outcome.status == Status.STOPPED and self.error is None:
             self.error = outcome.local_exception or KeyboardInterrupt("the launch was stopped")
         failure = root.event if root is not None else None
         self._deliver(LaunchFinished(
@@ -224,23 +222,9 @@ class Launch:
             error.add_note(f"(notebook_accel: {self.out_of_memory})")
 
     def _root_cause_error(self, root, outcome: Outcome) -> BaseException:
-        exit_code = outcome.exitcodes.get(root.rank, root.exitcode)
-        if root.event is not None and root.event.exc_type == "builtins.SystemExit":
-            # sys.exit(n) ends a rank as it ends a script: a failure with exit code n, not an exception
-            # to re-raise in the cell (IPython would only print it).
-            return LaunchError(f"rank {root.rank} called sys.exit({root.event.message or ''}) and exited with "
-                               f"code {exit_code}", rank=root.rank, exitcode=exit_code)
-        if outcome.local_exception is not None:  # the in-kernel rank: the exception object itself
-            return outcome.local_exception
-        if root.event is not None:
-            return rebuild_exception(root.event, self.plan.world_size)
-        name = signal_name(exit_code)
-        how = f"was killed by {name}" if name else f"exited with code {exit_code}"
-        if exit_code == 0:
-            how = "exited with code 0 without returning a result (os._exit?)"
-        tail = self.outputs.get(root.rank, [])[-_TAIL_LINES:]
-        last = ("; its last output:\n    " + "\n    ".join(tail)) if tail else ""
-        return LaunchError(f"rank {root.rank} {how}{last}", rank=root.rank, exitcode=exit_code, signal_name=name)
+        return root_cause_exception(root, self.plan.world_size, exitcode=outcome.exitcodes.get(root.rank, root.exitcode),
+                                    last_output=self.outputs.get(root.rank, []),
+                                    local_exception=outcome.local_exception)
 
 
 _last_launch: Optional[Launch] = None
@@ -256,15 +240,7 @@ def last_launch() -> Optional[Launch]:
 
 
 def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
-                      num_processes: Optional[int] = None, *, device: Optional[str] = None,
-                      mixed_precision: str = "no", start_method: str = "auto",
-                      master_addr: str = "127.0.0.1", use_port: Optional[int] = None,
-                      timeout: Optional[float] = None, return_all: bool = False,
-                      display: str = "auto", compile_cache: Optional[str] = None, num_nodes: int = 1,
-                      node_rank: int = 0, rdzv_backend: str = "static", rdzv_endpoint: Optional[str] = None,
-                      rdzv_id: Optional[str] = None, rdzv_conf: Optional[Dict[str, Any]] = None,
-                      max_restarts: int = 0, monitor_interval: float = 0.1,
-                      config: Union[bool, str, None] = None) -> Union[Any, List[Any]]:
+                      num_processes: Optional[int] = None, **options: Any) -> Union[Any, List[Any]]:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return rank 0's return value.
 
     Each rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
@@ -274,28 +250,7 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
     Args:
         function: any callable, also one defined in the notebook, a closure or a lambda (it is cloudpickled).
         args, kwargs: its arguments (``args`` must be a tuple).
-        num_processes: ranks to start; ``None`` = every device of the kind (GPUs, TPU cores), 1 on CPU.
-            One rank runs in the kernel process itself.
-        device: "cuda" | "cpu" | "xla" | "mps" | None (the best one here).
-        mixed_precision: "no" | "fp16" | "bf16", exported as ``ACCELERATE_MIXED_PRECISION``.
-        start_method: "auto" (fork when safe, else a warm forkserver) | "fork" | "forkserver" | "spawn".
-        master_addr, use_port: the rendezvous address; ``use_port=None`` lets the launcher hold a free port.
-        timeout: seconds; past it every rank is stopped and ``LaunchTimeout`` (a ``TimeoutError``) raised.
-        return_all: return a list of every rank's value (by rank) instead of rank 0's.
-        display: "auto" (dashboard in a notebook, text elsewhere) | "widgets" | "text" | "none".
-        compile_cache: XLA only, opt-in: a directory for torch_xla's persistent compilation cache (one
-            subdirectory per worker process), so relaunching the same program skips recompiling.
-        num_nodes, node_rank: several machines, one notebook (or ``notebook-accel launch``) per node;
-            ``num_processes`` is per node and global ranks follow the node order.
-        rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf: torch elastic's rendezvous: "static" (node 0 at
-            ``rdzv_endpoint="host:port"``), "c10d", "etcd" or a plugin; ``rdzv_conf={"join_timeout": 60}``.
-            The rendezvous store is a TCP listener without authentication: trusted networks only.
-        max_restarts: after a failure, stop every rank on every node and run the whole world again this many
-            times (``TORCHELASTIC_RESTART_COUNT`` tells the function which attempt it is: resume from a
-            checkpoint when it is > 0). Never after an interrupt or a timeout.
-        monitor_interval: seconds between checks of the other nodes' state.
-        config: ``True`` or a path: take the saved defaults (``notebook-accel config``) for the options
-            left at their defaults here. Off by default: a shared notebook carries its own settings.
+{options}
 
     On a TPU (``device="xla"``, the default on a TPU runtime) every rank is a TPU core: the launcher starts
     one host process that calls ``torch_xla``'s ``xmp.spawn``; ``RANK`` is set where a process drives one
@@ -314,19 +269,11 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
         [0.0, 0.1]
     """
     __tracebackhide__ = True  # noqa: F841
-    options = dict(num_processes=num_processes, device=device, mixed_precision=mixed_precision,
-                   start_method=start_method, master_addr=master_addr, use_port=use_port, timeout=timeout,
-                   return_all=return_all, display=display, compile_cache=compile_cache, num_nodes=num_nodes,
-                   node_rank=node_rank, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
-                   rdzv_conf=rdzv_conf, max_restarts=max_restarts, monitor_interval=monitor_interval)
-    options = fill_from_config(config, options, _LAUNCHER_DEFAULTS)
-    plan = plan_launch(function, args, kwargs, options.pop("num_processes"), **options)
+    config = options.pop("config", None)
+    options = with_defaults(dict(options, num_processes=num_processes), caller="notebook_launcher")
+    options = fill_from_config(config, options, defaults())
+    plan = plan_launch(function, args, kwargs, **options)
     return Launch(plan).run()
-
-
-_LAUNCHER_DEFAULTS = {name: parameter.default for name, parameter
-                      in inspect.signature(notebook_launcher).parameters.items()
-                      if parameter.default is not inspect.Parameter.empty}
 
 
 def start_launch(function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
@@ -334,8 +281,28 @@ def start_launch(function: Callable, args: tuple = (), kwargs: Optional[Dict[str
                  **options: Any) -> Launch:
     """Like ``notebook_launcher`` but in a background thread: returns a ``Launch`` at once.
 
-    Options are checked (and errors raised) before it returns. One rank runs as a process here, not in
-    the kernel, so that ``Launch.stop()`` can always stop it.
+    Options (the same as ``notebook_launcher``'s, below) are checked, and errors raised, before it returns.
+    One rank runs as a process here, not in the kernel, so that ``Launch.stop()`` can always stop it.
+
+    Args:
+        view: where the launch's events go (a dashboard, a recorder); None = the ``display`` option's.
+{options}
+
+    >>> job = start_launch(train, num_processes=2, display="none")   # doctest: +SKIP
+    >>> job.wait()                                                     # doctest: +SKIP
     """
     plan = plan_launch(function, args, kwargs, num_processes, allow_inline=False, **options)
     return Launch(plan, view=view).run_in_background()
+
+
+def _describe_options(launcher: Callable, *, config: bool, extra: Tuple[inspect.Parameter, ...] = ()) -> None:
+    """Give ``launcher`` the signature and "Args" lines of every option in ``plan.options``, so ``help()``,
+    ``inspect.signature`` and Jupyter's Shift-Tab list them with their defaults."""
+    leading = [parameter for name, parameter in inspect.signature(launcher).parameters.items()
+               if parameter.kind is not inspect.Parameter.VAR_KEYWORD]
+    launcher.__signature__ = launcher_parameters(leading + list(extra), config=config)  # type: ignore[attr-defined]
+    launcher.__doc__ = (launcher.__doc__ or "").replace("{options}", options_help(config=config))
+
+
+_describe_options(notebook_launcher, config=True)
+_describe_options(start_launch, config=False)

@@ -21,8 +21,8 @@ import ipywidgets as widgets
 from .plan.config import load_config
 from .plan.devices import available_devices
 from .errors import one_line
-from .plan.plan import MIXED_PRECISIONS
-from .wire.events import LaunchFinished
+from .wire.choices import MixedPrecision
+from .wire.events import LaunchFinished, Status
 from .views.widgets import WidgetView
 
 __all__ = ["launch_panel", "LaunchPanel"]
@@ -54,7 +54,7 @@ class LaunchPanel(widgets.VBox):
         wanted_device = self._options.pop("device", None)
         device = wanted_device if wanted_device in by_kind else self.devices[0].kind
         wanted_processes = self._options.pop("num_processes", None)
-        wanted_precision = self._options.pop("mixed_precision", "no")
+        wanted_precision = self._options.pop("mixed_precision", MixedPrecision.NO.value)
 
         self.devices_html = widgets.HTML(value=self._devices_html())
         self.device_picker = widgets.Dropdown(
@@ -63,7 +63,7 @@ class LaunchPanel(widgets.VBox):
         self.processes_picker = widgets.IntSlider(
             value=1, min=1, max=max(1, by_kind[device].count), step=1, description="processes",
             style={"description_width": "110px"}, continuous_update=False)
-        self.precision_picker = widgets.Dropdown(options=list(MIXED_PRECISIONS), value=wanted_precision,
+        self.precision_picker = widgets.Dropdown(options=list(MixedPrecision.values()), value=wanted_precision,
                                                  description="mixed precision",
                                                  style={"description_width": "110px"})
         self.launch_button = widgets.Button(description="Launch", button_style="primary", icon="play",
@@ -116,8 +116,8 @@ class LaunchPanel(widgets.VBox):
 
     @mixed_precision.setter
     def mixed_precision(self, value: str) -> None:
-        if value not in MIXED_PRECISIONS:
-            raise ValueError(f"mixed_precision must be one of {MIXED_PRECISIONS}, got {value!r}")
+        if value not in MixedPrecision.values():
+            raise ValueError(f"mixed_precision must be one of {MixedPrecision.values()}, got {value!r}")
         self.precision_picker.value = value
 
     # ------------------------------------------------------------------------------------ the launch
@@ -232,9 +232,9 @@ class LaunchPanel(widgets.VBox):
             pass  # shown in status_html; a button callback has no cell to raise into
 
     def _on_finished(self, event: LaunchFinished) -> None:
-        colour = {"finished": "#2ca02c", "stopped": "#ff7f0e"}.get(event.status, "#d62728")
+        colour = {Status.FINISHED: "#2ca02c", Status.STOPPED: "#ff7f0e"}.get(event.status, "#d62728")
         text = f'<span style="color:{colour}">{escape(event.status)}</span>'
-        if event.error and event.status != "stopped":
+        if event.error and event.status != Status.STOPPED:
             text += f" — {escape(event.error)}"
         self._set_running(False, text)
         self._refresh_displays()

@@ -208,6 +208,33 @@ def test_restarts_on_one_node_need_no_rendezvous():
     assert "RESULT ['1', '1']" in done.stdout, done.stdout + done.stderr
 
 
+def test_no_restart_when_the_function_cannot_be_loaded_in_the_rank(tmp_path):
+    # The argument unpickles only by raising (as a class missing in the rank would): the rank says so in its
+    # failure event, and restarting could only fail the same way, so max_restarts=2 runs one attempt.
+    code = f"""
+        from notebook_accel import notebook_launcher
+
+        def fail_loading(path):
+            with open(path, "a") as log:
+                log.write("loaded\\n")
+            raise ImportError("no module named 'only_in_the_kernel'")
+
+        class OnlyInTheKernel:
+            def __reduce__(self):
+                return fail_loading, ({str(tmp_path / 'loads.log')!r},)
+
+        try:
+            notebook_launcher(lambda data: 1, args=(OnlyInTheKernel(),), num_processes=2, max_restarts=2,
+                              start_method="spawn", display="none")
+        except ImportError as error:
+            print("RAISED", error)
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=node_env(), capture_output=True,
+                          text=True, timeout=180)
+    assert "RAISED no module named 'only_in_the_kernel'" in done.stdout, done.stdout + done.stderr
+    assert (tmp_path / "loads.log").read_text().splitlines() == ["loaded", "loaded"]  # 2 ranks, 1 attempt
+
+
 def test_the_cli_runs_a_script_over_two_nodes_with_accelerates_flags(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""

@@ -12,6 +12,7 @@ from typing import Any, Callable, ContextManager, Mapping, Optional
 
 import torch
 
+from ..wire.choices import MixedPrecision
 from .operations import tree_map
 
 __all__ = [
@@ -24,7 +25,7 @@ __all__ = [
     "AutocastForward",
 ]
 
-PRECISIONS = ("no", "fp16", "bf16")
+PRECISIONS = MixedPrecision.values()
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 

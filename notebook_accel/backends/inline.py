@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Dict, Iterator, Optional
 
 from ..wire.channel import DirectSender, set_rank_channel
-from ..wire.events import RankExited, RankStarted
+from ..wire.events import RankExited, RankStarted, Status
 from ..outcome.root_cause import Failure, Outcome
 from ..rank.run import run_rank, to_cpu
 from ..rank.tracebacks import hide_launcher_frames
@@ -44,21 +44,21 @@ class InlineBackend(Backend):
                 run = run_rank(self.plan.payload.load, sender, send_result=False,
                                passthrough=(_InlineTimeout, KeyboardInterrupt))
         except _InlineTimeout:
-            run, outcome = None, Outcome("timeout", still_running=[0])
+            run, outcome = None, Outcome(Status.TIMEOUT, still_running=[0])
         except KeyboardInterrupt:
-            run, outcome = None, Outcome("stopped", still_running=[0])
+            run, outcome = None, Outcome(Status.STOPPED, still_running=[0])
         finally:
             set_rank_channel(None)
         if run is not None and run.exception is None:
-            outcome = Outcome("finished", results={0: to_cpu(run.value)}, exitcodes={0: 0})
+            outcome = Outcome(Status.FINISHED, results={0: to_cpu(run.value)}, exitcodes={0: 0})
         elif run is not None:
             # run_rank already delivered the failure event; the outcome keeps the exception object itself,
             # raised in the kernel starting at the user's code, as a rank's traceback does.
             hide_launcher_frames(run.exception)
-            outcome = Outcome("failed", root=Failure(0, time.monotonic(), event=run.failure),
+            outcome = Outcome(Status.FAILED, root=Failure(0, time.monotonic(), event=run.failure),
                               local_exception=run.exception, exitcodes={0: run.exit_code})
         deliver(RankExited(rank=0, exitcode=outcome.exitcodes.get(0),
-                           stopped=outcome.status in ("timeout", "stopped")))
+                           stopped=outcome.status in (Status.TIMEOUT, Status.STOPPED)))
         return outcome
 
     def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..plan.config import ask_config, default_config_path, save_config, write_basic_config
+from ..wire.choices import MixedPrecision
 
 
 def add_config_parser(commands) -> argparse.ArgumentParser:
@@ -14,8 +15,9 @@ def add_config_parser(commands) -> argparse.ArgumentParser:
                         help="'default': write this machine's defaults without asking (for Colab cells)")
     parser.add_argument("--config-file", "--config_file", dest="config_file", default=None,
                         help=f"where to write (default: {default_config_path()})")
-    parser.add_argument("--mixed-precision", "--mixed_precision", dest="mixed_precision", default="no",
-                        choices=("no", "fp16", "bf16"), help="for `config default`")
+    parser.add_argument("--mixed-precision", "--mixed_precision", dest="mixed_precision",
+                        default=MixedPrecision.NO.value,
+                        choices=MixedPrecision.values(), help="for `config default`")
     parser.add_argument("--overwrite", action="store_true", help="for `config default`: replace an existing file")
     return parser
 

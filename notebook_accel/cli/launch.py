@@ -17,6 +17,13 @@ from typing import Any, Dict
 
 from ..plan.config import LaunchConfig, load_config
 from ..errors import LaunchConfigError, LaunchError, LaunchTimeout
+from ..plan.options import OPTIONS
+from ..wire.choices import Device, Display, MixedPrecision, RendezvousBackend, StartMethod
+
+# Launcher options the command line sets by their own name (others: display, rdzv_conf and accelerate's
+# spellings are translated below; master_addr, use_port, return_all, compile_cache make no sense for a script).
+COMMAND_LINE_OPTIONS = tuple(name for name in OPTIONS if name not in (
+    "display", "rdzv_conf", "master_addr", "use_port", "return_all", "compile_cache"))
 
 EXIT_BAD_OPTIONS = 2
 EXIT_INTERRUPTED = 130
@@ -37,16 +44,17 @@ def add_launch_parser(commands) -> argparse.ArgumentParser:
     add("--num-processes", dest="num_processes", type=int, default=None, help="ranks per node")
     add("--num_processes", dest="total_processes", type=int, default=None,
         help="accelerate's spelling: ranks over all machines (divided by --num_machines)")
-    add("--device", choices=("cuda", "cpu", "xla", "mps"), default=None)
+    add("--device", choices=Device.values(), default=None)
     add("--cpu", dest="use_cpu", action="store_true", help="accelerate's spelling of --device cpu")
-    add("--mixed-precision", "--mixed_precision", dest="mixed_precision", choices=("no", "fp16", "bf16"),
+    add("--mixed-precision", "--mixed_precision", dest="mixed_precision", choices=MixedPrecision.values(),
         default=None)
     add("--start-method", "--start_method", dest="start_method",
-        choices=("auto", "fork", "forkserver", "spawn"), default=None)
+        choices=StartMethod.values(), default=None)
     add("--num-nodes", "--num_machines", "--nnodes", dest="num_nodes", type=int, default=None)
     add("--node-rank", "--machine_rank", "--node_rank", dest="node_rank", type=int, default=None)
     add("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default=None,
-        help="static (default), c10d, etcd, etcd-v2 or any registered torch rendezvous backend")
+        help=f"{', '.join(RendezvousBackend.values())} or any registered torch rendezvous backend "
+             f"(default: {RendezvousBackend.STATIC})")
     add("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default=None, metavar="HOST:PORT")
     add("--main_process_ip", "--main-process-ip", dest="main_process_ip", default=None)
     add("--main_process_port", "--main-process-port", dest="main_process_port", type=int, default=None)
@@ -56,7 +64,7 @@ def add_launch_parser(commands) -> argparse.ArgumentParser:
     add("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=None)
     add("--monitor-interval", "--monitor_interval", dest="monitor_interval", type=float, default=None)
     add("--timeout", type=float, default=None, help="seconds before every rank is stopped")
-    add("--display", choices=("text", "none"), default="text")
+    add("--display", choices=(Display.TEXT.value, Display.NONE.value), default=Display.TEXT.value)
     add("target", metavar="script.py | module", help="the script to run (or module name with -m)")
     add("target_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return parser
@@ -66,8 +74,7 @@ def launcher_options(options: argparse.Namespace) -> Dict[str, Any]:
     """Merge built-in defaults < the config file < the command line into ``notebook_launcher`` options."""
     config: LaunchConfig = load_config(options.config_file)
     merged = config.launcher_options()
-    for name in ("num_processes", "device", "mixed_precision", "start_method", "num_nodes", "node_rank",
-                 "rdzv_backend", "rdzv_endpoint", "rdzv_id", "max_restarts", "monitor_interval", "timeout"):
+    for name in COMMAND_LINE_OPTIONS:
         value = getattr(options, name)
         if value is not None:
             merged[name] = value

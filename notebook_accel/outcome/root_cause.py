@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
-from ..formatting import signal_name  # noqa: F401  (re-exported: the outcome's vocabulary)
-from ..wire.events import RankFailed
+from ..wire.events import RankFailed, Status
+
+F = TypeVar("F")
 
 # Errors a rank raises *because* a peer died or was stopped: never the root cause when another exists.
 COLLATERAL_ERRORS = re.compile(
@@ -33,14 +34,19 @@ class Failure:
 
     @property
     def collateral(self) -> bool:
-        return self.event is not None and bool(COLLATERAL_ERRORS.search(self.event.message + self.event.exc_type))
+        return self.event is not None and is_collateral(self.event)
+
+
+def is_collateral(event: RankFailed) -> bool:
+    """The rank raised *because* a peer died or was stopped (gloo's "Connection closed by peer", ...)."""
+    return bool(COLLATERAL_ERRORS.search(event.message + event.exc_type))
 
 
 @dataclass
 class Outcome:
-    """How a launch ended. ``status``: finished | failed | stopped | timeout."""
+    """How a launch ended. ``status``: FINISHED, FAILED, STOPPED or TIMEOUT."""
 
-    status: str
+    status: Status
     results: Dict[int, Any] = field(default_factory=dict)      # decoded return values, by rank
     root: Optional[Failure] = None
     still_running: List[int] = field(default_factory=list)
@@ -50,13 +56,26 @@ class Outcome:
     ranks: Optional[List[int]] = None   # the global ranks that ran here (one node of several); None: all
 
 
-def choose_root_cause(failures: List[Failure]) -> Failure:
+def choose_root_cause(failures: Sequence[F], order: Callable[[F], float] = lambda failure: failure.time) -> F:
     """The earliest failure that is not a peer's reaction to another failure (gloo's "Connection closed
-    by peer" after a rank died); the earliest of all when every one looks collateral."""
+    by peer" after a rank died); the earliest of all when every one looks collateral.
+
+    ``order`` says what "earliest" means: the time the supervisor saw it, or (several nodes, no shared clock)
+    the sequence number the shared store gave it. Any object with ``collateral`` works.
+
+    >>> first, second = Failure(1, time=2.0), Failure(0, time=1.0)
+    >>> choose_root_cause([first, second]).rank
+    0
+    """
     primary = [failure for failure in failures if not failure.collateral]
-    return min(primary or failures, key=lambda failure: failure.time)
+    return min(primary or failures, key=order)
 
 
 def is_interrupt(event: RankFailed) -> bool:
     """The rank's function was interrupted (Jupyter's interrupt reached it too): the launch was stopped."""
     return event.exc_type == "builtins.KeyboardInterrupt"
+
+
+def is_system_exit(event: Optional[RankFailed]) -> bool:
+    """The rank called ``sys.exit(n)`` with n != 0: a failure with an exit code, as for a script."""
+    return event is not None and event.exc_type == "builtins.SystemExit"

@@ -17,31 +17,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Union
 
 from ..errors import LaunchConfigError
+from ..wire.choices import Device, MixedPrecision, RendezvousBackend, StartMethod
+from .options import SAVED_OPTIONS
 
 CONFIG_FILE_VARIABLE = "NOTEBOOK_ACCEL_CONFIG_FILE"
 _OUR_KEYS_HEADER = ("# notebook_accel launch defaults, written by `notebook-accel config`.\n"
                     "# num_processes is per node. Edit freely; unknown keys are an error.\n")
 
 
-@dataclass
-class LaunchConfig:
-    """Launch defaults as saved in the YAML file. ``None`` means "the launcher decides"."""
-
-    num_processes: Optional[int] = None       # per node; None: every device of the kind (1 on CPU)
-    device: Optional[str] = None              # cuda | cpu | xla | mps; None: the best one here
-    mixed_precision: str = "no"
-    start_method: str = "auto"
-    num_nodes: int = 1
-    node_rank: int = 0
-    rdzv_backend: str = "static"
-    rdzv_endpoint: Optional[str] = None       # host:port of node 0 (static) or of the rendezvous store
-    rdzv_id: Optional[str] = None
-    max_restarts: int = 0
-
+class _SavedValues:
     def launcher_options(self) -> Dict[str, Any]:
         """The values as ``notebook_launcher`` keyword arguments (``None`` values left out).
 
@@ -49,6 +36,15 @@ class LaunchConfig:
         2
         """
         return {key: value for key, value in dataclasses.asdict(self).items() if value is not None}
+
+
+# Launch defaults as saved in the YAML file: the options ``plan.options`` marks ``saved``, with the launcher's
+# defaults (``None`` means "the launcher decides"). ``num_processes`` is per node.
+LaunchConfig = dataclasses.make_dataclass(
+    "LaunchConfig", [(option.name, Any, dataclasses.field(default=option.default)) for option in SAVED_OPTIONS],
+    bases=(_SavedValues,), namespace={"__module__": __name__,
+                                      "__doc__": "Launch defaults as saved in the YAML file (``None``: the "
+                                                 "launcher decides)."})
 
 
 def fill_from_config(config: Union[bool, str, None], options: Dict[str, Any],
@@ -176,20 +172,17 @@ def from_accelerate(data: Dict[str, Any], path: str = "accelerate config") -> La
 
 def check_config(config: LaunchConfig, where: str) -> None:
     """Types and ranges of every value, named with the file they came from."""
-    from .plan import MIXED_PRECISIONS, START_METHODS
-    from .devices import DEVICES
-
     def fail(name: str, expected: str) -> None:
         raise LaunchConfigError(f"config file {where}: {name} must be {expected}, got {getattr(config, name)!r}")
 
     if config.num_processes is not None and not _positive_int(config.num_processes):
         fail("num_processes", "a positive integer or null")
-    if config.device is not None and config.device not in DEVICES:
-        fail("device", f"one of {', '.join(DEVICES)} or null")
-    if config.mixed_precision not in MIXED_PRECISIONS:
-        fail("mixed_precision", f"one of {', '.join(MIXED_PRECISIONS)}")
-    if config.start_method not in START_METHODS:
-        fail("start_method", f"one of {', '.join(START_METHODS)}")
+    if config.device is not None and config.device not in Device.values():
+        fail("device", f"one of {', '.join(Device.values())} or null")
+    if config.mixed_precision not in MixedPrecision.values():
+        fail("mixed_precision", f"one of {', '.join(MixedPrecision.values())}")
+    if config.start_method not in StartMethod.values():
+        fail("start_method", f"one of {', '.join(StartMethod.values())}")
     if not _positive_int(config.num_nodes):
         fail("num_nodes", "a positive integer")
     if not isinstance(config.node_rank, int) or isinstance(config.node_rank, bool) or config.node_rank < 0:
@@ -250,7 +243,6 @@ def write_basic_config(mixed_precision: str = "no", save_location: Optional[str]
 def ask_config(ask: Callable[[str], str] = input, say: Callable[[str], None] = print) -> LaunchConfig:
     """The ``notebook-accel config`` questionnaire; Enter keeps the default shown in brackets."""
     from . import devices as environment
-    from .plan import MIXED_PRECISIONS
 
     base = basic_config()
     kinds = [info.kind for info in environment.available_devices()]
@@ -259,13 +251,13 @@ def ask_config(ask: Callable[[str], str] = input, say: Callable[[str], None] = p
     count = environment.describe(device).count
     default_processes = 1 if device == "cpu" else count
     processes = _ask_int(ask, say, f"processes per node (1..{count})", default_processes, 1, count)
-    precision = _ask_choice(ask, say, "mixed precision", list(MIXED_PRECISIONS), "no")
+    precision = _ask_choice(ask, say, "mixed precision", list(MixedPrecision.values()), MixedPrecision.NO.value)
     nodes = _ask_int(ask, say, "number of nodes (machines)", 1, 1, 100_000)
     config = LaunchConfig(num_processes=processes, device=device, mixed_precision=precision, num_nodes=nodes)
     if nodes > 1:
         config.node_rank = _ask_int(ask, say, f"rank of this node (0..{nodes - 1})", 0, 0, nodes - 1)
-        config.rdzv_backend = _ask_choice(ask, say, "rendezvous backend", ["static", "c10d", "etcd", "etcd-v2"],
-                                          "static")
+        config.rdzv_backend = _ask_choice(ask, say, "rendezvous backend", list(RendezvousBackend.values()),
+                                          RendezvousBackend.STATIC.value)
         while not config.rdzv_endpoint:
             config.rdzv_endpoint = ask("rendezvous endpoint host:port (node 0's address for static): ").strip()
     config.max_restarts = _ask_int(ask, say, "restarts after a failure", 0, 0, 1000)

@@ -7,9 +7,10 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from ..wire.choices import Device
 from . import tpu
 
-DEVICES = ("cuda", "cpu", "xla", "mps")
+DEVICES = Device.values()
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ world runs again while restarts are left.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 from ..errors import LaunchConfigError
+from .options import NODE_OPTION_NAMES, OPTIONS
 
 DEFAULT_RDZV_ID = "none"             # torchrun's default run id
 DEFAULT_JOIN_TIMEOUT = 600.0         # seconds, torch elastic's default join timeout
@@ -23,14 +24,14 @@ OUR_RDZV_KEYS = ("node_timeout", "local_addr")  # rdzv_conf keys read by us, not
 class NodeOptions:
     """Who this node is in a multi-node launch, how nodes find each other, and how often to restart."""
 
-    num_nodes: int = 1
-    node_rank: int = 0
-    rdzv_backend: str = "static"
-    rdzv_endpoint: Optional[str] = None
-    rdzv_id: str = DEFAULT_RDZV_ID
-    rdzv_conf: Dict[str, Any] = field(default_factory=dict)
-    max_restarts: int = 0
-    monitor_interval: float = 0.1
+    num_nodes: int
+    node_rank: int
+    rdzv_backend: str
+    rdzv_endpoint: Optional[str]
+    rdzv_id: str
+    rdzv_conf: Dict[str, Any]
+    max_restarts: int
+    monitor_interval: float
 
     @property
     def join_timeout(self) -> float:
@@ -46,16 +47,23 @@ class NodeOptions:
         return float(self.rdzv_conf.get("node_timeout", DEFAULT_NODE_TIMEOUT))
 
 
-def check_node_options(num_nodes: Any = 1, node_rank: Any = 0, rdzv_backend: Any = "static",
-                       rdzv_endpoint: Any = None, rdzv_id: Any = None, rdzv_conf: Any = None,
-                       max_restarts: Any = 0, monitor_interval: Any = 0.1) -> Optional[NodeOptions]:
-    """``NodeOptions`` for a multi-node or restarting launch, ``None`` for a plain one; clear errors.
+def check_node_options(**given: Any) -> Optional[NodeOptions]:
+    """``NodeOptions`` for a multi-node or restarting launch, ``None`` for a plain one; clear errors. Options
+    not given take ``plan.options``' defaults.
 
     >>> check_node_options(num_nodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500").node_rank
     1
     >>> check_node_options() is None
     True
     """
+    unknown = sorted(set(given) - set(NODE_OPTION_NAMES))
+    if unknown:
+        raise TypeError(f"unexpected launcher option(s): {', '.join(unknown)}")
+    values = {name: OPTIONS[name].default for name in NODE_OPTION_NAMES}
+    values.update(given)
+    num_nodes, node_rank, rdzv_backend = values["num_nodes"], values["node_rank"], values["rdzv_backend"]
+    rdzv_endpoint, rdzv_id, rdzv_conf = values["rdzv_endpoint"], values["rdzv_id"], values["rdzv_conf"]
+    max_restarts, monitor_interval = values["max_restarts"], values["monitor_interval"]
     if not _is_int(num_nodes) or num_nodes < 1:
         raise LaunchConfigError(f"num_nodes must be a positive int, got {num_nodes!r}")
     if not _is_int(node_rank) or not 0 <= node_rank < num_nodes:

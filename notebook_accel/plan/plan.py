@@ -7,18 +7,19 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 from . import devices as environment
 from ..wire.channel import rank_channel
 from ..errors import LaunchConfigError
 from .nodes import NodeOptions, check_node_options
 from ..wire.events import LaunchStarted
+from ..wire.choices import MixedPrecision, StartMethod
 from ..wire.payload import Payload
-from ..views import DISPLAYS
+from .options import NODE_OPTION_NAMES, check_choice, with_defaults
 
-MIXED_PRECISIONS = ("no", "fp16", "bf16")
-START_METHODS = ("auto", "fork", "forkserver", "spawn")
+MIXED_PRECISIONS = MixedPrecision.values()  # kept for callers of the old names
+START_METHODS = StartMethod.values()
 
 
 @dataclass
@@ -104,11 +105,17 @@ class LaunchPlan:
 
 
 def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_processes: Any = None, *,
-                device: Any = None, mixed_precision: Any = "no", start_method: Any = "auto",
-                master_addr: Any = "127.0.0.1", use_port: Any = None, timeout: Any = None,
-                return_all: Any = False, display: Any = "auto", compile_cache: Any = None,
-                allow_inline: bool = True, **node_options: Any) -> LaunchPlan:
-    """Validate every option and serialize the function; raise a clear error on the first bad one."""
+                allow_inline: bool = True, **options: Any) -> LaunchPlan:
+    """Validate every option (``plan.options`` names them and their defaults) and serialize the function;
+    raise a clear error on the first bad one, before any process starts.
+
+    >>> plan_launch(print, num_processes=1, device="cpu", start_method="spawn").backend  # doctest: +SKIP
+    'processes'
+    """
+    options = with_defaults(dict(options, num_processes=num_processes), caller="plan_launch")
+    device, mixed_precision, start_method = options["device"], options["mixed_precision"], options["start_method"]
+    master_addr, use_port, timeout = options["master_addr"], options["use_port"], options["timeout"]
+    return_all, display, compile_cache = options["return_all"], options["display"], options["compile_cache"]
     if rank_channel() is not None:
         raise RuntimeError("notebook_launcher was called inside a launched rank; launches cannot be nested")
     if not callable(function):
@@ -119,11 +126,10 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
         kwargs = {}
     if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
         raise TypeError(f"kwargs must be a dict of str keys or None, got {type(kwargs).__name__}")
-    _check_choice("mixed_precision", mixed_precision, MIXED_PRECISIONS)
-    _check_choice("start_method", start_method, START_METHODS)
-    _check_choice("display", display, DISPLAYS)
+    for name in ("mixed_precision", "start_method", "display"):
+        check_choice(name, options[name])
     if device is not None:
-        _check_choice("device", device, environment.DEVICES)
+        check_choice("device", device)
     if not isinstance(return_all, bool):
         raise TypeError(f"return_all must be True or False, got {return_all!r}")
     if not isinstance(master_addr, str) or not master_addr:
@@ -136,10 +142,7 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
 
     if compile_cache is not None and not isinstance(compile_cache, (str, os.PathLike)):
         raise TypeError(f"compile_cache must be a directory path or None, got {compile_cache!r}")
-    unknown = sorted(set(node_options) - set(_NODE_OPTION_NAMES))
-    if unknown:
-        raise TypeError(f"unexpected launcher option(s): {', '.join(unknown)}")
-    nodes = check_node_options(**node_options)
+    nodes = check_node_options(**{name: options[name] for name in NODE_OPTION_NAMES})
 
     device = device or environment.best_device()
     if compile_cache is not None and device != "xla":
@@ -153,7 +156,7 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
         raise LaunchConfigError(f"mixed_precision='fp16' needs CUDA; on {device.upper()} use 'bf16'")
     # One rank runs in the kernel itself (no process to start) unless a start method was asked for, or the
     # launch runs in a background thread, where an in-kernel run could not be stopped.
-    inline = (allow_inline and nodes is None and world_size == 1 and start_method == "auto"
+    inline = (allow_inline and nodes is None and world_size == 1 and start_method == StartMethod.AUTO
               and threading.current_thread() is threading.main_thread())
     # XLA ranks always start in a host process: using an XLA device in the kernel would initialize the
     # runtime there, after which torch_xla can start no TPU process at all (pytorch/xla#7765).
@@ -175,16 +178,6 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
         return_all=return_all, display=display, nodes=nodes,
         compile_cache=None if compile_cache is None else os.path.abspath(os.path.expanduser(compile_cache)),
     )
-
-
-_NODE_OPTION_NAMES = ("num_nodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf",
-                      "max_restarts", "monitor_interval")
-
-
-def _check_choice(name: str, value: Any, valid: Tuple[str, ...]) -> None:
-    if value not in valid:
-        choices = ", ".join(repr(choice) for choice in valid)
-        raise LaunchConfigError(f"{name}={value!r} is not one of {choices}")
 
 
 def _is_int(value: Any) -> bool:
@@ -246,14 +239,14 @@ def _resolve_xla_start_method(start_method: str) -> str:
         raise LaunchConfigError("start_method='fork' is not supported with device='xla': the TPU host process "
                                 "forks the workers itself, and a fork of a fork of the kernel cannot use torch "
                                 "safely. Use start_method='auto' (forkserver) or 'spawn'")
-    return _resolve_start_method("forkserver" if start_method == "auto" else start_method)
+    return _resolve_start_method(StartMethod.FORKSERVER if start_method == StartMethod.AUTO else start_method)
 
 
 def _resolve_start_method(start_method: str) -> str:
     """"auto": fork when safe (fastest), else a forkserver that keeps torch preloaded (warm after once)."""
     safe, reason = environment.fork_safety()
     available = multiprocessing.get_all_start_methods()
-    if start_method == "auto":
+    if start_method == StartMethod.AUTO:
         if safe:
             return "fork"
         return "forkserver" if "forkserver" in available else "spawn"

@@ -46,10 +46,12 @@ def run_rank(load: LoadFunction, sender: Any, *, send_result: bool, thread_only:
 
     set_rank_channel(sender, thread_only=thread_only)
     undo_patch: Callable[[], None] = lambda: None  # noqa: E731
+    loaded = False
     try:
         try:
             undo_patch = patch_tqdm()  # before unpickling: names cloudpickle resolves get the patched tqdm
             function, args, kwargs = load()
+            loaded = True
             value = function(*args, **kwargs)
         except passthrough:
             raise
@@ -59,7 +61,7 @@ def run_rank(load: LoadFunction, sender: Any, *, send_result: bool, thread_only:
                 return _failed(sender, exc, undo_patch, code)
             value = None
         except BaseException as exc:  # KeyboardInterrupt too: the kernel decides whether it was an interrupt
-            return _failed(sender, exc, undo_patch, 1)
+            return _failed(sender, exc, undo_patch, 1, loading=not loaded)
         try:
             undo_patch()  # delivers the metrics report() still held back, before the result ends the rank
             if send_result:
@@ -82,7 +84,8 @@ def exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
-def _failed(sender: Any, exc: BaseException, undo_patch: Callable[[], None], exit_code: int) -> RankRun:
+def _failed(sender: Any, exc: BaseException, undo_patch: Callable[[], None], exit_code: int, *,
+            loading: bool = False) -> RankRun:
     try:
         undo_patch()
     except Exception:
@@ -90,7 +93,7 @@ def _failed(sender: Any, exc: BaseException, undo_patch: Callable[[], None], exi
     from .device_memory import maybe_send_device_memory
 
     maybe_send_device_memory(sender, force=True)  # the peak at the failure, for an out-of-memory message
-    failure = failure_event(sender.rank, exc)
+    failure = failure_event(sender.rank, exc, loading=loading)
     sender.send(failure)
     return RankRun(exit_code, exception=exc, failure=failure)
 
@@ -128,8 +131,9 @@ def to_cpu(value: Any) -> Any:
     return value
 
 
-def failure_event(rank: int, exc: BaseException) -> RankFailed:
-    """A ``RankFailed`` for ``exc``, pickling the exception itself when possible."""
+def failure_event(rank: int, exc: BaseException, *, loading: bool = False) -> RankFailed:
+    """A ``RankFailed`` for ``exc``, pickling the exception itself when possible. ``loading``: the function and
+    its arguments could not even be loaded in the rank (unpickling failed), so running it again cannot help."""
     import cloudpickle
 
     from .tracebacks import format_user_traceback
@@ -148,4 +152,5 @@ def failure_event(rank: int, exc: BaseException) -> RankFailed:
     except Exception:
         pickled = None
     return RankFailed(rank=rank, exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-                      message=str(exc), traceback=text, exception=pickled, full_traceback=full_text)
+                      message=str(exc), traceback=text, exception=pickled, full_traceback=full_text,
+                      loading=loading)

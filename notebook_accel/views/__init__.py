@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import sys
 
+from ..wire.choices import Display
 from .base import NullView, View
 from .text import TextView
 
-DISPLAYS = ("auto", "widgets", "text", "none")
+DISPLAYS = Display.values()
 
 
 def in_notebook_kernel() -> bool:

@@ -16,7 +16,8 @@ from tqdm.std import tqdm as _tqdm_format  # formatting helpers only (format_met
 from ..formatting import format_bytes, format_value  # noqa: F401  (views.model.format_* for views and tests)
 from ..monitor.metric_log import MetricSummary
 from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate,
-                      RankEvent, RankExited, RankFailed, RankResult, RankStarted, ResourceSample)
+                      RankEvent, RankExited, RankFailed, RankResult, RankStarted, RankStatus, ResourceSample,
+                           Status)
 
 # Colours of ranks 0..9 (matplotlib's tab10), reused in the plots and the rank rows.
 STALL_AFTER_SECONDS = 10.0  # a rank whose progress has not moved this long while its peers advance is stalled
@@ -25,8 +26,8 @@ SLOWEST_RATIO = 0.8         # a rank is marked slowest when its rate is below th
 RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                 "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
-STATUS_COLOURS = {"starting": "#7f7f7f", "running": "#1f77b4", "finished": "#2ca02c", "failed": "#d62728",
-                  "stopped": "#ff7f0e", "timeout": "#d62728"}
+STATUS_COLOURS = {Status.STARTING: "#7f7f7f", Status.RUNNING: "#1f77b4", Status.FINISHED: "#2ca02c", Status.FAILED: "#d62728",
+                  Status.STOPPED: "#ff7f0e", Status.TIMEOUT: "#d62728"}
 
 
 def rank_colour(rank: int) -> str:
@@ -172,7 +173,7 @@ class RankState:
     """One rank: status, pid, bars by slot, latest metrics, its failure if it had one."""
 
     rank: int
-    status: str = "starting"  # starting | running | finished | failed | exited | stopped
+    status: RankStatus = RankStatus.STARTING
     pid: Optional[int] = None
     exitcode: Optional[int] = None
     signal_name: Optional[str] = None
@@ -215,7 +216,7 @@ class LaunchState:
     def __init__(self) -> None:
         self.started: Optional[LaunchStarted] = None
         self.finished: Optional[LaunchFinished] = None
-        self.status = "starting"
+        self.status = Status.STARTING
         self.start_time = time.monotonic()
         self.ranks: Dict[int, RankState] = {}
         self.series: Dict[str, Dict[int, Series]] = {}  # metric -> rank -> points
@@ -272,30 +273,30 @@ class LaunchState:
             self.attempt = event
             for rank in list(self.ranks):  # the whole world runs again: every row starts over (the metric
                 self.ranks[rank] = RankState(rank)  # series go on: attempt 2's curve continues attempt 1's)
-            self.status = "starting"
+            self.status = Status.STARTING
             return self
         if isinstance(event, RankStarted):
             state = self.rank(event.rank)
             state.pid = event.pid
-            state.status = "running"
-            if self.status == "starting" and all(r.status != "starting" for r in self.ranks.values()):
-                self.status = "running"
+            state.status = RankStatus.RUNNING
+            if self.status == Status.STARTING and all(r.status != RankStatus.STARTING for r in self.ranks.values()):
+                self.status = Status.RUNNING
             return state
         if isinstance(event, RankResult):
-            self.rank(event.rank).status = "finished"
+            self.rank(event.rank).status = RankStatus.FINISHED
             return self.rank(event.rank)
         if isinstance(event, RankFailed):
             state = self.rank(event.rank)
             state.failure = event
-            state.status = "failed"
+            state.status = RankStatus.FAILED
             return state
         if isinstance(event, RankExited):
             state = self.rank(event.rank)
             state.exitcode, state.signal_name = event.exitcode, event.signal_name
-            if event.stopped and state.status != "failed":  # a rank that raised stays failed (root cause)
-                state.status = "stopped"
-            elif state.status in ("starting", "running"):
-                state.status = "finished" if event.exitcode == 0 else "exited"
+            if event.stopped and state.status != RankStatus.FAILED:  # a rank that raised stays failed (root cause)
+                state.status = RankStatus.STOPPED
+            elif state.status in (RankStatus.STARTING, RankStatus.RUNNING):
+                state.status = RankStatus.FINISHED if event.exitcode == 0 else RankStatus.EXITED
             return state
         if isinstance(event, LaunchFinished):
             self.finished = event
@@ -303,20 +304,20 @@ class LaunchState:
             if event.root_rank in self.ranks:  # on another node's dashboard the root rank has no row
                 self.ranks[event.root_rank].root_cause = True
             for state in self.ranks.values():
-                if state.root_cause or state.status in ("finished", "failed"):
+                if state.root_cause or state.status in (RankStatus.FINISHED, RankStatus.FAILED):
                     continue
-                if event.status == "finished":
-                    state.status = "finished"
+                if event.status == Status.FINISHED:
+                    state.status = RankStatus.FINISHED
                     continue
-                if state.rank in event.still_running or state.status in ("starting", "running"):
-                    state.status = "stopped"
+                if state.rank in event.still_running or state.status in (RankStatus.STARTING, RankStatus.RUNNING):
+                    state.status = RankStatus.STOPPED
             return self
         return None
 
     def _on_progress(self, event: ProgressUpdate) -> Optional[BarState]:
         state = self.rank(event.rank)
-        if state.status == "starting":
-            state.status = "running"
+        if state.status == RankStatus.STARTING:
+            state.status = RankStatus.RUNNING
         bar = state.bars.get(event.bar_id)
         if bar is None or bar.update.n != event.n:
             state.last_progress_at = time.monotonic()
@@ -370,7 +371,7 @@ class LaunchState:
     def stalled_for(self, state: RankState, now: Optional[float] = None) -> Optional[float]:
         """Seconds since ``state``'s progress last moved, when that is ``stall_after`` or more while a peer
         moved within ``stall_after`` (a rank that is merely waiting with everyone else is not stalled)."""
-        if self.finished is not None or state.status != "running" or len(self.ranks) < 2:
+        if self.finished is not None or state.status != RankStatus.RUNNING or len(self.ranks) < 2:
             return None
         now = time.monotonic() if now is None else now
         since = state.last_progress_at if state.last_progress_at is not None else self.start_time
@@ -390,7 +391,7 @@ class LaunchState:
         loops = set()
         for state in self.ranks.values():
             bar = state.metrics_bar()
-            if state.status != "running" or bar is None or bar.closed or not bar.update.rate:
+            if state.status != RankStatus.RUNNING or bar is None or bar.closed or not bar.update.rate:
                 return None
             rates[state.rank] = float(bar.update.rate)
             loops.add((bar.desc, bar.update.position))
@@ -459,10 +460,10 @@ class LaunchState:
         return " · ".join(parts)
 
     def rank_status_text(self, state: RankState, mark_root: bool = True) -> str:
-        text = state.status
+        text = str(state.status)
         if state.root_cause and mark_root:
             text += " (root cause)"
-        if state.status == "exited" or (state.status == "failed" and state.failure is None):
+        if state.status == RankStatus.EXITED or (state.status == RankStatus.FAILED and state.failure is None):
             if state.signal_name:
                 text += f", {state.signal_name}"
             elif state.exitcode is not None:

@@ -39,8 +39,8 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 import ipywidgets as widgets
 
 from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate,
-                      RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted, ResourceSample)
-from ..outcome.root_cause import COLLATERAL_ERRORS
+                      RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted, ResourceSample, RankStatus)
+from ..outcome.root_cause import is_collateral
 from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, launch_title,
                     rank_colour, resource_text)
 from .plot import render_line_plot
@@ -412,12 +412,12 @@ class WidgetView:
 
     def _bar_style(self, bar: BarState, state: RankState) -> str:
         if not bar.update.total:
-            return "danger" if state.status == "failed" else "info"
+            return "danger" if state.status == RankStatus.FAILED else "info"
         if bar.complete:
             return "success"
-        if state.status == "failed" or state.root_cause:
+        if state.status == RankStatus.FAILED or state.root_cause:
             return "danger"
-        if bar.closed or state.status == "stopped":
+        if bar.closed or state.status == RankStatus.STOPPED:
             return "warning"
         return ""
 
@@ -503,7 +503,7 @@ class WidgetView:
         else:  # another rank's failure: one line, folded traceback
             # "collateral" only when it is a reaction to a peer's failure (gloo's "Connection closed by peer");
             # a rank that raised on its own, only later than the root cause, is said to be just that.
-            why = "collateral" if COLLATERAL_ERRORS.search(failure.message + failure.exc_type) else "not the root cause"
+            why = "collateral" if is_collateral(failure) else "not the root cause"
             body = (f'<details><summary style="color:#d62728">{escape(headline)} ({why})</summary>'
                     f'<pre style="font-size:11px;max-height:200px;overflow:auto">{escape(traceback)}</pre>'
                     f"</details>")

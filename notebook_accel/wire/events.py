@@ -10,6 +10,33 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from .choices import Choice
+
+
+class Status(Choice):
+    """How a launch stands. STARTING → RUNNING → one of FINISHED, FAILED (the root cause is raised), STOPPED
+    (interrupt, Stop button, or a node stopped the world), TIMEOUT. A ``str``: equal to its value
+    (``Status.FAILED == "failed"``), so events and outcomes read the same in logs, tests and old pickles."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    TIMEOUT = "timeout"
+
+
+class RankStatus(Choice):
+    """How one rank stands, as the views show it. STARTING → RUNNING → FINISHED (returned), FAILED (raised),
+    EXITED (died without an exception, or exited non-zero) or STOPPED (ended by the launcher)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    EXITED = "exited"
+    STOPPED = "stopped"
+
 
 @dataclass
 class RankEvent:
@@ -97,6 +124,7 @@ class RankFailed(RankEvent):
     exception: Optional[bytes]
     time: float = field(default_factory=time.time)
     full_traceback: Optional[str] = None
+    loading: bool = False  # raised while loading (unpickling) the function in the rank, before it ran
 
 
 @dataclass
@@ -179,12 +207,12 @@ class AttemptStarted(RankEvent):
 class LaunchFinished(RankEvent):
     """Last event of every launch (rank = -1).
 
-    ``status`` is one of "finished", "failed", "stopped" (interrupt / Stop button), "timeout".
+    ``status`` is a ``Status``: FINISHED, FAILED, STOPPED (interrupt / Stop button) or TIMEOUT.
     ``root_rank`` is the root-cause rank of a failure; ``error`` a one-line description,
     ``traceback`` the root cause's remote traceback text when there was one.
     """
 
-    status: str
+    status: Status
     elapsed: float
     root_rank: Optional[int] = None
     error: Optional[str] = None

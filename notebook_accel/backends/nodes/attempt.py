@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Callable, Deque, Dict, List, Optional
 
 from ...plan.nodes import NodeOptions
-from ...outcome.root_cause import Failure, signal_name
-from ...wire.events import OutputLine, RankEvent, RankExited, RankFailed
+from ...outcome.death import TAIL_LINES, describe_death
+from ...outcome.root_cause import is_collateral, is_interrupt
+from ...wire.events import OutputLine, RankEvent, RankExited, RankFailed, Status
 
-_TAIL_LINES = 25             # last output lines of a rank that died without an exception, quoted in the error
 _LIVENESS_SECONDS = 1.0      # how often a node checks that the others' launchers still beat
 
 
@@ -36,7 +36,7 @@ class NodeFailure:
 
     @property
     def collateral(self) -> bool:
-        return Failure(self.rank, 0.0, self.event, self.exitcode).collateral
+        return self.event is not None and is_collateral(self.event)
 
     def describe(self) -> str:
         """One line: ``rank 3 on node 1 (host-b): ValueError: boom``."""
@@ -47,17 +47,8 @@ class NodeFailure:
             first_line = (self.event.message.strip().splitlines() or [""])[0]
             what = f"{self.event.exc_type.rpartition('.')[2]}: {first_line}"
         else:
-            what = _death(self.exitcode)
+            what = describe_death(self.exitcode)
         return f"rank {self.rank} on node {self.node} ({self.host}): {what}"
-
-
-def _death(exitcode: Optional[int]) -> str:
-    name = signal_name(exitcode)
-    if name:
-        return f"was killed by {name}"
-    if exitcode == 0:
-        return "exited with code 0 without returning a result (os._exit?)"
-    return f"exited with code {exitcode}"
 
 
 class AttemptWatch:
@@ -85,7 +76,7 @@ class AttemptWatch:
         self.published = 0
         self.store_error: Optional[str] = None
         self._failed_ranks: set = set()
-        self._tails: Dict[int, Deque[str]] = defaultdict(lambda: deque(maxlen=_TAIL_LINES))
+        self._tails: Dict[int, Deque[str]] = defaultdict(lambda: deque(maxlen=TAIL_LINES))
         self._checked_at = 0.0
 
     # ------------------------------------------------------------------------------- the sink's side
@@ -94,8 +85,8 @@ class AttemptWatch:
             self._tails[event.rank].append(event.text)
         elif isinstance(event, RankFailed):
             self._failed_ranks.add(event.rank)
-            if event.exc_type == "builtins.KeyboardInterrupt":
-                self.abort("stopped")
+            if is_interrupt(event):
+                self.abort(Status.STOPPED)
             else:
                 self.publish(event.rank, event=event)
         elif isinstance(event, RankExited):
@@ -110,7 +101,7 @@ class AttemptWatch:
             return
         self._checked_at = now
         if self.user_stop.is_set():
-            self.abort("stopped")
+            self.abort(Status.STOPPED)
             self.stop.set()
         elif self.aborted() is not None:
             self.stop.set()
@@ -167,7 +158,7 @@ class AttemptWatch:
             self.published += 1
         except Exception as err:
             self._lost(err)
-        self.abort("failed")
+        self.abort(Status.FAILED)
 
     def abort(self, reason: str) -> None:
         """Tell every node to stop this attempt; the first reason given wins."""
@@ -195,7 +186,7 @@ class AttemptWatch:
 class AttemptEnd:
     """How one attempt ended for the whole world (every node computes the same)."""
 
-    status: str                          # finished | failed | stopped | timeout
+    status: Status                       # FINISHED | FAILED | STOPPED | TIMEOUT
     root: Optional[NodeFailure] = None
     by_node: Optional[int] = None        # who stopped it or let it time out
     node_lost: int = 0                   # nodes that stopped responding: the world cannot run again

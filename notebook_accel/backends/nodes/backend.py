@@ -21,21 +21,21 @@ replace our output capture and root cause.
 from __future__ import annotations
 
 import dataclasses
-import os
 import pickle
 import threading
 import time
 from typing import Callable, Dict, List, Optional
 
 from ...errors import LaunchError
-from ...outcome.raising import rebuild_exception
-from ...outcome.root_cause import Failure, Outcome, signal_name
+from ...outcome.death import exit_code_of
+from ...outcome.raising import root_cause_exception
+from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_system_exit
 from ...plan.nodes import NodeOptions
 from ...plan.plan import LaunchPlan
-from ...wire.events import AttemptStarted
+from ...wire.events import AttemptStarted, Status
 from ..base import Backend, LaunchSink
 from ..rendezvous import HostedStore
-from .attempt import AttemptEnd, AttemptWatch, NodeFailure, _death
+from .attempt import AttemptEnd, AttemptWatch, NodeFailure
 from .membership import CLOSING_KEY, PREFIX, Membership
 
 _GOODBYE_SECONDS = 15.0      # how long a node waits for the others before releasing the stores, when ending early
@@ -106,7 +106,7 @@ class NodesBackend(Backend):
             plan = dataclasses.replace(self.plan, rank_offset=offset, global_world_size=world_size,
                                        group_rank=node, nodes=None)
             local, end = self._run_attempt(membership, plan, attempt, deadline, deliver, tick, stop_requested)
-            restartable = (end.status == "failed" and attempt < options.max_restarts and end.root is not None
+            restartable = (end.status == Status.FAILED and attempt < options.max_restarts and end.root is not None
                            and not end.node_lost and not _payload_failed(end.root))
             if not restartable:
                 self._say_goodbye(membership, options.num_nodes - end.node_lost)
@@ -137,16 +137,16 @@ class NodesBackend(Backend):
             if watch.store_error is not None:
                 raise LaunchError(f"node {node} lost the rendezvous store during attempt {attempt + 1} "
                                   f"({watch.store_error}); the node hosting it (node 0 for 'static') may be gone")
-            if local.status == "failed" and not watch.published and local.root is not None:
+            if local.status == Status.FAILED and not watch.published and local.root is not None:
                 watch.publish(local.root.rank, event=local.root.event, exitcode=local.root.exitcode)
-            elif local.status == "timeout":
-                watch.abort("timeout")
+            elif local.status == Status.TIMEOUT:
+                watch.abort(Status.TIMEOUT)
             watch.say_ended()
             ended = True
             self._wait_for_all_nodes(watch, deadline)
             return local, self._decide(watch)
         except BaseException:  # Ctrl-C here, or an error: tell the others, give them a moment, then go
-            watch.abort("stopped")
+            watch.abort(Status.STOPPED)
             if not ended:
                 try:
                     watch.say_ended()
@@ -164,7 +164,7 @@ class NodesBackend(Backend):
         from ..processes import ProcessBackend
 
         if watch.aborted() is not None:  # another node gave up before we could start
-            return Outcome("stopped")
+            return Outcome(Status.STOPPED)
         host, _, port = watch.store.get(watch.key("master")).decode().rpartition(":")
         env = {"MASTER_ADDR": host, "MASTER_PORT": port, "TORCHELASTIC_USE_AGENT_STORE": "True",
                "TORCHELASTIC_RESTART_COUNT": str(attempt),
@@ -182,7 +182,7 @@ class NodesBackend(Backend):
         nodes still apply, and this node keeps beating)."""
         def all_ended() -> bool:
             if deadline is not None and time.monotonic() > deadline:
-                watch.abort("timeout")
+                watch.abort(Status.TIMEOUT)
             return watch.all_ended()
 
         self._wait_until(all_ended, watch.tick, what="the other nodes to finish")
@@ -192,15 +192,15 @@ class NodesBackend(Backend):
         store = watch.store
         reason = watch.aborted()
         kind, _, by = (reason or "").partition(":")
-        if kind in ("stopped", "timeout"):
-            return AttemptEnd(kind, by_node=int(by))
+        if kind in (Status.STOPPED, Status.TIMEOUT):
+            return AttemptEnd(Status(kind), by_node=int(by))
         count = int(store.add(watch.key("failures"), 0))
         failures = [pickle.loads(store.get(watch.key(f"failure/{seq}"))) for seq in range(1, count + 1)]
         if not failures:
-            return AttemptEnd("finished")
-        primary = [failure for failure in failures if not failure.collateral]
+            return AttemptEnd(Status.FINISHED)
         lost = len({failure.node for failure in failures if failure.lost_after is not None})
-        return AttemptEnd("failed", root=min(primary or failures, key=lambda failure: failure.seq), node_lost=lost)
+        root = choose_root_cause(failures, order=lambda failure: failure.seq)  # the store's order: no clocks
+        return AttemptEnd(Status.FAILED, root=root, node_lost=lost)
 
     # ------------------------------------------------------------------------------------------- helpers
 
@@ -248,33 +248,28 @@ class NodesBackend(Backend):
                  history: List[NodeFailure]) -> Outcome:
         common = dict(results=local.results, exitcodes=local.exitcodes, still_running=local.still_running,
                       ranks=ranks)
-        if end.status == "failed" and end.root is not None:
+        if end.status == Status.FAILED and end.root is not None:
             root = end.root
-            return Outcome("failed", root=Failure(root.rank, float(root.seq), event=root.event,
-                                                  exitcode=_exit_code(root)),
-                           local_exception=root_exception(root, world_size, history), **common)
-        if end.status == "stopped":
-            return Outcome("stopped", local_exception=KeyboardInterrupt(
+            return Outcome(Status.FAILED, root=_as_failure(root), local_exception=root_exception(root, world_size, history),
+                           **common)
+        if end.status == Status.STOPPED:
+            return Outcome(Status.STOPPED, local_exception=KeyboardInterrupt(
                 f"the launch was stopped on node {end.by_node}"), **common)
         return Outcome(end.status, **common)
 
 
 def root_exception(root: NodeFailure, world_size: int, history: List[NodeFailure]) -> BaseException:
-    """The exception every node raises: the rank's own type where it unpickles, else ``LaunchError``;
-    both name the rank, its node and host, and the earlier attempts' root causes."""
+    """The exception every node raises for the root cause (``outcome.raising``'s rule, the same as on one node),
+    naming the rank's node and host, and the earlier attempts' root causes."""
     where = f"node {root.node} ({root.host})"
+    note = ""
     if root.lost_after is not None:
         error: BaseException = LaunchError(f"{root.describe()}; its ranks were lost with it", rank=None)
-        note = ""
-    elif root.event is not None:
-        error = rebuild_exception(root.event, world_size)
-        note = f"(notebook_accel: rank {root.rank} ran on {where}" + (
-            f", attempt {root.attempt + 1})" if root.attempt or history else ")")
     else:
-        tail = ("; its last output:\n    " + "\n    ".join(root.tail)) if root.tail else ""
-        error = LaunchError(f"rank {root.rank} on {where} {_death(root.exitcode)}{tail}", rank=root.rank,
-                            exitcode=root.exitcode, signal_name=signal_name(root.exitcode))
-        note = ""
+        error = root_cause_exception(_as_failure(root), world_size, last_output=root.tail, where=f" on {where}")
+        if root.event is not None and not is_system_exit(root.event):  # the rank's exception, rebuilt
+            note = f"(notebook_accel: rank {root.rank} ran on {where}" + (
+                f", attempt {root.attempt + 1})" if root.attempt or history else ")")
     try:
         error.host = root.host  # type: ignore[attr-defined]
         error.node = root.node  # type: ignore[attr-defined]
@@ -288,15 +283,11 @@ def root_exception(root: NodeFailure, world_size: int, history: List[NodeFailure
     return error
 
 
-def _exit_code(root: NodeFailure) -> Optional[int]:
-    """The rank's exit code; for ``sys.exit(n)`` on another node (known only by its message) n, as there."""
-    if root.event is not None and root.event.exc_type == "builtins.SystemExit":
-        code = root.event.message.strip()
-        return int(code) if code.lstrip("-").isdigit() else 1
-    return root.exitcode
+def _as_failure(root: NodeFailure) -> Failure:
+    """The root cause as the outcome's ``Failure`` (ordered by the store's sequence number, not a clock)."""
+    return Failure(root.rank, float(root.seq), event=root.event, exitcode=exit_code_of(root.event, root.exitcode))
 
 
 def _payload_failed(root: NodeFailure) -> bool:
-    """The function could not even be loaded in the rank (its frames in payload.py): a restart would fail
-    the same way."""
-    return root.event is not None and f"notebook_accel{os.sep}payload.py" in root.event.traceback
+    """The function could not even be loaded in the rank (the rank says so): a restart would fail the same way."""
+    return root.event is not None and root.event.loading

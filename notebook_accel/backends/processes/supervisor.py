@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from ...wire.channel import EventDecoder
 from ...errors import LaunchError
-from ...wire.events import OutputLine, RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted
-from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt, signal_name
+from ...wire.events import (OutputLine, RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted,
+                             Status)
+from ...formatting import signal_name
+from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt
 
 if TYPE_CHECKING:  # pragma: no cover
     from .backend import RankProcess
@@ -88,7 +90,7 @@ class Supervisor:
         for sentinel, states in carried.items():
             self.selector.register(sentinel, selectors.EVENT_READ, (states, "exit"))
         self.failures: List[Failure] = []
-        self.status: Optional[str] = None       # set once we decided to stop: failed | stopped | timeout
+        self.status: Optional[Status] = None    # set once we decided to stop: FAILED | STOPPED | TIMEOUT
         self.still_running: List[int] = []
         self._terminated_at: Optional[float] = None
         self._killed = False
@@ -127,14 +129,14 @@ class Supervisor:
         now = time.monotonic()
         if self.status is None:
             if self.stop_requested.is_set():
-                self._stop("stopped")
+                self._stop(Status.STOPPED)
             elif self.failures and now - self.failures[0].time >= ROOT_CAUSE_WINDOW:
-                self._stop("failed")
+                self._stop(Status.FAILED)
             elif self.failures and all(s.exited_at is not None for s in self.ranks.values()):
-                self.status = "failed"
+                self.status = Status.FAILED
             elif deadline is not None and now >= deadline:
                 self._timeout_stacks = self._collect_stacks(STACKS_WAIT)  # where each rank was stuck
-                self._stop("timeout")
+                self._stop(Status.TIMEOUT)
         if self._terminated_at is not None and not self._killed and now - self._terminated_at >= TERMINATE_GRACE:
             self._signal_alive(signal.SIGKILL)
             self._killed = True
@@ -189,7 +191,7 @@ class Supervisor:
             state.failed = event
             if self.status is None:
                 if is_interrupt(event):  # Jupyter's interrupt reached the rank too: the launch is stopped
-                    self._stop("stopped")
+                    self._stop(Status.STOPPED)
                 else:
                     self.failures.append(Failure(state.handle.rank, time.monotonic(), event=event))
         self.deliver(event)
@@ -285,7 +287,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------------------------------- stopping
 
-    def _stop(self, status: str) -> None:
+    def _stop(self, status: Status) -> None:
         self.status = status
         self.still_running = [rank for rank, s in self.ranks.items() if s.exited_at is None]
         for rank in self.still_running:
@@ -305,9 +307,9 @@ class Supervisor:
         if previous is not None:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            self.status = "stopped"
+            self.status = Status.STOPPED
             if self._terminated_at is None:
-                self._stop("stopped")
+                self._stop(Status.STOPPED)
             end = time.monotonic() + TERMINATE_GRACE + DRAIN_AFTER_EXIT + 1.0
             while not all(state.done for state in self.ranks.values()) and time.monotonic() < end:
                 self._poll(TICK_SECONDS)
@@ -327,10 +329,10 @@ class Supervisor:
         exitcodes = {rank: state.exitcode for rank, state in self.ranks.items()}
         results = {rank: _decode_result(rank, state.result) for rank, state in self.ranks.items()
                    if state.result is not None}
-        if self.failures and self.status in (None, "failed"):
-            return Outcome("failed", results, root=choose_root_cause(self.failures),
+        if self.failures and self.status in (None, Status.FAILED):
+            return Outcome(Status.FAILED, results, root=choose_root_cause(self.failures),
                            still_running=self.still_running, exitcodes=exitcodes)
-        return Outcome(self.status or "finished", results, still_running=self.still_running, exitcodes=exitcodes,
+        return Outcome(self.status or Status.FINISHED, results, still_running=self.still_running, exitcodes=exitcodes,
                        stacks=self._timeout_stacks)
 
 

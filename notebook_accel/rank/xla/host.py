@@ -80,7 +80,7 @@ def host_main(spec: XlaHostSpec) -> None:
         # Unpickled once, here: the workers are forks of the host and inherit it (see device.take_call).
         device.set_call(child._known_to_main(spec.payload.load()))
     except BaseException as exc:  # nothing started yet: the first rank's failure, with its own exception
-        EventSender(pipes[0][2], 0).send(failure_event(0, exc))
+        EventSender(pipes[0][2], 0).send(failure_event(0, exc, loading=True))
         watcher.stop()
         os._exit(1)
     try:

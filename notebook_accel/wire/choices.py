@@ -1,0 +1,72 @@
+"""Every allowed value of the launcher's options, once, as ``str`` Enums.
+
+They live on the wire because they cross the process boundary: a rank reads its device and precision from
+the environment the launch sets (``NOTEBOOK_ACCEL_DEVICE``, ``ACCELERATE_MIXED_PRECISION``) and events carry
+them to the views. The launcher, the plan, the CLI, the config file, the panel and the Accelerator import
+them from here. A member equals its value (``MixedPrecision.BF16 == "bf16"``), so plain strings keep working.
+
+>>> MixedPrecision.values()
+('no', 'fp16', 'bf16')
+>>> f"{Device.CPU}"
+'cpu'
+"""
+from __future__ import annotations
+
+import enum
+from typing import Tuple
+
+
+class Choice(str, enum.Enum):
+    """A value that is also its string: compares, hashes, formats and pickles-by-name as one."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def values(cls) -> Tuple[str, ...]:
+        """The allowed strings, in declaration order (for messages, CLI choices, pickers)."""
+        return tuple(member.value for member in cls)
+
+
+class Device(Choice):
+    """What the ranks run on."""
+
+    CUDA = "cuda"
+    CPU = "cpu"
+    XLA = "xla"
+    MPS = "mps"
+
+
+class MixedPrecision(Choice):
+    """The precision ranks compute in (exported as ``ACCELERATE_MIXED_PRECISION``)."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+class StartMethod(Choice):
+    """How rank processes start: ``auto`` is fork when safe, else a warm fork server."""
+
+    AUTO = "auto"
+    FORK = "fork"
+    FORKSERVER = "forkserver"
+    SPAWN = "spawn"
+
+
+class Display(Choice):
+    """What the cell shows: ``auto`` is the dashboard in a notebook, text elsewhere."""
+
+    AUTO = "auto"
+    WIDGETS = "widgets"
+    TEXT = "text"
+    NONE = "none"
+
+
+class RendezvousBackend(Choice):
+    """torch elastic's rendezvous backends we offer by name (a registered plugin's name works too)."""
+
+    STATIC = "static"
+    C10D = "c10d"
+    ETCD = "etcd"
+    ETCD_V2 = "etcd-v2"

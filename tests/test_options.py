@@ -1,0 +1,71 @@
+"""Every launcher option is described once (``plan.options``) and every allowed value once
+(``wire.choices``): the launcher, the plan, the CLI, the config file, the panel and the Accelerator read them."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+
+import pytest
+
+from notebook_accel import notebook_launcher
+from notebook_accel.accelerator.precision import PRECISIONS
+from notebook_accel.cli.config_command import add_config_parser
+from notebook_accel.cli.launch import COMMAND_LINE_OPTIONS, add_launch_parser
+from notebook_accel.errors import LaunchConfigError
+from notebook_accel.launcher import start_launch
+from notebook_accel.plan.config import LaunchConfig
+from notebook_accel.plan.options import LAUNCHER_OPTIONS, OPTIONS, SAVED_OPTIONS
+from notebook_accel.plan.plan import plan_launch
+from notebook_accel.wire.choices import Device, Display, MixedPrecision, StartMethod
+
+
+@pytest.mark.parametrize("launcher", [notebook_launcher, start_launch])
+def test_the_launchers_show_every_option_with_its_default(launcher):
+    shown = inspect.signature(launcher).parameters
+    assert {option.name: option.default for option in LAUNCHER_OPTIONS} == {
+        name: shown[name].default for name in OPTIONS}
+    for option in LAUNCHER_OPTIONS:  # and document it
+        assert f"{option.name}: " in launcher.__doc__
+
+
+def test_an_unknown_option_is_a_type_error_before_anything_starts():
+    with pytest.raises(TypeError, match="unexpected launcher option.*mixed_precison"):
+        notebook_launcher(print, num_processes=1, mixed_precison="bf16")
+    with pytest.raises(TypeError, match="unexpected launcher option.*colour"):
+        start_launch(print, num_processes=1, colour="red")
+
+
+@pytest.mark.parametrize("name, enum", [("device", Device), ("mixed_precision", MixedPrecision),
+                                        ("start_method", StartMethod), ("display", Display)])
+def test_a_value_outside_the_enum_is_refused_with_the_allowed_ones(name, enum):
+    with pytest.raises(LaunchConfigError) as refused:
+        plan_launch(print, num_processes=1, **{name: "nonsense"})
+    assert str(refused.value) == f"{name}='nonsense' is not one of " + ", ".join(repr(v) for v in enum.values())
+
+
+def _parser(add) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add(parser.add_subparsers())
+    return parser
+
+
+def _choices(parser: argparse.ArgumentParser, dest: str):
+    sub = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    command = next(iter(sub.choices.values()))
+    return next(tuple(action.choices) for action in command._actions if action.dest == dest)
+
+
+def test_the_command_line_offers_the_enums():
+    launch = _parser(add_launch_parser)
+    assert _choices(launch, "device") == Device.values()
+    assert _choices(launch, "mixed_precision") == MixedPrecision.values()
+    assert _choices(launch, "start_method") == StartMethod.values()
+    assert _choices(_parser(add_config_parser), "mixed_precision") == MixedPrecision.values()
+    assert set(COMMAND_LINE_OPTIONS) <= set(OPTIONS)
+
+
+def test_the_config_file_saves_the_saved_options_with_the_launchers_defaults():
+    fields = {field.name: field.default for field in dataclasses.fields(LaunchConfig)}
+    assert fields == {option.name: option.default for option in SAVED_OPTIONS}
+    assert PRECISIONS == MixedPrecision.values()

@@ -1,0 +1,81 @@
+"""The outcome's rules, written once and shared by every backend and node: the root cause, how a death is
+worded, and the exception the kernel raises for it."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from notebook_accel.backends.nodes.attempt import NodeFailure
+from notebook_accel.backends.nodes.backend import root_exception
+from notebook_accel.errors import LaunchError
+from notebook_accel.outcome.death import TAIL_LINES, describe_death
+from notebook_accel.outcome.raising import root_cause_exception
+from notebook_accel.outcome.root_cause import Failure, choose_root_cause
+from notebook_accel.wire.events import RankFailed, Status
+
+
+def failed(rank: int, exc: BaseException, at: float = 0.0) -> RankFailed:
+    return RankFailed(rank=rank, exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}", message=str(exc),
+                      traceback=f"Traceback (most recent call last):\n{type(exc).__name__}: {exc}\n",
+                      exception=pickle.dumps(exc), time=at)
+
+
+@pytest.mark.parametrize("exitcode, words", [
+    (-9, "was killed by SIGKILL"),
+    (-11, "was killed by SIGSEGV"),
+    (3, "exited with code 3"),
+    (0, "exited with code 0 without returning a result (os._exit?)"),
+])
+def test_a_death_is_worded_once(exitcode, words):
+    assert describe_death(exitcode) == words
+    on_one_node = root_cause_exception(Failure(1, 0.0, exitcode=exitcode), world_size=2)
+    on_two_nodes = root_exception(NodeFailure(1, node=1, host="host-b", attempt=0, rank=3, exitcode=exitcode),
+                                  world_size=4, history=[])
+    assert str(on_one_node) == f"rank 1 {words}"
+    assert str(on_two_nodes) == f"rank 3 on node 1 (host-b) {words}"
+    assert (on_one_node.exitcode, on_two_nodes.exitcode) == (exitcode, exitcode)
+
+
+def test_a_death_quotes_the_last_output_lines():
+    lines = [f"step {index}" for index in range(40)]
+    error = root_cause_exception(Failure(0, 0.0, exitcode=-9), world_size=1, last_output=lines)
+    quoted = str(error).split("its last output:\n", 1)[1].splitlines()
+    assert [line.strip() for line in quoted] == lines[-TAIL_LINES:]
+
+
+def test_sys_exit_is_a_launch_error_with_its_code_on_one_node_and_on_several():
+    event = failed(1, SystemExit(7))
+    one = root_cause_exception(Failure(1, 0.0, event=event), world_size=2, exitcode=7)
+    several = root_exception(NodeFailure(2, node=1, host="host-b", attempt=0, rank=1, event=event),
+                             world_size=4, history=[])
+    assert isinstance(one, LaunchError) and isinstance(several, LaunchError)
+    assert (one.exitcode, several.exitcode) == (7, 7)  # the node's copy knows it only from the message
+    assert "called sys.exit(7)" in str(one) and "on node 1 (host-b) called sys.exit(7)" in str(several)
+
+
+def test_the_same_root_cause_for_processes_and_nodes():
+    # rank 0 reacts to rank 1's death ("Connection closed by peer") and is seen first: rank 1 is the cause.
+    reaction = failed(0, RuntimeError("[gloo] Connection closed by peer"), at=1.0)
+    cause = failed(1, ValueError("bad batch"), at=2.0)
+    local = choose_root_cause([Failure(0, 1.0, event=reaction), Failure(1, 2.0, event=cause)])
+    nodes = choose_root_cause([NodeFailure(1, 0, "a", 0, 0, event=reaction), NodeFailure(2, 1, "b", 0, 1, event=cause)],
+                              order=lambda failure: failure.seq)
+    assert (local.rank, nodes.rank) == (1, 1)
+    # all collateral: the earliest by each side's own order
+    both = [NodeFailure(5, 0, "a", 0, 0, event=reaction), NodeFailure(4, 1, "b", 0, 2, event=reaction)]
+    assert choose_root_cause(both, order=lambda failure: failure.seq).rank == 2
+
+
+def test_a_rebuilt_exception_keeps_its_type_and_names_its_node():
+    error = root_exception(NodeFailure(3, node=1, host="host-b", attempt=1, rank=2, event=failed(2, KeyError("k"))),
+                           world_size=4, history=[NodeFailure(1, 0, "host-a", 0, 0, exitcode=-9)])
+    assert isinstance(error, KeyError) and (error.node, error.host, error.rank) == (1, "host-b", 2)
+    assert error.__notes__[-2:] == ["(notebook_accel: rank 2 ran on node 1 (host-b), attempt 2)",
+                                    "(notebook_accel: attempt 1 failed first: rank 0 on node 0 (host-a): "
+                                    "was killed by SIGKILL)"]
+
+
+def test_statuses_are_strings_that_read_as_their_value():
+    assert Status.FAILED == "failed" and f"{Status.TIMEOUT}" == "timeout" and str(Status.STOPPED) == "stopped"
+    assert pickle.loads(pickle.dumps(Status.FINISHED)) is Status.FINISHED
