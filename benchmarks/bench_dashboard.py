@@ -89,7 +89,7 @@ def bench_traffic(ranks: int = 8, bars: int = 3, metrics: int = 4, seconds: int 
     import notebook_accel.views.model as model
     import notebook_accel.views.widgets as widgets_module
     from notebook_accel.wire.events import (LaunchFinished, LaunchStarted, MetricReport, ProgressUpdate, RankStarted,
-                                       ResourceSample)
+                                            ResourceSample)
     from notebook_accel.views.widgets import WidgetView
 
     clock = _Clock()

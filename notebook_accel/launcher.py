@@ -6,8 +6,10 @@ ranks, turning what they send into events for the view → the outcome is return
 """
 from __future__ import annotations
 
+import asyncio
 import inspect
 import threading
+from concurrent.futures import Future
 from collections import defaultdict
 import time
 import warnings
@@ -33,7 +35,13 @@ class Launch:
     ``notebook_launcher`` makes one and waits in the calling thread; ``start_launch`` runs it in a
     background thread (the launch panel's Launch button) and returns at once.
 
+    ``job.future`` is a ``concurrent.futures.Future`` completed when the launch ends (with the result, or the
+    root cause as its exception), for ``add_done_callback``, ``concurrent.futures.wait`` and
+    ``asyncio.wrap_future``; a ``Launch`` is also awaitable (``value = await start_launch(...)`` in a cell).
+    It is not itself a ``Future``: ``result``, ``error`` and ``done`` stay the attributes users read.
+
     >>> job = start_launch(train, num_processes=2, display="none")   # doctest: +SKIP
+    >>> job.future.add_done_callback(lambda future: print("done"))   # doctest: +SKIP
     >>> job.stop(); job.wait()                                        # doctest: +SKIP
     """
 
@@ -49,6 +57,9 @@ class Launch:
         self.error: Optional[BaseException] = None
         self._stop_requested = threading.Event()
         self._done = threading.Event()
+        self.future: "Future[Any]" = Future()  # completed by _end, with the result or the root cause
+        # Running from the start: a launch is stopped with stop(), never cancelled (future.cancel() is False).
+        self.future.set_running_or_notify_cancel()
         self._thread: Optional[threading.Thread] = None
         self.metric_log = MetricLog()
         self.resources = ResourceSampler(self._deliver, device=plan.device)  # memory/CPU/GPU per rank
@@ -98,14 +109,22 @@ class Launch:
             raise self.error
         return self.result
 
+    def __await__(self):
+        """``await job``: the result, or the root cause raised, without blocking the notebook's event loop."""
+        return asyncio.wrap_future(self.future).__await__()
+
     def run(self) -> Any:
         """Run the launch in this thread (``notebook_launcher`` does this)."""
         __tracebackhide__ = True  # noqa: F841
         store = self._host_store()
+        unexpected: Optional[BaseException] = None
         try:
             self._run(store)
+        except BaseException as error:
+            unexpected = error
+            raise
         finally:
-            self._done.set()
+            self._end(unexpected)
         return self.wait()
 
     def run_in_background(self) -> "Launch":
@@ -123,7 +142,16 @@ class Launch:
             if self.error is None:
                 self.error = unexpected
         finally:
-            self._done.set()
+            self._end()
+
+    def _end(self, unexpected: Optional[BaseException] = None) -> None:
+        """The launch is over: ``wait`` returns, and the future completes (its callbacks run in this thread)."""
+        self._done.set()
+        error = self.error if self.error is not None else unexpected
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(self.result)
 
     # ------------------------------------------------------------------------------------------- the run
 
@@ -222,7 +250,8 @@ class Launch:
             error.add_note(f"(notebook_accel: {self.out_of_memory})")
 
     def _root_cause_error(self, root, outcome: Outcome) -> BaseException:
-        return root_cause_exception(root, self.plan.world_size, exitcode=outcome.exitcodes.get(root.rank, root.exitcode),
+        return root_cause_exception(root, self.plan.world_size,
+                                    exitcode=outcome.exitcodes.get(root.rank, root.exitcode),
                                     last_output=self.outputs.get(root.rank, []),
                                     local_exception=outcome.local_exception)
 

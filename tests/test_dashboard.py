@@ -9,7 +9,7 @@ import ipywidgets
 import pytest
 
 from notebook_accel.wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine,
-                                   ProgressUpdate, RankExited, RankFailed, RankResult, RankStarted)
+                                        ProgressUpdate, RankExited, RankFailed, RankResult, RankStarted)
 from notebook_accel.views import make_view
 from notebook_accel.views.plot import nice_ticks, render_line_plot
 from notebook_accel.views.text import TextView

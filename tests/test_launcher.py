@@ -330,3 +330,30 @@ def test_forked_ranks_work_after_the_kernel_used_torch_threads():
     expected = float(explicit) if explicit else float(max(1, len(os.sched_getaffinity(0)) // 2))
     assert notebook_launcher(threaded_matmul, num_processes=2, start_method="forkserver", display="none",
                              return_all=True) == [expected, expected]
+
+
+def test_a_background_launch_is_a_future_and_awaitable():
+    import asyncio
+    import concurrent.futures
+
+    from notebook_accel.launcher import start_launch
+
+    called = []
+    job = start_launch(lambda: os.environ["RANK"], num_processes=2, display="none", return_all=True)
+    job.future.add_done_callback(called.append)
+    assert not job.future.cancel()  # a launch is stopped, not cancelled
+    assert job.future.result(timeout=60) == ["0", "1"] == job.result
+    assert called == [job.future]
+
+    async def awaited():
+        return await start_launch(lambda: 7, num_processes=1, display="none")
+
+    assert asyncio.run(awaited()) == 7
+
+    def fails():
+        raise KeyError("rank lost its key")
+
+    failing = start_launch(fails, num_processes=2, display="none")
+    done, _ = concurrent.futures.wait([failing.future], timeout=60)
+    assert done == {failing.future}
+    assert isinstance(failing.future.exception(), KeyError) and failing.future.exception() is failing.error

@@ -59,8 +59,8 @@ def test_the_same_root_cause_for_processes_and_nodes():
     reaction = failed(0, RuntimeError("[gloo] Connection closed by peer"), at=1.0)
     cause = failed(1, ValueError("bad batch"), at=2.0)
     local = choose_root_cause([Failure(0, 1.0, event=reaction), Failure(1, 2.0, event=cause)])
-    nodes = choose_root_cause([NodeFailure(1, 0, "a", 0, 0, event=reaction), NodeFailure(2, 1, "b", 0, 1, event=cause)],
-                              order=lambda failure: failure.seq)
+    nodes = choose_root_cause([NodeFailure(1, 0, "a", 0, 0, event=reaction),
+                               NodeFailure(2, 1, "b", 0, 1, event=cause)], order=lambda failure: failure.seq)
     assert (local.rank, nodes.rank) == (1, 1)
     # all collateral: the earliest by each side's own order
     both = [NodeFailure(5, 0, "a", 0, 0, event=reaction), NodeFailure(4, 1, "b", 0, 2, event=reaction)]

@@ -11,11 +11,12 @@ Shaped after Lightning's ``fabric/strategies/launchers`` (one small base, one cl
 from __future__ import annotations
 
 import threading
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ClassVar, Dict
+from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Optional
 
-from ..wire.events import RankEvent
+from ..wire.events import RankEvent, Status
 from ..outcome.root_cause import Outcome
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,8 +34,48 @@ class LaunchSink:
     stop_requested: threading.Event
 
 
+@dataclass
+class StopPolicy:
+    """When a launch must end before its ranks do: the user asked (Stop, ``Launch.stop()``) or the timeout
+    passed. One object, made by ``Backend.run`` for every backend, so "stopped" and "timeout" mean the same
+    everywhere; a failure is the supervisor's business (the root-cause rule), not the policy's.
+
+    >>> policy = StopPolicy(threading.Event(), deadline=None)
+    >>> policy.reason() is None
+    True
+    >>> policy.stop_requested.set(); policy.reason()
+    <Status.STOPPED: 'stopped'>
+    """
+
+    stop_requested: threading.Event
+    deadline: Optional[float]  # time.monotonic() past which the launch times out; None: never
+
+    @classmethod
+    def starting_now(cls, timeout: Optional[float], stop_requested: threading.Event) -> "StopPolicy":
+        return cls(stop_requested, None if timeout is None else time.monotonic() + timeout)
+
+    def reason(self, now: Optional[float] = None) -> Optional[Status]:
+        """``STOPPED`` once asked to stop, ``TIMEOUT`` once past the deadline (a stop wins), else ``None``."""
+        if self.stop_requested.is_set():
+            return Status.STOPPED
+        if self.deadline is not None and (time.monotonic() if now is None else now) >= self.deadline:
+            return Status.TIMEOUT
+        return None
+
+    def remaining(self) -> Optional[float]:
+        """Seconds left before the timeout (at least a millisecond), or ``None`` without one."""
+        return None if self.deadline is None else max(0.001, self.deadline - time.monotonic())
+
+
 class Backend(ABC):
-    """How ranks start. Subclasses set ``name`` (the value of ``LaunchPlan.backend``) and implement ``run``.
+    """How ranks start. Subclasses set ``name`` (the value of ``LaunchPlan.backend``) and fill in the steps of
+    ``run``, which owns the policy — as torch elastic's ``PContext.start/wait/close`` owns it and its
+    subclasses implement ``_start/_poll/_close``:
+
+    ``run``: ``policy = StopPolicy(timeout from the plan, Stop)`` → ``_start(env, sink)`` → ``_supervise(sink,
+    policy)`` until every rank is gone → ``_close()``, always (also on Ctrl-C or an error). ``_supervise``
+    returns the ``Outcome``: FINISHED, FAILED (the root cause), or STOPPED / TIMEOUT as ``policy.reason()``
+    says; on ``KeyboardInterrupt`` it stops every rank first, then lets it propagate.
 
     Example::
 
@@ -58,9 +99,24 @@ class Backend(ABC):
 
         return HostedStore(self.plan.master_addr, self.plan.use_port, self.plan.world_size)
 
-    @abstractmethod
     def run(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> Outcome:
         """Start every rank, supervise it to the end, leave nothing running; return how it ended."""
+        policy = StopPolicy.starting_now(self.plan.timeout, sink.stop_requested)
+        try:
+            self._start(rendezvous_env, sink)
+            return self._supervise(sink, policy)
+        finally:
+            self._close()
+
+    def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
+        """Start the ranks (or join the world); nothing to do where the ranks start inside ``_supervise``."""
+
+    @abstractmethod
+    def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
+        """Watch the ranks until every one is gone, ending them early when ``policy.reason()`` says so."""
+
+    def _close(self) -> None:
+        """Release what ``_start`` took; called once, whatever happened."""
 
     def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
         """Every running rank's Python stacks (all threads), by rank; callable from any thread while

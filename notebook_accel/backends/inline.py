@@ -20,7 +20,7 @@ from ..wire.events import RankExited, RankStarted, Status
 from ..outcome.root_cause import Failure, Outcome
 from ..rank.run import run_rank, to_cpu
 from ..rank.tracebacks import hide_launcher_frames
-from .base import Backend, LaunchSink
+from .base import Backend, LaunchSink, StopPolicy
 from .kernel_capture import captured_fds, deliver_outside_capture
 
 
@@ -33,14 +33,18 @@ class InlineBackend(Backend):
 
     name = "inline"
 
-    def run(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> Outcome:
+    def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
+        self._rendezvous_env = rendezvous_env  # nothing to start: the rank is this thread, in _supervise
+
+    def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
+        """Run the function here; the policy's deadline becomes an alarm, its Stop a real SIGINT."""
         deliver = deliver_outside_capture(sink.deliver)  # the capture's reader threads deliver too
         sender = DirectSender(0, deliver)
         deliver(RankStarted(rank=0, pid=os.getpid()))
         try:
-            with _environment(self.plan.rank_env(0, rendezvous_env)), \
-                    captured_fds(deliver), _alarm(self.plan.timeout), \
-                    _interrupt_on(sink.stop_requested):
+            with _environment(self.plan.rank_env(0, self._rendezvous_env)), \
+                    captured_fds(deliver), _alarm(policy.remaining()), \
+                    _interrupt_on(policy.stop_requested):
                 run = run_rank(self.plan.payload.load, sender, send_result=False,
                                passthrough=(_InlineTimeout, KeyboardInterrupt))
         except _InlineTimeout:

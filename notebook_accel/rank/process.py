@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterable, List
 
 from ..wire.channel import EventSender
 from ..wire.events import RankStarted
@@ -56,27 +56,39 @@ class RankSpec:
 
 def rank_main(spec: RankSpec) -> None:
     """Entry point of every rank process (the ``target`` of the multiprocessing Process)."""
-    _detach_from_kernel_signals()
-    # First, so that no SIGUSR1 from Launch.dump_stacks() can find the default action (terminate) in place.
-    faulthandler.register(signal.SIGUSR1, file=take_fd(spec.stacks_fd), all_threads=True, chain=False)
-    _die_with_launcher(spec)
-    for fd in spec.inherited_fds:
-        _close_quietly(fd)
-    # What a forked rank inherited from the kernel (ipykernel's, zmq's handlers), or a forkserver rank from
-    # the server, is not the rank's to run; what the rank registers itself runs when it ends.
-    atexit._clear()
+    take_over_process(take_fd(spec.stacks_fd), spec.lifeline_fd, spec.inherited_fds)
     # The rank's main thread, as in any Python program: threads the function starts are non-daemon (and
     # waited for at the end) even when the launch forked from a daemon thread (``start_launch``, the panel).
     threading.current_thread()._daemonic = False  # type: ignore[attr-defined]  # no public setter once started
     as_launched(spec)
     _set_torch_threads(int(spec.env.get("OMP_NUM_THREADS", "0")))
-    _capture_output(take_fd(spec.stdout_fd), take_fd(spec.stderr_fd))
+    capture_output(take_fd(spec.stdout_fd), take_fd(spec.stderr_fd))
     sender = EventSender(take_fd(spec.events_fd), spec.rank)
     sender.send(RankStarted(rank=spec.rank, pid=os.getpid()))
-    run = run_rank(lambda: _known_to_main(spec.payload.load()), sender, send_result=spec.send_result)
+    run = run_rank(lambda: register_in_main(spec.payload.load()), sender, send_result=spec.send_result)
     end_like_python(spec.rank)
     sender.close()
     os._exit(run.exit_code)
+
+
+def take_over_process(stacks_fd: int, lifeline: Any, inherited_fds: Iterable[int]) -> None:
+    """The first steps of every process the launcher starts (a rank, the XLA host), before anything else runs:
+    its own session and signal handlers, Python stacks on SIGUSR1 (``Launch.dump_stacks``), death with the
+    kernel, the kernel's inherited fds closed, and no inherited ``atexit`` handlers.
+
+    Example (the XLA host, whose own stacks go to the first rank's pipe)::
+
+        take_over_process(pipes[0][3], spec.lifeline_fd, spec.inherited_fds)
+    """
+    detach_from_kernel_signals()
+    # First after that, so that no SIGUSR1 can find the default action (terminate) in place.
+    faulthandler.register(signal.SIGUSR1, file=stacks_fd, all_threads=True, chain=False)
+    die_with_launcher(lifeline)
+    for fd in inherited_fds:
+        close_quietly(fd)
+    # What a forked rank inherited from the kernel (ipykernel's, zmq's handlers), or a forkserver child from
+    # the server, is not this process's to run; what the rank registers itself runs when it ends.
+    atexit._clear()
 
 
 # ------------------------------------------------------------------------------------ a torchrun rank's world
@@ -99,7 +111,7 @@ def as_launched(spec: RankSpec) -> None:
     multiprocessing.set_start_method(None, force=True)
 
 
-def _known_to_main(call):
+def register_in_main(call):
     """Classes and functions the notebook defined resolve by name in the rank's ``__main__``.
 
     cloudpickle sends them by value; registering them in the rank's ``__main__`` lets ``pickle``,
@@ -165,7 +177,7 @@ def _exit_grace() -> float:
 
 # --------------------------------------------------------------------------------------------- process set-up
 
-def _detach_from_kernel_signals() -> None:
+def detach_from_kernel_signals() -> None:
     """Own session: Jupyter's interrupt (SIGINT to the kernel's process group) reaches only the launcher,
     which then stops the ranks, and the launcher can kill a rank's whole group (its subprocesses too)."""
     try:
@@ -176,7 +188,7 @@ def _detach_from_kernel_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _die_with_launcher(spec: RankSpec) -> None:
+def die_with_launcher(lifeline_fd: Any) -> None:
     """No orphans: die when the launching kernel dies, even by SIGKILL.
 
     PR_SET_PDEATHSIG covers fork and spawn (the kernel is the parent); a forkserver rank's parent is the
@@ -190,7 +202,7 @@ def _die_with_launcher(spec: RankSpec) -> None:
             libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
         except Exception:
             pass
-    lifeline = take_fd(spec.lifeline_fd)
+    lifeline = take_fd(lifeline_fd)
 
     def watch() -> None:
         try:
@@ -210,7 +222,7 @@ def _set_torch_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def _capture_output(stdout_fd: int, stderr_fd: int) -> None:
+def capture_output(stdout_fd: int, stderr_fd: int) -> None:
     """Put the kernel's pipes on fds 1/2, so C/C++ and subprocess output is captured too; line-buffer all."""
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
@@ -256,7 +268,7 @@ def _line_buffer_c_stdio() -> None:
         pass
 
 
-def _close_quietly(fd: int) -> None:
+def close_quietly(fd: int) -> None:
     try:
         os.close(fd)
     except OSError:

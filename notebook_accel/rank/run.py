@@ -1,6 +1,6 @@
 """What every rank does around the user's function, whatever started it.
 
-A process rank (``backends/processes/child.py``), the in-kernel rank (``backends/inline.py``) and a TPU
+A process rank (``rank/process.py``), the in-kernel rank (``backends/inline.py``) and a TPU
 device thread all call ``run_rank``: install the rank's channel, make tqdm report, run the function, send the
 failure event or the result (tensors moved to CPU first), and deliver the metrics ``report`` held back before
 the rank's end. How the rank got its process, its output streams and its function is the backend's business.

@@ -16,7 +16,7 @@ from tqdm.std import tqdm as _tqdm_format  # formatting helpers only (format_met
 from ..formatting import format_bytes, format_value  # noqa: F401  (views.model.format_* for views and tests)
 from ..monitor.metric_log import MetricSummary
 from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate,
-                      RankEvent, RankExited, RankFailed, RankResult, RankStarted, RankStatus, ResourceSample,
+                           RankEvent, RankExited, RankFailed, RankResult, RankStarted, RankStatus, ResourceSample,
                            Status)
 
 # Colours of ranks 0..9 (matplotlib's tab10), reused in the plots and the rank rows.
@@ -26,8 +26,8 @@ SLOWEST_RATIO = 0.8         # a rank is marked slowest when its rate is below th
 RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                 "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
-STATUS_COLOURS = {Status.STARTING: "#7f7f7f", Status.RUNNING: "#1f77b4", Status.FINISHED: "#2ca02c", Status.FAILED: "#d62728",
-                  Status.STOPPED: "#ff7f0e", Status.TIMEOUT: "#d62728"}
+STATUS_COLOURS = {Status.STARTING: "#7f7f7f", Status.RUNNING: "#1f77b4", Status.FINISHED: "#2ca02c",
+                  Status.FAILED: "#d62728", Status.STOPPED: "#ff7f0e", Status.TIMEOUT: "#d62728"}
 
 
 def rank_colour(rank: int) -> str:

@@ -39,7 +39,8 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 import ipywidgets as widgets
 
 from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate,
-                      RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted, ResourceSample, RankStatus)
+                           RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted, RankStatus,
+                           ResourceSample)
 from ..outcome.root_cause import is_collateral
 from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, launch_title,
                     rank_colour, resource_text)

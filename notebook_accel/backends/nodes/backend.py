@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-import threading
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -33,7 +32,7 @@ from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_system
 from ...plan.nodes import NodeOptions
 from ...plan.plan import LaunchPlan
 from ...wire.events import AttemptStarted, Status
-from ..base import Backend, LaunchSink
+from ..base import Backend, LaunchSink, StopPolicy
 from ..rendezvous import HostedStore
 from .attempt import AttemptEnd, AttemptWatch, NodeFailure
 from .membership import CLOSING_KEY, PREFIX, Membership
@@ -70,17 +69,22 @@ class NodesBackend(Backend):
         assert plan.nodes is not None
         self.options: NodeOptions = plan.nodes
         self._ranks_backend = None  # this attempt's ProcessBackend, for dump_stacks
+        self._membership: Optional[Membership] = None
 
     def open_rendezvous(self) -> NoStore:  # type: ignore[override]
         return NoStore()
 
-    def run(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> Outcome:
-        membership = Membership(self.options)
-        membership.join()
-        try:
-            return self._run_attempts(membership, sink.deliver, sink.tick, sink.stop_requested)
-        finally:
-            membership.release()
+    def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
+        self._membership = Membership(self.options)
+        self._membership.join()
+
+    def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
+        return self._run_attempts(self._membership, sink.deliver, sink.tick, policy)
+
+    def _close(self) -> None:
+        if self._membership is not None:
+            self._membership.release()
+            self._membership = None
 
     def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
         backend = self._ranks_backend
@@ -88,7 +92,7 @@ class NodesBackend(Backend):
 
     # ------------------------------------------------------------------------------------------- attempts
 
-    def _run_attempts(self, membership: Membership, deliver, tick, stop_requested) -> Outcome:
+    def _run_attempts(self, membership: Membership, deliver, tick, policy: StopPolicy) -> Outcome:
 
         options, store, node = self.options, membership.store, membership.group_rank
         sizes = self._exchange_sizes(store, node, tick)
@@ -96,7 +100,6 @@ class NodesBackend(Backend):
         ranks = list(range(offset, offset + sizes[node]))
         deliver(self.plan.started_event(world_size=world_size, num_nodes=options.num_nodes, node_rank=node,
                                ranks=ranks))
-        deadline = None if self.plan.timeout is None else time.monotonic() + self.plan.timeout
         history: List[NodeFailure] = []
         attempt = 0
         while True:
@@ -105,7 +108,7 @@ class NodesBackend(Backend):
                                        previous_errors=[failure.describe() for failure in history]))
             plan = dataclasses.replace(self.plan, rank_offset=offset, global_world_size=world_size,
                                        group_rank=node, nodes=None)
-            local, end = self._run_attempt(membership, plan, attempt, deadline, deliver, tick, stop_requested)
+            local, end = self._run_attempt(membership, plan, attempt, policy, deliver, tick)
             restartable = (end.status == Status.FAILED and attempt < options.max_restarts and end.root is not None
                            and not end.node_lost and not _payload_failed(end.root))
             if not restartable:
@@ -120,11 +123,11 @@ class NodesBackend(Backend):
         self._wait_until(lambda: store.check(keys), tick, what="the other nodes' process counts")
         return [int(store.get(key)) for key in keys]
 
-    def _run_attempt(self, membership: Membership, plan: LaunchPlan, attempt: int, deadline: Optional[float],
-                     deliver, tick, stop_requested: threading.Event):
+    def _run_attempt(self, membership: Membership, plan: LaunchPlan, attempt: int, policy: StopPolicy,
+                     deliver, tick):
         store, node = membership.store, membership.group_rank
         prefix = f"{PREFIX}/attempt{attempt}"
-        watch = AttemptWatch(store, prefix, node, attempt, deliver, tick, stop_requested, self.options)
+        watch = AttemptWatch(store, prefix, node, attempt, deliver, tick, policy.stop_requested, self.options)
         hosted: Optional[HostedStore] = None
         ended = False
         try:
@@ -133,7 +136,7 @@ class NodesBackend(Backend):
                 store.set(watch.key("master"), f"{hosted.addr}:{hosted.port}")
             self._wait_until(lambda: bool(store.check([watch.key("master")]) or watch.aborted()), watch.tick,
                              what="node 0's store for this attempt")
-            local = self._run_local_ranks(plan, attempt, deadline, watch)
+            local = self._run_local_ranks(plan, attempt, policy, watch)
             if watch.store_error is not None:
                 raise LaunchError(f"node {node} lost the rendezvous store during attempt {attempt + 1} "
                                   f"({watch.store_error}); the node hosting it (node 0 for 'static') may be gone")
@@ -143,7 +146,7 @@ class NodesBackend(Backend):
                 watch.abort(Status.TIMEOUT)
             watch.say_ended()
             ended = True
-            self._wait_for_all_nodes(watch, deadline)
+            self._wait_for_all_nodes(watch, policy)
             return local, self._decide(watch)
         except BaseException:  # Ctrl-C here, or an error: tell the others, give them a moment, then go
             watch.abort(Status.STOPPED)
@@ -158,8 +161,7 @@ class NodesBackend(Backend):
             if hosted is not None:
                 hosted.close()
 
-    def _run_local_ranks(self, plan: LaunchPlan, attempt: int, deadline: Optional[float],
-                         watch: AttemptWatch) -> Outcome:
+    def _run_local_ranks(self, plan: LaunchPlan, attempt: int, policy: StopPolicy, watch: AttemptWatch) -> Outcome:
         """This node's ranks under the process backend's supervisor, for one attempt."""
         from ..processes import ProcessBackend
 
@@ -170,18 +172,18 @@ class NodesBackend(Backend):
                "TORCHELASTIC_RESTART_COUNT": str(attempt),
                "TORCHELASTIC_MAX_RESTARTS": str(self.options.max_restarts),
                "TORCHELASTIC_RUN_ID": self.options.rdzv_id, "GROUP_WORLD_SIZE": str(self.options.num_nodes)}
-        remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
-        self._ranks_backend = ProcessBackend(dataclasses.replace(plan, timeout=remaining))
+        # The launch's one timeout, counted over every attempt: this attempt gets what is left of it.
+        self._ranks_backend = ProcessBackend(dataclasses.replace(plan, timeout=policy.remaining()))
         try:
             return self._ranks_backend.run(env, LaunchSink(watch.deliver, watch.tick, watch.stop))
         finally:
             self._ranks_backend = None
 
-    def _wait_for_all_nodes(self, watch: AttemptWatch, deadline: Optional[float]) -> None:
+    def _wait_for_all_nodes(self, watch: AttemptWatch, policy: StopPolicy) -> None:
         """This node's ranks are done; wait for the other nodes' (Stop, the timeout and the check for lost
         nodes still apply, and this node keeps beating)."""
         def all_ended() -> bool:
-            if deadline is not None and time.monotonic() > deadline:
+            if policy.reason() == Status.TIMEOUT:
                 watch.abort(Status.TIMEOUT)
             return watch.all_ended()
 
@@ -250,8 +252,8 @@ class NodesBackend(Backend):
                       ranks=ranks)
         if end.status == Status.FAILED and end.root is not None:
             root = end.root
-            return Outcome(Status.FAILED, root=_as_failure(root), local_exception=root_exception(root, world_size, history),
-                           **common)
+            return Outcome(Status.FAILED, root=_as_failure(root),
+                           local_exception=root_exception(root, world_size, history), **common)
         if end.status == Status.STOPPED:
             return Outcome(Status.STOPPED, local_exception=KeyboardInterrupt(
                 f"the launch was stopped on node {end.by_node}"), **common)

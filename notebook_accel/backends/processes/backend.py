@@ -19,7 +19,7 @@ from typing import Dict, Iterator, List
 from ...rank.forkserver_preload import KERNEL_TEMPDIR_VARIABLE
 from ...outcome.root_cause import Outcome
 from ...plan.plan import LaunchPlan
-from ..base import Backend, LaunchSink
+from ..base import Backend, LaunchSink, StopPolicy
 from .supervisor import Supervisor
 from ...rank.process import RankSpec, rank_main
 from ...wire.fds import PassedFd, make_pipe
@@ -73,17 +73,19 @@ class ProcessBackend(Backend):
             os.environ[KERNEL_TEMPDIR_VARIABLE] = f"{os.getpid()}:{multiprocessing.util.get_temp_dir()}"
         self._lifeline_r, self._lifeline_w = os.pipe()
         self._supervisor = None
+        self._ranks: List[RankProcess] = []
 
-    def run(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> Outcome:
-        try:
-            ranks = self.start(rendezvous_env)
-            self._supervisor = Supervisor(
-                ranks, sink.deliver, sink.tick, timeout=self.plan.timeout,
-                expect_results=lambda rank: self.plan.sends_result(rank - self.plan.rank_offset),
-                stop_requested=sink.stop_requested)
-            return self._supervisor.run()
-        finally:
-            self.close()
+    def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
+        self._ranks = self.start(rendezvous_env)
+
+    def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
+        self._supervisor = Supervisor(
+            self._ranks, sink.deliver, sink.tick, policy=policy,
+            expect_results=lambda rank: self.plan.sends_result(rank - self.plan.rank_offset))
+        return self._supervisor.run()
+
+    def _close(self) -> None:
+        self.close()
 
     def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
         supervisor = self._supervisor

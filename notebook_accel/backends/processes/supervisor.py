@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 from ...wire.channel import EventDecoder
 from ...errors import LaunchError
 from ...wire.events import (OutputLine, RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted,
-                             Status)
+                            Status)
 from ...formatting import signal_name
 from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..base import StopPolicy
     from .backend import RankProcess
 
 TICK_SECONDS = 0.1          # view.tick() cadence, and the longest the loop sleeps
@@ -72,14 +73,12 @@ class Supervisor:
     """Runs the loop for ``ranks`` until all are gone; ``deliver`` receives every event in order."""
 
     def __init__(self, ranks: List[RankProcess], deliver: Callable[[RankEvent], None], tick: Callable[[], None],
-                 *, timeout: Optional[float], expect_results: Callable[[int], bool],
-                 stop_requested: threading.Event) -> None:
+                 *, policy: StopPolicy, expect_results: Callable[[int], bool]) -> None:
         self.ranks = {handle.rank: _RankState(handle) for handle in ranks}
         self.deliver = deliver
         self.tick = tick
-        self.timeout = timeout
+        self.policy = policy
         self.expect_result = expect_results
-        self.stop_requested = stop_requested
         self.selector = selectors.DefaultSelector()
         # Several ranks may live in one process (an XLA host's device threads and workers): one sentinel each.
         carried: Dict[int, List[_RankState]] = {}
@@ -101,13 +100,11 @@ class Supervisor:
 
     def run(self) -> Outcome:
         """Block until every rank is gone. On KeyboardInterrupt: stop all ranks, then re-raise it."""
-        started = time.monotonic()
-        deadline = None if self.timeout is None else started + self.timeout
         try:
             while not all(state.done for state in self.ranks.values()):
                 self._poll(TICK_SECONDS)
                 self._serve_stack_requests()
-                self._decide(deadline)
+                self._decide(self.policy)
                 self.tick()
         except BaseException:  # Ctrl-C, or a bug: either way no rank may outlive the launch
             self._emergency_stop()
@@ -125,16 +122,19 @@ class Supervisor:
             else:
                 self._on_exit(owner)
 
-    def _decide(self, deadline: Optional[float]) -> None:
+    def _decide(self, policy: Optional[StopPolicy]) -> None:
+        """Stop (asked), fail (the root cause is known), time out — in that order; then escalate and drain.
+        ``policy`` is None once the ranks are being stopped anyway (Ctrl-C)."""
         now = time.monotonic()
         if self.status is None:
-            if self.stop_requested.is_set():
+            reason = policy.reason(now) if policy is not None else None
+            if reason == Status.STOPPED:
                 self._stop(Status.STOPPED)
             elif self.failures and now - self.failures[0].time >= ROOT_CAUSE_WINDOW:
                 self._stop(Status.FAILED)
             elif self.failures and all(s.exited_at is not None for s in self.ranks.values()):
                 self.status = Status.FAILED
-            elif deadline is not None and now >= deadline:
+            elif reason == Status.TIMEOUT:
                 self._timeout_stacks = self._collect_stacks(STACKS_WAIT)  # where each rank was stuck
                 self._stop(Status.TIMEOUT)
         if self._terminated_at is not None and not self._killed and now - self._terminated_at >= TERMINATE_GRACE:

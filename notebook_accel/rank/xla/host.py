@@ -8,8 +8,6 @@ pipe, when one dies and how (a segfault, the OOM killer), since torch_xla itself
 """
 from __future__ import annotations
 
-import atexit
-import faulthandler
 import multiprocessing
 import os
 import select
@@ -25,7 +23,7 @@ from ...wire.channel import EventSender
 from ...wire.events import RankExited
 from ...formatting import signal_name
 from ..run import failure_event
-from .. import process as child
+from .. import process
 from ..streams import flush_std_streams
 from ...wire.fds import take_fd
 from . import device
@@ -54,21 +52,16 @@ class XlaHostSpec:
 
 def host_main(spec: XlaHostSpec) -> None:
     """Entry point of the host process (the ``target`` of its multiprocessing Process)."""
-    child._detach_from_kernel_signals()
     pipes = [tuple(take_fd(passed) for passed in rank) for rank in spec.pipes]
-    # First, so that no SIGUSR1 (Launch.dump_stacks) finds the default action (terminate) in place; the
-    # host's own threads go to the first rank's stacks pipe, each worker registers its own.
-    faulthandler.register(signal.SIGUSR1, file=pipes[0][3], all_threads=True, chain=False)
-    child._die_with_launcher(spec)
-    for fd in spec.inherited_fds:
-        child._close_quietly(fd)
-    atexit._clear()  # the fork server's handlers are not the host's to run
-    child.as_launched(spec)  # the kernel's environment, working directory and sys.path (not the server's)
+    # Set up like a process rank; the host's own stacks go to the first rank's pipe (each worker registers its
+    # own, see device.py).
+    process.take_over_process(pipes[0][3], spec.lifeline_fd, spec.inherited_fds)
+    process.as_launched(spec)  # the kernel's environment, working directory and sys.path (not the server's)
     tempfile.tempdir = None  # found again from the new TMPDIR (the launch's own, removed when it ends)
     # No torch.set_num_threads here (unlike a process rank): it would start torch's thread pools in the host,
     # and the workers forked from it would inherit them broken. They read OMP_NUM_THREADS themselves.
     # The host's own output (torch_xla's warnings, a failing xmp.spawn) is labelled as the first device's.
-    child._capture_output(os.dup(pipes[0][0]), os.dup(pipes[0][1]))
+    process.capture_output(os.dup(pipes[0][0]), os.dup(pipes[0][1]))
     registry_read, registry_write = os.pipe()
     layout = DeviceLayout(world_size=spec.world_size, return_all=spec.return_all,
                           pipes=pipes, registry_fd=registry_write, host_pid=os.getpid(),
@@ -78,7 +71,7 @@ def host_main(spec: XlaHostSpec) -> None:
     exit_code = 0
     try:
         # Unpickled once, here: the workers are forks of the host and inherit it (see device.take_call).
-        device.set_call(child._known_to_main(spec.payload.load()))
+        device.set_call(process.register_in_main(spec.payload.load()))
     except BaseException as exc:  # nothing started yet: the first rank's failure, with its own exception
         EventSender(pipes[0][2], 0).send(failure_event(0, exc, loading=True))
         watcher.stop()
@@ -121,10 +114,10 @@ class WorkerWatcher(threading.Thread):
     def run(self) -> None:
         while not self._stopped.is_set():
             self._read_registry(WATCH_SECONDS)
-            for process in multiprocessing.active_children():  # the workers xmp.spawn's pool started
-                self.workers.setdefault(process.pid, process)
-            dead = [(pid, process.exitcode) for pid, process in list(self.workers.items())
-                    if pid not in self.reported and process.exitcode is not None]
+            for worker in multiprocessing.active_children():  # the workers xmp.spawn's pool started
+                self.workers.setdefault(worker.pid, worker)
+            dead = [(pid, worker.exitcode) for pid, worker in list(self.workers.items())
+                    if pid not in self.reported and worker.exitcode is not None]
             self.reported.update(pid for pid, _ in dead)
             self._read_registry(0)
             for pid, exitcode in dead:
