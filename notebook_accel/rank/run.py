@@ -11,8 +11,15 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
+import cloudpickle
+
 from ..wire.channel import set_rank_channel
 from ..wire.events import RankFailed, RankResult
+# Imported here, not when first used: every process that can start a rank (the kernel, whose forks inherit
+# them; the fork server, which preloads this module) pays for them once instead of in every rank.
+from .device_memory import maybe_send_device_memory
+from .progress import patch_tqdm
+from .tracebacks import format_user_traceback
 
 # (function, args, kwargs), produced on demand: unpickled from bytes, or the kernel's own objects under fork
 LoadFunction = Callable[[], Tuple[Callable, Tuple, Dict[str, Any]]]
@@ -42,8 +49,6 @@ def run_rank(load: LoadFunction, sender: Any, *, send_result: bool, thread_only:
         run = run_rank(lambda: (train, (0.1,), {}), sender, send_result=True)
         os._exit(run.exit_code)
     """
-    from .progress import patch_tqdm
-
     set_rank_channel(sender, thread_only=thread_only)
     undo_patch: Callable[[], None] = lambda: None  # noqa: E731
     loaded = False
@@ -90,8 +95,6 @@ def _failed(sender: Any, exc: BaseException, undo_patch: Callable[[], None], exi
         undo_patch()
     except Exception:
         pass
-    from .device_memory import maybe_send_device_memory
-
     maybe_send_device_memory(sender, force=True)  # the peak at the failure, for an out-of-memory message
     failure = failure_event(sender.rank, exc, loading=loading)
     sender.send(failure)
@@ -100,8 +103,6 @@ def _failed(sender: Any, exc: BaseException, undo_patch: Callable[[], None], exi
 
 def dumps_result(value: Any) -> bytes:
     """cloudpickle the return value with tensors moved to CPU, so the kernel never touches a device."""
-    import cloudpickle
-
     try:
         return cloudpickle.dumps(to_cpu(value))
     except Exception as err:
@@ -134,10 +135,6 @@ def to_cpu(value: Any) -> Any:
 def failure_event(rank: int, exc: BaseException, *, loading: bool = False) -> RankFailed:
     """A ``RankFailed`` for ``exc``, pickling the exception itself when possible. ``loading``: the function and
     its arguments could not even be loaded in the rank (unpickling failed), so running it again cannot help."""
-    import cloudpickle
-
-    from .tracebacks import format_user_traceback
-
     text, full_text = format_user_traceback(exc)  # starts at the user's code; the full one for bug reports
     try:
         # Without its traceback (frames do not pickle) and cause chain (may hold unpicklable objects).

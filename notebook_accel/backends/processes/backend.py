@@ -67,7 +67,8 @@ class ProcessBackend(Backend):
         self.context = multiprocessing.get_context(plan.start_method)
         if plan.start_method == "forkserver":
             # The server imports torch once; every later rank is a cheap fork of a warm interpreter.
-            self.context.set_forkserver_preload(["torch", "notebook_accel.rank.process",
+            # Everything a rank imports (rank.process imports the rank side; the payload comes unpickled).
+            self.context.set_forkserver_preload(["torch", "notebook_accel.rank.process", "notebook_accel.wire.payload",
                                                  "notebook_accel.rank.forkserver_preload"])
             # Read by the server (it inherits the environment when it starts) to clean up after a killed kernel.
             os.environ[KERNEL_TEMPDIR_VARIABLE] = f"{os.getpid()}:{multiprocessing.util.get_temp_dir()}"
