@@ -61,8 +61,9 @@ def train(epochs: int = 10, batch_size: int = 64, lr: float = 3e-3, seed: int = 
                 correct += int((predictions[0] == predictions[1]).sum())
                 total += len(predictions[1])
         accuracy = correct / total
-        report(step=epoch, loss=float(loss), accuracy=accuracy)
-        accelerator.print(f"epoch {epoch}: loss {float(loss):.3f}, held-out accuracy {accuracy:.3f} ({total} digits)")
+        last_loss = loss.item()  # a plain number (float() on a tensor that requires grad warns)
+        report(step=epoch, loss=last_loss, accuracy=accuracy)
+        accelerator.print(f"epoch {epoch}: loss {last_loss:.3f}, held-out accuracy {accuracy:.3f} ({total} digits)")
     state = accelerator.unwrap_model(model).state_dict()
     accelerator.end_training()
     return {"accuracy": accuracy, "state_dict": state, "world_size": accelerator.num_processes}

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from .backends import LaunchSink, backend_for
 from .plan.config import fill_from_config
-from .plan.options import defaults, launcher_parameters, options_help, with_defaults
+from .plan.options import launcher_parameters, options_help, with_defaults
 from .errors import LaunchError, LaunchTimeout, one_line
 from .wire.events import LaunchFinished, MetricReport, OutputLine, RankEvent, Status
 from .monitor.metric_log import MetricLog
@@ -299,9 +299,11 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
     """
     __tracebackhide__ = True  # noqa: F841
     config = options.pop("config", None)
-    options = with_defaults(dict(options, num_processes=num_processes), caller="notebook_launcher")
-    options = fill_from_config(config, options, defaults())
-    plan = plan_launch(function, args, kwargs, **options)
+    with_defaults(options, caller="notebook_launcher")  # names an unknown option before reading any file
+    # What the user wrote wins over the config file, even a value equal to the default; num_processes=None is
+    # "the launcher decides", so the file may decide it.
+    given = dict(options, **({} if num_processes is None else {"num_processes": num_processes}))
+    plan = plan_launch(function, args, kwargs, **fill_from_config(config, given))
     return Launch(plan).run()
 
 

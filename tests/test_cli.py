@@ -136,9 +136,9 @@ def test_config_questionnaire_and_write_basic_config(home):
     from notebook_accel.plan.config import load_config, write_basic_config
 
     target = home / "basic.yaml"
-    assert write_basic_config("fp16", str(target)) == str(target)
+    assert write_basic_config("bf16", str(target)) == str(target)
     assert write_basic_config("no", str(target)) is False  # kept, as accelerate's does
-    assert load_config(str(target)).mixed_precision == "fp16"
+    assert load_config(str(target)).mixed_precision == "bf16"
 
 
 def test_env_and_self_test(home):
@@ -152,6 +152,22 @@ def test_env_and_self_test(home):
     assert "root-cause error: SelfTestError from rank 1" in test.stdout
 
 
+def test_the_config_tools_refuse_what_every_launch_would_refuse(home):
+    # This machine has no CUDA: a saved fp16 default would make every later launch exit 2.
+    done = cli(home, "config", "default", "--mixed-precision", "fp16")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "mixed_precision='fp16' needs CUDA; on CPU use 'bf16'" in done.stderr and "nothing saved" in done.stderr
+    assert not (home / "hf" / "notebook_accel" / "default_config.yaml").exists()
+    (home / "fp16.yaml").write_text("device: cpu\nmixed_precision: fp16\n")  # written by hand: named on reading
+    launch = cli(home, "launch", "--config-file", str(home / "fp16.yaml"), "train.py")
+    assert launch.returncode == 2 and "fp16.yaml: mixed_precision='fp16' needs CUDA" in launch.stderr
+    questionnaire = cli(home, "config", stdin="cpu\n1\nfp16\nbf16\n1\n0\n")  # fp16 is not offered on CPU
+    assert questionnaire.returncode == 0 and "please answer one of: no, bf16" in questionnaire.stdout
+    twice = cli(home, "config", "default")
+    again = cli(home, "config", "default")
+    assert twice.returncode == again.returncode == 0 and "add --overwrite" in again.stdout
+
+
 def test_notebook_launcher_reads_the_config_only_when_asked(home):
     config = home / "mine.yaml"
     config.write_text("num_processes: 2\ndevice: cpu\nmixed_precision: bf16\n")
@@ -163,11 +179,13 @@ def test_notebook_launcher_reads_the_config_only_when_asked(home):
         print(notebook_launcher(job, display="none", device="cpu"))
         print(notebook_launcher(job, display="none", config={str(config)!r}))
         print(notebook_launcher(job, display="none", config={str(config)!r}, num_processes=1))
+        # what the user wrote wins over the file, also when it equals the launcher's default
+        print(notebook_launcher(job, display="none", config={str(config)!r}, mixed_precision="no"))
     """
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=script_env(), capture_output=True,
                           text=True, timeout=180)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:3] == ["('1', 'no')", "('2', 'bf16')", "('1', 'bf16')"]
+    assert done.stdout.split("\n")[:4] == ["('1', 'no')", "('2', 'bf16')", "('1', 'bf16')", "('2', 'no')"]
 
 
 def test_ctrl_c_stops_every_rank_and_exits_130(home):

@@ -368,7 +368,7 @@ def test_a_node_shows_only_its_ranks_its_place_and_the_attempt(clock):
     view.handle(LaunchFinished(rank=-1, status="finished", elapsed=2.0))
     lines = out.getvalue().splitlines()
     summary = lines[[line.startswith("notebook_accel: ") for line in lines].index(True):]
-    assert summary[0].startswith("notebook_accel: train() · 4 × cpu · node 1/2 · attempt 2/2 · finished")
+    assert summary[0].startswith("notebook_accel: train() · 4 × cpu · node rank 1 of 2 · attempt 2/2 · finished")
     assert "attempt 1: rank 0 on node 0 (host-a): ValueError: bad batch" in summary
     assert not any(line.startswith(("[rank 0]", "[rank 1]")) for line in summary)
     assert "[rank 3] finished" in summary  # its failure in attempt 1 was cleared by the restart

@@ -107,7 +107,7 @@ def test_two_nodes_run_four_ranks_with_global_ranks(backend):
     assert seen == [(0, 0, 0, "4", "2"), (1, 1, 0, "4", "2"), (2, 0, 1, "4", "2"), (3, 1, 1, "4", "2")]
     for rank, out in ((0, out0), (1, out0), (2, out1), (3, out1)):  # labelled by global rank on its node
         assert f"[rank {rank}] rank {rank} attempt 0 sum 6" in out
-    assert "node 0/2 · finished" in out0 and "node 1/2 · finished" in out1
+    assert "node rank 0 of 2 · finished" in out0 and "node rank 1 of 2 · finished" in out1
 
 
 @pytest.mark.parametrize("backend", ["static", "c10d"])
@@ -116,7 +116,7 @@ def test_the_same_launch_runs_again_on_the_same_endpoint(backend):
     # second joins; with c10d either node may host the store.
     (first, out0), (second, out1) = run_two_nodes(backend, launches=3)
     assert [env["RANK"] for env in first["result"] + second["result"]] == ["0", "1", "2", "3"], (out0, out1)
-    assert out0.count("node 0/2 · finished") == 3 and out1.count("node 1/2 · finished") == 3
+    assert out0.count("node rank 0 of 2 · finished") == 3 and out1.count("node rank 1 of 2 · finished") == 3
 
 
 @pytest.mark.parametrize("backend", ["static", "c10d"])

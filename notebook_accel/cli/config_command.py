@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
+from ..errors import LaunchConfigError
 from ..plan.config import ask_config, default_config_path, save_config, write_basic_config
 from ..wire.choices import MixedPrecision
 
@@ -24,7 +26,12 @@ def add_config_parser(commands) -> argparse.ArgumentParser:
 
 def run_config(options: argparse.Namespace) -> int:
     if options.mode == "default":
-        written = write_basic_config(options.mixed_precision, options.config_file, overwrite=options.overwrite)
+        try:
+            written = write_basic_config(options.mixed_precision, options.config_file, overwrite=options.overwrite,
+                                         overwrite_hint="add --overwrite")
+        except LaunchConfigError as refused:
+            print(f"notebook-accel config: {refused}; nothing saved", file=sys.stderr)
+            return 2
         if written:
             print(f"notebook_accel configuration saved at {written}")
         return 0

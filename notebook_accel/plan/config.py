@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Optional, Union
 
 from ..errors import LaunchConfigError
 from ..wire.choices import Device, MixedPrecision, RendezvousBackend, StartMethod
-from .options import SAVED_OPTIONS
+from .options import SAVED_OPTIONS, check_precision_for_device, precisions_for
 
 CONFIG_FILE_VARIABLE = "NOTEBOOK_ACCEL_CONFIG_FILE"
 _OUR_KEYS_HEADER = ("# notebook_accel launch defaults, written by `notebook-accel config`.\n"
@@ -47,25 +47,20 @@ LaunchConfig = dataclasses.make_dataclass(
                                                  "launcher decides)."})
 
 
-def fill_from_config(config: Union[bool, str, None], options: Dict[str, Any],
-                     defaults: Dict[str, Any]) -> Dict[str, Any]:
-    """``options`` with the config file's values for those still at their ``defaults``.
+def fill_from_config(config: Union[bool, str, None], given: Dict[str, Any]) -> Dict[str, Any]:
+    """The options the user ``given`` (those win, even when equal to a default), plus the config file's values
+    for the ones not given. ``config``: ``None``/``False`` (the file is ignored), ``True`` (the default file) or
+    a path.
 
-    ``config``: ``None``/``False`` (the file is ignored), ``True`` (the default file) or a path.
-
-    >>> fill_from_config(None, {"num_processes": None}, {"num_processes": None})
-    {'num_processes': None}
+    >>> fill_from_config(None, {"mixed_precision": "no"})
+    {'mixed_precision': 'no'}
     """
     if config is None or config is False:
-        return options
+        return dict(given)
     if not isinstance(config, (bool, str, os.PathLike)):
         raise LaunchConfigError(f"config must be True, False, None or a path, got {config!r}")
     saved = load_config(None if config is True else os.fspath(config)).launcher_options()
-    filled = dict(options)
-    for key, value in saved.items():
-        if key in filled and filled[key] == defaults.get(key):
-            filled[key] = value
-    return filled
+    return {**saved, **given}
 
 
 def hf_home() -> str:
@@ -183,6 +178,10 @@ def check_config(config: LaunchConfig, where: str) -> None:
         fail("mixed_precision", f"one of {', '.join(MixedPrecision.values())}")
     if config.start_method not in StartMethod.values():
         fail("start_method", f"one of {', '.join(StartMethod.values())}")
+    try:  # the launcher's own rule: a saved fp16 on a CPU would make every later launch refuse
+        check_precision_for_device(config.mixed_precision, config.device)
+    except LaunchConfigError as refused:
+        raise LaunchConfigError(f"config file {where}: {refused}") from None
     if not _positive_int(config.num_nodes):
         fail("num_nodes", "a positive integer")
     if not isinstance(config.node_rank, int) or isinstance(config.node_rank, bool) or config.node_rank < 0:
@@ -223,7 +222,7 @@ def basic_config(mixed_precision: str = "no") -> LaunchConfig:
 
 
 def write_basic_config(mixed_precision: str = "no", save_location: Optional[str] = None,
-                       overwrite: bool = False) -> Union[str, bool]:
+                       overwrite: bool = False, overwrite_hint: str = "pass overwrite=True") -> Union[str, bool]:
     """Write a config for this machine without asking anything (Colab cells cannot answer prompts).
 
     Like ``accelerate.utils.write_basic_config``: an existing file is kept (returns ``False``) unless
@@ -235,7 +234,7 @@ def write_basic_config(mixed_precision: str = "no", save_location: Optional[str]
     path = save_location or default_config_path()
     if os.path.exists(path) and not overwrite:
         print(f"Configuration already exists at {path}, will not override. "
-              f"Run `notebook-accel config` or pass overwrite=True.")
+              f"Run `notebook-accel config` or {overwrite_hint}.")
         return False
     return save_config(basic_config(mixed_precision.lower()), path)
 
@@ -251,7 +250,7 @@ def ask_config(ask: Callable[[str], str] = input, say: Callable[[str], None] = p
     count = environment.describe(device).count
     default_processes = 1 if device == "cpu" else count
     processes = _ask_int(ask, say, f"processes per node (1..{count})", default_processes, 1, count)
-    precision = _ask_choice(ask, say, "mixed precision", list(MixedPrecision.values()), MixedPrecision.NO.value)
+    precision = _ask_choice(ask, say, "mixed precision", list(precisions_for(device)), MixedPrecision.NO.value)
     nodes = _ask_int(ask, say, "number of nodes (machines)", 1, 1, 100_000)
     config = LaunchConfig(num_processes=processes, device=device, mixed_precision=precision, num_nodes=nodes)
     if nodes > 1:

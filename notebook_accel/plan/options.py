@@ -108,6 +108,35 @@ def check_choice(name: str, value: Any) -> None:
     raise LaunchConfigError(f"{name}={value!r} is not one of {allowed}")
 
 
+def check_precision_for_device(mixed_precision: Any, device: Any) -> None:
+    """The one rule tying two options: fp16 needs CUDA (a GradScaler); TPUs and CPUs compute in bf16. The
+    launcher, the config file (before saving) and the panel all ask this.
+
+    >>> check_precision_for_device("bf16", "cpu")
+    >>> check_precision_for_device("fp16", "cpu")
+    Traceback (most recent call last):
+    ...
+    notebook_accel.errors.LaunchConfigError: mixed_precision='fp16' needs CUDA; on CPU use 'bf16'
+    """
+    if mixed_precision != MixedPrecision.FP16 or device is None or device == Device.CUDA:
+        return
+    if device == Device.XLA:
+        raise LaunchConfigError("mixed_precision='fp16' is not supported on XLA; TPUs compute in 'bf16'")
+    raise LaunchConfigError(f"mixed_precision='fp16' needs CUDA; on {str(device).upper()} use 'bf16'")
+
+
+def precisions_for(device: Any) -> Tuple[str, ...]:
+    """The precisions ``device`` can train in (for pickers and questionnaires)."""
+    allowed = []
+    for precision in MixedPrecision.values():
+        try:
+            check_precision_for_device(precision, device)
+        except LaunchConfigError:
+            continue
+        allowed.append(precision)
+    return tuple(allowed)
+
+
 def launcher_parameters(leading: Iterable[inspect.Parameter], *, config: bool) -> inspect.Signature:
     """The signature ``help()``, ``inspect.signature`` and Jupyter's Shift-Tab show for a launcher function:
     its ``leading`` parameters, then every option as keyword-only with its default (and ``config``)."""

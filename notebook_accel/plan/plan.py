@@ -16,7 +16,7 @@ from .nodes import NodeOptions, check_node_options
 from ..wire.events import LaunchStarted
 from ..wire.choices import MixedPrecision, StartMethod
 from ..wire.payload import Payload
-from .options import NODE_OPTION_NAMES, check_choice, with_defaults
+from .options import NODE_OPTION_NAMES, check_choice, check_precision_for_device, with_defaults
 
 MIXED_PRECISIONS = MixedPrecision.values()  # kept for callers of the old names
 START_METHODS = StartMethod.values()
@@ -150,10 +150,7 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
                                 f"device='xla', not {device!r}")
     available = _check_device(device)
     world_size = _resolve_world_size(num_processes, device, available)
-    if mixed_precision == "fp16" and device == "xla":
-        raise LaunchConfigError("mixed_precision='fp16' is not supported on XLA; TPUs compute in 'bf16'")
-    if mixed_precision == "fp16" and device in ("cpu", "mps"):
-        raise LaunchConfigError(f"mixed_precision='fp16' needs CUDA; on {device.upper()} use 'bf16'")
+    check_precision_for_device(mixed_precision, device)
     # One rank runs in the kernel itself (no process to start) unless a start method was asked for, or the
     # launch runs in a background thread, where an in-kernel run could not be stopped.
     inline = (allow_inline and nodes is None and world_size == 1 and start_method == StartMethod.AUTO

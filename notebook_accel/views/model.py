@@ -433,10 +433,11 @@ class LaunchState:
         return " · ".join(parts)
 
     def place_texts(self) -> List[str]:
-        """``node 1/2`` for a multi-node launch, ``attempt 2/3`` once a restart began."""
+        """``node rank 1 of 2`` for a multi-node launch (a node rank, like ``node_rank`` and the errors' "on node
+        1": not a count beside the attempt's), ``attempt 2/3`` once a restart began."""
         texts = []
         if self.started is not None and self.started.num_nodes > 1:
-            texts.append(f"node {self.started.node_rank}/{self.started.num_nodes}")
+            texts.append(f"node rank {self.started.node_rank} of {self.started.num_nodes}")
         if self.attempt is not None:
             texts.append(f"attempt {self.attempt.attempt + 1}/{self.attempt.max_restarts + 1}")
         return texts
