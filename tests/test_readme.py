@@ -37,3 +37,88 @@ def test_demo_trains_over_two_cpu_processes(tmp_path):
     assert match, done.stdout[-3000:]
     assert float(match.group(1)) > 0.8  # a 64-128-10 MLP reaches ~0.93 on digits in a few epochs
     assert "[rank 1]" in done.stdout + done.stderr
+    assert "Warning" not in done.stdout + done.stderr  # the demo's own code warns about nothing
+
+
+# ------------------------------------------------------------------------------------- the README's Python
+
+PYTHON_BLOCK = re.compile(r"<!-- readme-test: (?P<how>[a-z ]+?)(?: \((?P<why>[^)]*)\))? -->\n```python\n(?P<code>.*?)```",
+                          re.S)
+
+
+def python_blocks():
+    with open(os.path.join(REPO, "README.md")) as readme:
+        text = readme.read()
+    marked = [match.groupdict() for match in PYTHON_BLOCK.finditer(text)]
+    return text.count("```python"), marked
+
+
+def test_every_python_block_says_how_it_is_checked():
+    total, marked = python_blocks()
+    assert len(marked) == total, "a ```python block in README.md has no <!-- readme-test: ... --> line above it"
+    assert {block["how"] for block in marked} <= {"run", "signature", "names only"}
+    assert all(block["why"] for block in marked if block["how"] != "run")
+
+
+def _launcher_keywords(code: str):
+    import ast
+
+    return [keyword.arg for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "notebook_launcher" for keyword in node.keywords]
+
+
+def test_blocks_that_cannot_run_here_name_only_real_options():
+    from notebook_accel.plan.options import OPTIONS
+
+    blocks = [block["code"] for block in python_blocks()[1] if block["how"] == "names only"]
+    assert blocks and all(_launcher_keywords(code) for code in blocks)
+    for code in blocks:
+        assert set(_launcher_keywords(code)) <= set(OPTIONS) | {"args", "kwargs", "config"}, code
+
+
+def test_the_signature_block_is_the_launchers_signature():
+    import ast
+    import inspect
+
+    from notebook_accel import notebook_launcher
+
+    code = next(block["code"] for block in python_blocks()[1] if block["how"] == "signature")
+    without_comments = "\n".join(line.split("#")[0].rstrip() for line in code.strip().splitlines())
+    definition = ast.parse("def " + without_comments + ": pass").body[0]
+    arguments = definition.args
+    documented = {}
+    for argument, default in zip(arguments.args[-len(arguments.defaults):] + arguments.kwonlyargs,
+                                 arguments.defaults + arguments.kw_defaults):
+        documented[argument.arg] = ast.literal_eval(default)
+    actual = {name: parameter.default for name, parameter in inspect.signature(notebook_launcher).parameters.items()
+              if parameter.default is not inspect.Parameter.empty}
+    assert documented == actual
+
+
+STAND_INS = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+def make_model():
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+
+def make_loader():
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(64, 8, generator=generator)
+    return DataLoader(TensorDataset(inputs, (inputs.sum(dim=1) > 0).long()), batch_size=8)
+
+loss_fn = torch.nn.functional.cross_entropy
+'''
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("index", range(sum(1 for block in python_blocks()[1] if block["how"] == "run")))
+def test_runnable_blocks_run_as_written(index, tmp_path):
+    code = [block["code"] for block in python_blocks()[1] if block["how"] == "run"][index]
+    check = "\nprint('STATE', sorted(state), all(isinstance(v, torch.Tensor) for v in state.values()))\n"
+    script = tmp_path / "readme_block.py"
+    script.write_text(STAND_INS + code + check)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=script_env(), capture_output=True,
+                          text=True, timeout=170)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "STATE ['0.bias', '0.weight', '2.bias', '2.weight'] True" in done.stdout
