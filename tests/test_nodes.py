@@ -215,8 +215,9 @@ def test_no_restart_when_the_function_cannot_be_loaded_in_the_rank(tmp_path):
         from notebook_accel import notebook_launcher
 
         def fail_loading(path):
-            with open(path, "a") as log:
-                log.write("loaded\\n")
+            import os
+            with open(path, "a") as log:  # which attempt tried to load it
+                log.write(os.environ["TORCHELASTIC_RESTART_COUNT"] + "\\n")
             raise ImportError("no module named 'only_in_the_kernel'")
 
         class OnlyInTheKernel:
@@ -232,7 +233,8 @@ def test_no_restart_when_the_function_cannot_be_loaded_in_the_rank(tmp_path):
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=node_env(), capture_output=True,
                           text=True, timeout=180)
     assert "RAISED no module named 'only_in_the_kernel'" in done.stdout, done.stdout + done.stderr
-    assert (tmp_path / "loads.log").read_text().splitlines() == ["loaded", "loaded"]  # 2 ranks, 1 attempt
+    # one attempt (the second rank may be stopped before it even got to loading)
+    assert set((tmp_path / "loads.log").read_text().splitlines()) == {"0"}
 
 
 def test_the_cli_runs_a_script_over_two_nodes_with_accelerates_flags(tmp_path):

@@ -422,3 +422,47 @@ def test_import_and_spawn_launch_work_without_fcntl_and_fork_is_refused_on_macos
     assert "RESULT 7" in out
     assert "REFUSED start_method='fork' is not safe here: on macOS" in out
     assert "AUTO forkserver" in out
+
+
+NOTEBOOK_CLASSES = """
+import os
+from dataclasses import dataclass
+from notebook_accel import notebook_launcher
+
+class BadBatch(Exception):
+    pass
+
+@dataclass
+class Result:
+    rank: int
+
+def fails():
+    if os.environ["RANK"] == "1" or os.environ["WORLD_SIZE"] == "1":
+        raise BadBatch("bad batch")
+    import time; time.sleep(30)
+
+def returns():
+    return Result(int(os.environ["RANK"]))
+
+for how in ({start}):
+    try:
+        notebook_launcher(fails, display="none", **how)
+    except BadBatch as caught:
+        print("CAUGHT", how, type(caught) is BadBatch)
+    results = notebook_launcher(returns, display="none", return_all=True, **how)
+    print("RESULT", how, [isinstance(result, Result) for result in results], [result.rank for result in results])
+"""
+
+
+@pytest.mark.parametrize("start", ["dict(num_processes=2, start_method='fork')",
+                                   "dict(num_processes=2, start_method='forkserver')",
+                                   "dict(num_processes=2, start_method='spawn')",
+                                   "dict(num_processes=1)"])  # the in-kernel rank
+def test_notebook_classes_come_back_as_the_notebooks_own(start):
+    # A notebook's exception class must be caught by `except` and its result class pass isinstance: the
+    # rank sends them by name, so the kernel resolves its own class (a copy by value would be another class).
+    out = ok_script(NOTEBOOK_CLASSES.replace("{start}", start + ","))
+    how = eval(start)
+    assert f"CAUGHT {how} True" in out, out
+    ranks = how["num_processes"]
+    assert f"RESULT {how} {[True] * ranks} {list(range(ranks))}" in out, out

@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterable, List
 from ..wire.channel import EventSender
 from ..wire.events import RankStarted
 from ..wire.fds import take_fd
-from .run import run_rank
+from .run import remember_kernel_classes, run_rank
 from .streams import flush_std_streams, line_writer
 
 # Written into os.environ of every rank, so that code made for torchrun or HF accelerate works unchanged.
@@ -128,6 +128,7 @@ def register_in_main(call):
         if (name and getattr(value, "__module__", None) == "__main__" and not hasattr(main, name)
                 and (isinstance(value, type) or callable(value))):
             setattr(main, name, value)
+    remember_kernel_classes(vars(main))  # what the rank sends back names these classes, not copies them
     return call
 
 

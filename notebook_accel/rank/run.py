@@ -7,6 +7,8 @@ the rank's end. How the rank got its process, its output streams and its functio
 """
 from __future__ import annotations
 
+import io
+import pickle
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -101,10 +103,42 @@ def _failed(sender: Any, exc: BaseException, undo_patch: Callable[[], None], exi
     return RankRun(exit_code, exception=exc, failure=failure)
 
 
+# Classes of the notebook's ``__main__`` that this rank has as the kernel's own (inherited under fork, registered
+# by name otherwise): qualified name -> the class. What the rank sends back names them instead of copying them.
+_kernel_classes: Dict[str, type] = {}
+
+
+def remember_kernel_classes(main_namespace: Dict[str, Any]) -> None:
+    """Note the ``__main__`` classes the kernel has too (call once the rank's ``__main__`` holds them: a forked
+    rank's is the notebook's own, ``process.register_in_main`` fills a fork-server or spawn rank's)."""
+    for name, value in main_namespace.items():
+        if isinstance(value, type) and value.__module__ == "__main__" and value.__qualname__ == name:
+            _kernel_classes[name] = value
+
+
+class _KernelClassPickler(cloudpickle.Pickler):
+    """cloudpickle, except that a class the kernel has in its ``__main__`` travels by reference. cloudpickle
+    copies a ``__main__`` class by value, and a forked rank's copy comes back as a *different* class, so
+    ``except MyError`` and ``isinstance(result, Result)`` in the notebook would not match. (A class the rank
+    got by value from the kernel comes back as the kernel's own anyway: cloudpickle tracks those.)"""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type) and _kernel_classes.get(obj.__qualname__) is obj:
+            return NotImplemented  # pickle's own way for a class: ``__main__.<name>``, found in the kernel
+        return super().reducer_override(obj)
+
+
+def dumps_for_kernel(value: Any) -> bytes:
+    """Pickle ``value`` for the kernel: by value where needed (cloudpickle), the kernel's classes by name."""
+    buffer = io.BytesIO()
+    _KernelClassPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
 def dumps_result(value: Any) -> bytes:
-    """cloudpickle the return value with tensors moved to CPU, so the kernel never touches a device."""
+    """Pickle the return value with tensors moved to CPU, so the kernel never touches a device."""
     try:
-        return cloudpickle.dumps(to_cpu(value))
+        return dumps_for_kernel(to_cpu(value))
     except Exception as err:
         raise TypeError(
             f"the function's return value ({type(value).__name__}) cannot be sent back to the kernel: "
@@ -142,7 +176,7 @@ def failure_event(rank: int, exc: BaseException, *, loading: bool = False) -> Ra
         saved_cause, saved_context, saved_tb = exc.__cause__, exc.__context__, exc.__traceback__
         exc.__cause__ = exc.__context__ = None
         try:
-            pickled: Optional[bytes] = cloudpickle.dumps(exc.with_traceback(None))
+            pickled: Optional[bytes] = dumps_for_kernel(exc.with_traceback(None))
         finally:
             exc.__cause__, exc.__context__ = saved_cause, saved_context
             exc.__traceback__ = saved_tb
