@@ -273,3 +273,41 @@ def test_a_function_that_cannot_be_loaded_in_the_host_is_named(tpu_host):
 
 def _refuse_to_load():
     raise ImportError("cannot be loaded on the TPU host")
+
+
+def test_notebook_classes_come_back_as_the_notebooks_own_from_tpu_cores(tmp_path):
+    # The host gets the function by value and registers the notebook's classes in its __main__; the cores'
+    # results and exceptions name them, so `except` and isinstance match the notebook's own classes.
+    code = """
+from dataclasses import dataclass
+from notebook_accel import notebook_launcher
+
+class BadCore(Exception):
+    pass
+
+@dataclass
+class Result:
+    ordinal: int
+
+def returns():
+    import torch_xla.runtime as xr
+    return Result(xr.global_ordinal())
+
+def fails():
+    import torch_xla.runtime as xr
+    if xr.global_ordinal() == 3:
+        raise BadCore("core 3")
+    import time; time.sleep(30)
+
+results = notebook_launcher(returns, return_all=True, display="none")
+print("RESULTS", all(isinstance(result, Result) for result in results), [r.ordinal for r in results])
+try:
+    notebook_launcher(fails, display="none")
+except BadCore as caught:
+    print("CAUGHT", type(caught) is BadCore, caught.rank)
+"""
+    env = tpu_host_env(str(tmp_path), "v4-8")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "RESULTS True [0, 1, 2, 3]" in out.stdout, out.stdout
+    assert "CAUGHT True 3" in out.stdout, out.stdout
