@@ -22,6 +22,9 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS = {
     "notebook_launcher": ".launcher",
+    "start_launch": ".launcher",
+    "last_launch": ".launcher",
+    "Launch": ".launcher",
     "LaunchError": ".errors",
     "LaunchTimeout": ".errors",
     "Accelerator": ".accelerator",
@@ -36,7 +39,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .accelerator import Accelerator
     from .errors import LaunchError, LaunchTimeout
-    from .launcher import notebook_launcher
+    from .launcher import Launch, last_launch, notebook_launcher, start_launch
     from .rank.metrics import report
     from .rank.progress import progress
     from .panel import launch_panel

@@ -336,7 +336,7 @@ def test_a_background_launch_is_a_future_and_awaitable():
     import asyncio
     import concurrent.futures
 
-    from notebook_accel.launcher import start_launch
+    from notebook_accel import last_launch, start_launch  # both public at the top level
 
     called = []
     job = start_launch(lambda: os.environ["RANK"], num_processes=2, display="none", return_all=True)
@@ -357,3 +357,4 @@ def test_a_background_launch_is_a_future_and_awaitable():
     done, _ = concurrent.futures.wait([failing.future], timeout=60)
     assert done == {failing.future}
     assert isinstance(failing.future.exception(), KeyError) and failing.future.exception() is failing.error
+    assert last_launch() is failing
