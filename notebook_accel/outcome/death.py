@@ -8,6 +8,8 @@ from ..wire.events import RankFailed
 from .root_cause import is_system_exit
 
 TAIL_LINES = 25  # last output lines of a rank that died without an exception, quoted in its LaunchError
+CRASH_FRAMES = 6  # of faulthandler's dump after a crash: the crashing thread's innermost frames
+_DUMP_START = "Fatal Python error:"
 
 
 def describe_death(exitcode: Optional[int]) -> str:
@@ -25,9 +27,40 @@ def describe_death(exitcode: Optional[int]) -> str:
 
 
 def quote_last_output(lines: Sequence[str]) -> str:
-    """``"; its last output:\n    line\n    line"`` for the last ``TAIL_LINES`` lines, or ``""``."""
-    tail = list(lines)[-TAIL_LINES:]
-    return ("; its last output:\n    " + "\n    ".join(tail)) if tail else ""
+    """``"; its last output:\n    line\n    line"`` for the last ``TAIL_LINES`` lines, or ``""``.
+
+    After a crash, faulthandler's dump (every thread's stack) would fill those lines: the rank's own last lines
+    before the dump are quoted, then where it crashed (the dump's first line and the crashing thread's
+    innermost ``CRASH_FRAMES`` frames); the whole dump stays in ``Launch.outputs``.
+
+    >>> print(quote_last_output(["step 7", "Fatal Python error: Segmentation fault", "",
+    ...                          "Current thread 0x1 (most recent call first):", '  File "t.py", line 3 in f',
+    ...                          "", "Thread 0x2 (most recent call first):", '  File "t.py", line 9 in g']))
+    ; its last output:
+        step 7
+    where it crashed:
+        Fatal Python error: Segmentation fault
+        Current thread 0x1 (most recent call first):
+          File "t.py", line 3 in f
+    """
+    lines = list(lines)
+    start = next((index for index in range(len(lines) - 1, -1, -1) if lines[index].startswith(_DUMP_START)), None)
+    if start is None:
+        tail = lines[-TAIL_LINES:]
+        return ("; its last output:\n    " + "\n    ".join(tail)) if tail else ""
+    own = lines[:start][-TAIL_LINES:]
+    crash = [lines[start]]
+    rest = lines[start + 1:]
+    current = next((index for index, line in enumerate(rest)
+                    if line.startswith(("Current thread", "Stack (most recent call first)"))), None)
+    if current is not None:  # the crashing thread's header, then its innermost frames
+        crash.append(rest[current])
+        for line in rest[current + 1:current + 1 + CRASH_FRAMES]:
+            if not line.startswith("  File "):
+                break
+            crash.append(line)
+    quoted = ("; its last output:\n    " + "\n    ".join(own) + "\n") if own else "; "
+    return quoted + "where it crashed:\n    " + "\n    ".join(crash)
 
 
 def exit_code_of(event: Optional[RankFailed], exitcode: Optional[int]) -> Optional[int]:
