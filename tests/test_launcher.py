@@ -358,3 +358,16 @@ def test_a_background_launch_is_a_future_and_awaitable():
     assert done == {failing.future}
     assert isinstance(failing.future.exception(), KeyError) and failing.future.exception() is failing.error
     assert last_launch() is failing
+
+
+def test_a_run_shorter_than_the_sampling_interval_still_shows_every_ranks_peak_memory():
+    import io
+    import re
+
+    from notebook_accel.views import TextView
+
+    out = io.StringIO()
+    job = start_launch(lambda: 1, num_processes=2, view=TextView(stdout=out, stderr=out))
+    assert job.wait(60) == 1
+    finals = [line for line in out.getvalue().splitlines() if line.startswith("[rank ")]
+    assert len(finals) == 2 and all(re.search(r"finished · peak RSS \d+ MiB", line) for line in finals), finals

@@ -20,6 +20,7 @@ Example::
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import psutil
 
-from ..wire.events import DeviceMemoryReport, RankEvent, RankExited, RankStarted, ResourceSample
+from ..wire.events import (DeviceMemoryReport, PeakMemoryReport, RankEvent, RankExited, RankStarted,
+                           ResourceSample)
 from ..formatting import format_bytes
 
 SAMPLE_INTERVAL = 1.0  # seconds between two samples of all ranks
@@ -44,6 +46,7 @@ class _Tracked:
     device_peak: int = 0
     framework: Optional[DeviceMemoryReport] = None
     children: Optional[Dict[int, psutil.Process]] = None  # kept between samples: psutil caches per Process
+    last_sample: Optional[ResourceSample] = None           # the latest delivered (its device figures are kept)
 
 
 class ResourceSampler:
@@ -69,6 +72,13 @@ class ResourceSampler:
                 return
             # A rank running in the kernel itself (inline): its children are the kernel's, not the rank's.
             self._ranks[event.rank] = _Tracked(event.rank, process, include_children=event.pid != os.getpid())
+        elif isinstance(event, PeakMemoryReport):
+            tracked = self._ranks.get(event.rank)
+            if tracked is not None and event.peak_rss > tracked.peak_rss:
+                tracked.peak_rss = event.peak_rss
+                last = tracked.last_sample or ResourceSample(rank=event.rank)
+                tracked.last_sample = dataclasses.replace(last, peak_rss=tracked.peak_rss, time=time.time())
+                self.deliver(tracked.last_sample)
         elif isinstance(event, DeviceMemoryReport):
             tracked = self._ranks.get(event.rank)
             if tracked is not None:
@@ -89,6 +99,7 @@ class ResourceSampler:
                 sample = self.sample(tracked, now)
                 if sample is not None:
                     self.samples += 1
+                    tracked.last_sample = sample
                     self.deliver(sample)
 
     def sample(self, tracked: _Tracked, now: float) -> Optional[ResourceSample]:

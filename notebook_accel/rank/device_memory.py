@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from ..wire.events import DeviceMemoryReport
+from ..wire.events import DeviceMemoryReport, PeakMemoryReport
 
 INTERVAL = 1.0
 _sent_at = 0.0
@@ -56,3 +56,14 @@ def maybe_send_device_memory(sender: Any, force: bool = False) -> None:
             sender.send(report)
         except (OSError, ValueError):
             pass
+
+
+def send_peak_rss(sender: Any) -> None:
+    """Tell the kernel this process's peak RSS (``getrusage``: KiB on Linux, bytes on macOS); nothing where the
+    OS has no ``resource`` module. Called by a rank process (or TPU device thread) when its function ended."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    sender.send(PeakMemoryReport(rank=sender.rank, peak_rss=peak if sys.platform == "darwin" else peak * 1024))

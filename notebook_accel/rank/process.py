@@ -22,6 +22,7 @@ from typing import Any, Dict, Iterable, List
 from ..wire.channel import EventSender
 from ..wire.events import RankStarted
 from ..wire.fds import take_fd
+from .device_memory import send_peak_rss
 from .run import remember_kernel_classes, run_rank
 from .streams import flush_std_streams, line_writer
 
@@ -66,6 +67,7 @@ def rank_main(spec: RankSpec) -> None:
     sender = EventSender(take_fd(spec.events_fd), spec.rank)
     sender.send(RankStarted(rank=spec.rank, pid=os.getpid()))
     run = run_rank(lambda: register_in_main(spec.payload.load()), sender, send_result=spec.send_result)
+    send_peak_rss(sender)
     end_like_python(spec.rank)
     sender.close()
     os._exit(run.exit_code)

@@ -53,7 +53,7 @@ def resource_text(sample: Optional[ResourceSample], final: bool = False) -> str:
     parts = []
     if final:
         parts.append(f"peak RSS {format_bytes(sample.peak_rss)}")
-    else:
+    elif sample.rss is not None:  # a peak reported by the rank comes before any sample in a short run
         parts.append(f"RSS {format_bytes(sample.rss)}")
         if sample.cpu_percent is not None:
             parts.append(f"CPU {sample.cpu_percent:.0f}%")

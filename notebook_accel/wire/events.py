@@ -150,6 +150,14 @@ class DeviceMemoryReport(RankEvent):
 
 
 @dataclass
+class PeakMemoryReport(RankEvent):
+    """Sent by a rank process when its function ended: the process's peak resident set size in bytes (the
+    OS's ``getrusage`` high-water mark), so a run shorter than the kernel's sampling interval has a peak too."""
+
+    peak_rss: int
+
+
+@dataclass
 class ResourceSample(RankEvent):
     """Made in the kernel about once a second per running rank (``resources.ResourceSampler``).
 

@@ -20,6 +20,7 @@ from typing import Any, List, Optional, Tuple
 
 from ...wire.channel import EventSender
 from ...wire.events import RankExited, RankStarted
+from ..device_memory import send_peak_rss
 from ..run import failure_event, run_rank
 from ..streams import flush_std_streams, line_writer
 
@@ -79,6 +80,7 @@ def run_device(index: int, layout: DeviceLayout) -> None:
             stream.route_this_thread(fd)
         exit_code = run_rank(take_call, sender, send_result=layout.return_all or rank == 0,
                              thread_only=True).exit_code
+        send_peak_rss(sender)  # the worker process's, as each of its device threads ends
     except BaseException as exc:  # the set-up failed (e.g. the compile cache): this rank's failure, named
         sender.send(failure_event(rank, exc))
     finally:
