@@ -69,7 +69,7 @@ def node_env():
     return env
 
 
-def start_node(node_rank: int, backend: str, port: int, *, fail_rank=-1, fail_attempts=0, sleep=0.0,
+def start_node(node_rank, backend: str, port: int, *, fail_rank=-1, fail_attempts=0, sleep=0.0,
                num_nodes=2, stop_after=None, launches=1, **options) -> subprocess.Popen:
     config = dict(num_nodes=num_nodes, node_rank=node_rank, rdzv_backend=backend,
                   rdzv_endpoint=f"127.0.0.1:{port}", rdzv_conf={"join_timeout": 60},
@@ -108,6 +108,32 @@ def test_two_nodes_run_four_ranks_with_global_ranks(backend):
     for rank, out in ((0, out0), (1, out0), (2, out1), (3, out1)):  # labelled by global rank on its node
         assert f"[rank {rank}] rank {rank} attempt 0 sum 6" in out
     assert "node rank 0 of 2 · finished" in out0 and "node rank 1 of 2 · finished" in out1
+
+
+def test_c10d_orders_the_nodes_by_their_node_rank_not_by_arrival():
+    # torch's c10d rendezvous numbers nodes by arrival (on one host: by pid): node_rank=1 starts first here.
+    port = free_port()
+    second = start_node(1, "c10d", port)
+    first = start_node(0, "c10d", port)
+    (outcome0, out0), (outcome1, out1) = finish(first), finish(second)
+    assert [env["RANK"] for env in outcome0["result"]] == ["0", "1"], out0
+    assert [env["RANK"] for env in outcome1["result"]] == ["2", "3"], out1
+    assert {env["GROUP_RANK"] for env in outcome1["result"]} == {"1"}
+    assert "node rank 1 of 2 · finished" in out1
+
+
+def test_c10d_without_node_rank_numbers_the_nodes_by_arrival_and_refuses_half_given_or_repeated_ones():
+    port = free_port()
+    nodes = [start_node(None, "c10d", port) for _ in range(2)]
+    ranks = sorted(env["RANK"] for node in nodes for env in finish(node)[0]["result"])
+    assert ranks == ["0", "1", "2", "3"]
+    for given in ((None, 1), (1, 1)):
+        port = free_port()
+        started = [start_node(rank, "c10d", port) for rank in given]
+        outcomes = [finish(node)[0] for node in started]
+        assert all(outcome.get("error") == "LaunchError" for outcome in outcomes), outcomes
+        expected = "was given on 1 of the 2 nodes" if None in given else "node_rank=1 was given on 2 nodes"
+        assert all(expected in outcome["message"] for outcome in outcomes), outcomes
 
 
 @pytest.mark.parametrize("backend", ["static", "c10d"])

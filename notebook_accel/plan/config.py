@@ -184,8 +184,9 @@ def check_config(config: LaunchConfig, where: str) -> None:
         raise LaunchConfigError(f"config file {where}: {refused}") from None
     if not _positive_int(config.num_nodes):
         fail("num_nodes", "a positive integer")
-    if not isinstance(config.node_rank, int) or isinstance(config.node_rank, bool) or config.node_rank < 0:
-        fail("node_rank", "an integer >= 0")
+    if config.node_rank is not None and (not isinstance(config.node_rank, int) or isinstance(config.node_rank, bool)
+                                        or config.node_rank < 0):
+        fail("node_rank", "an integer >= 0 or null")
     if not isinstance(config.max_restarts, int) or isinstance(config.max_restarts, bool) or config.max_restarts < 0:
         fail("max_restarts", "an integer >= 0")
     if not isinstance(config.rdzv_backend, str) or not config.rdzv_backend:

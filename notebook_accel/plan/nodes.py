@@ -25,7 +25,7 @@ class NodeOptions:
     """Who this node is in a multi-node launch, how nodes find each other, and how often to restart."""
 
     num_nodes: int
-    node_rank: int
+    node_rank: Optional[int]  # None: arrival order (c10d, etcd), 0 (static)
     rdzv_backend: str
     rdzv_endpoint: Optional[str]
     rdzv_id: str
@@ -66,8 +66,8 @@ def check_node_options(**given: Any) -> Optional[NodeOptions]:
     max_restarts, monitor_interval = values["max_restarts"], values["monitor_interval"]
     if not _is_int(num_nodes) or num_nodes < 1:
         raise LaunchConfigError(f"num_nodes must be a positive int, got {num_nodes!r}")
-    if not _is_int(node_rank) or not 0 <= node_rank < num_nodes:
-        raise LaunchConfigError(f"node_rank must be an int in 0..{num_nodes - 1} (num_nodes={num_nodes}), "
+    if node_rank is not None and (not _is_int(node_rank) or not 0 <= node_rank < num_nodes):
+        raise LaunchConfigError(f"node_rank must be None or an int in 0..{num_nodes - 1} (num_nodes={num_nodes}), "
                                 f"got {node_rank!r}")
     if not _is_int(max_restarts) or max_restarts < 0:
         raise LaunchConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
@@ -91,7 +91,7 @@ def check_node_options(**given: Any) -> Optional[NodeOptions]:
     if num_nodes > 1:
         _check_backend(rdzv_backend)
         _check_endpoint(rdzv_backend, rdzv_endpoint)
-    return NodeOptions(num_nodes=int(num_nodes), node_rank=int(node_rank), rdzv_backend=rdzv_backend,
+    return NodeOptions(num_nodes=int(num_nodes), node_rank=None if node_rank is None else int(node_rank), rdzv_backend=rdzv_backend,
                        rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id or DEFAULT_RDZV_ID,
                        rdzv_conf=dict(rdzv_conf), max_restarts=int(max_restarts),
                        monitor_interval=float(monitor_interval))

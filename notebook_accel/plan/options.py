@@ -53,7 +53,9 @@ LAUNCHER_OPTIONS: Tuple[Option, ...] = (
            "(one subdirectory per worker process), so relaunching the same program skips recompiling."),
     Option("num_nodes", 1, "several machines, one notebook (or ``notebook-accel launch``) per node; "
            "``num_processes`` is per node and global ranks follow the node order.", saved=True, nodes=True),
-    Option("node_rank", 0, "this node's place, 0 on the first machine.", saved=True, nodes=True),
+    Option("node_rank", None, "this node's place: 0 on the first machine, 1 on the second, ... Global ranks follow "
+           "it with every rendezvous backend. None: 0 with \"static\"; the order the nodes joined in with "
+           "\"c10d\" and \"etcd\" (give it on every node or on none).", saved=True, nodes=True),
     Option("rdzv_backend", RendezvousBackend.STATIC.value, "torch elastic's rendezvous: \"static\" (node 0 at "
            "``rdzv_endpoint``), \"c10d\", \"etcd\" or a registered plugin. The rendezvous store is a TCP listener "
            "without authentication: trusted networks only.", choices=RendezvousBackend, open_choices=True,

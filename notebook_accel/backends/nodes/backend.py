@@ -94,7 +94,8 @@ class NodesBackend(Backend):
 
     def _run_attempts(self, membership: Membership, deliver, tick, policy: StopPolicy) -> Outcome:
 
-        options, store, node = self.options, membership.store, membership.group_rank
+        options, store = self.options, membership.store
+        node = self._place(store, membership.group_rank, tick)
         sizes = self._exchange_sizes(store, node, tick)
         offset, world_size = sum(sizes[:node]), sum(sizes)
         ranks = list(range(offset, offset + sizes[node]))
@@ -108,7 +109,7 @@ class NodesBackend(Backend):
                                        previous_errors=[failure.describe() for failure in history]))
             plan = dataclasses.replace(self.plan, rank_offset=offset, global_world_size=world_size,
                                        group_rank=node, nodes=None)
-            local, end = self._run_attempt(membership, plan, attempt, policy, deliver, tick)
+            local, end = self._run_attempt(membership, node, plan, attempt, policy, deliver, tick)
             restartable = (end.status == Status.FAILED and attempt < options.max_restarts and end.root is not None
                            and not end.node_lost and not _payload_failed(end.root))
             if not restartable:
@@ -117,25 +118,51 @@ class NodesBackend(Backend):
             history.append(end.root)
             attempt += 1
 
+    def _place(self, store, arrival: int, tick) -> int:
+        """This node's place: its ``node_rank`` where the nodes gave one, else the rendezvous' order. torch's
+        c10d (and etcd) rendezvous numbers nodes by arrival, so the node ranks are exchanged and checked here;
+        the static rendezvous already numbers them by the rank each one gave."""
+        options = self.options
+        if options.rdzv_backend == "static" or options.num_nodes == 1:
+            return arrival
+        store.set(f"{PREFIX}/node_rank/{arrival}", "" if options.node_rank is None else str(options.node_rank))
+        keys = [f"{PREFIX}/node_rank/{other}" for other in range(options.num_nodes)]
+        self._wait_until(lambda: store.check(keys), tick, what="the other nodes' node_rank")
+        wanted = [store.get(key).decode() for key in keys]
+        if all(value == "" for value in wanted):
+            return arrival
+        if any(value == "" for value in wanted):
+            raise LaunchError(f"node_rank was given on {sum(v != '' for v in wanted)} of the {options.num_nodes} "
+                              f"nodes: give it on every node, or on none to number the nodes in the order they "
+                              f"joined the {options.rdzv_backend!r} rendezvous")
+        numbers = [int(value) for value in wanted]
+        repeated = sorted({number for number in numbers if numbers.count(number) > 1})
+        if repeated:
+            raise LaunchError(f"node_rank={repeated[0]} was given on {numbers.count(repeated[0])} nodes: each node "
+                              f"needs its own node_rank in 0..{options.num_nodes - 1}")
+        return numbers[arrival]
+
     def _exchange_sizes(self, store, node: int, tick) -> List[int]:
         store.set(f"{PREFIX}/size/{node}", str(self.plan.world_size))
         keys = [f"{PREFIX}/size/{other}" for other in range(self.options.num_nodes)]
         self._wait_until(lambda: store.check(keys), tick, what="the other nodes' process counts")
         return [int(store.get(key)) for key in keys]
 
-    def _run_attempt(self, membership: Membership, plan: LaunchPlan, attempt: int, policy: StopPolicy,
+    def _run_attempt(self, membership: Membership, node: int, plan: LaunchPlan, attempt: int, policy: StopPolicy,
                      deliver, tick):
-        store, node = membership.store, membership.group_rank
+        store = membership.store
         prefix = f"{PREFIX}/attempt{attempt}"
         watch = AttemptWatch(store, prefix, node, attempt, deliver, tick, policy.stop_requested, self.options)
         hosted: Optional[HostedStore] = None
         ended = False
         try:
-            if node == 0:  # a fresh store per attempt: nothing of the previous attempt can be read from it
+            # A fresh store per attempt (nothing of the previous attempt can be read from it), hosted by the node
+            # the rendezvous made first: its address is the one every node knows.
+            if membership.group_rank == 0:
                 hosted = HostedStore(membership.node0_addr, None, plan.global_world_size or plan.world_size)
                 store.set(watch.key("master"), f"{hosted.addr}:{hosted.port}")
             self._wait_until(lambda: bool(store.check([watch.key("master")]) or watch.aborted()), watch.tick,
-                             what="node 0's store for this attempt")
+                             what="this attempt's store (the first node of the rendezvous hosts it)")
             local = self._run_local_ranks(plan, attempt, policy, watch)
             if watch.store_error is not None:
                 raise LaunchError(f"node {node} lost the rendezvous store during attempt {attempt + 1} "

@@ -38,7 +38,7 @@ class Membership:
 
         conf = {key: value for key, value in options.rdzv_conf.items() if key not in OUR_RDZV_KEYS}
         if options.rdzv_backend == "static":
-            conf.setdefault("rank", options.node_rank)
+            conf.setdefault("rank", options.node_rank or 0)  # static: the node's rank is its place
             conf.setdefault("timeout", int(options.join_timeout))
         local_addr = options.rdzv_conf.get("local_addr")  # this node's address as the others reach it
         params = RendezvousParameters(backend=options.rdzv_backend, endpoint=options.rdzv_endpoint or "",
@@ -48,7 +48,7 @@ class Membership:
             info = self._next_rendezvous(rendezvous_handler_registry, params, options.join_timeout)
         except Exception as err:
             raise LaunchError(
-                f"node {options.node_rank}: the {options.num_nodes} nodes did not all join the "
+                f"{_this_node(options)}: the {options.num_nodes} nodes did not all join the "
                 f"{options.rdzv_backend!r} rendezvous at {options.rdzv_endpoint} within "
                 f"{options.join_timeout:g} s ({type(err).__name__}: {err}). Start the same launch on every "
                 f"node with num_nodes={options.num_nodes}, the same rdzv_endpoint and rdzv_id, and a "
@@ -112,6 +112,10 @@ class Membership:
         # The c10d handler's objects refer to each other: only a collection frees its store's listener
         # now, so that the next launch with the same endpoint finds the port free.
         gc.collect()
+
+
+def _this_node(options: NodeOptions) -> str:
+    return "this node" if options.node_rank is None else f"node {options.node_rank}"
 
 
 @contextlib.contextmanager
