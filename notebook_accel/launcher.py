@@ -24,6 +24,8 @@ from .monitor.metric_log import MetricLog
 from .outcome.oom import explain as explain_out_of_memory, kind_of_failure, oom_kill_count
 from .outcome.raising import root_cause_exception
 from .outcome.root_cause import Outcome
+from .outcome.stacks import fold_stack_dump
+from .rank.tracebacks import without_launcher_frames
 from .monitor.resources import ResourceSampler
 from .plan.plan import LaunchPlan, plan_launch
 from .backends.rendezvous import HostedStore
@@ -221,7 +223,7 @@ class Launch:
             self._explain_out_of_memory(root, outcome)
         elif outcome.status == Status.TIMEOUT:
             ranks = ", ".join(str(rank) for rank in outcome.still_running) or "none"
-            where = "".join(f"\n[rank {rank}] {text.strip()}" for rank, text in sorted(outcome.stacks.items()))
+            where = "".join(f"\n[rank {rank}] {fold_stack_dump(text)}" for rank, text in sorted(outcome.stacks.items()))
             self.error = LaunchTimeout(
                 f"the launch ran past timeout={self.plan.timeout:g} s and was stopped; ranks still running: "
                 f"{ranks}" + (f". Where they were:{where}" if where else ""),
@@ -304,7 +306,16 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
     # "the launcher decides", so the file may decide it.
     given = dict(options, **({} if num_processes is None else {"num_processes": num_processes}))
     plan = plan_launch(function, args, kwargs, **fill_from_config(config, given))
-    return Launch(plan).run()
+    launch = Launch(plan)
+    try:
+        return launch.run()
+    except BaseException as root_cause:
+        if root_cause is not launch.error:  # not the launch's outcome: a bug of ours, shown whole
+            raise
+        # The launcher's own frames (the job's run and wait) say nothing about the failure: they are dropped,
+        # the user's kept (an in-kernel rank's exception has them). This is the failing rank's own exception,
+        # re-raised in the kernel: the rank's traceback is printed above it.
+        raise without_launcher_frames(root_cause)
 
 
 def start_launch(function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,

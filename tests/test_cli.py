@@ -2,6 +2,7 @@
 launching real ranks, with its own Hugging Face cache folder so no user config is read."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -65,6 +66,15 @@ def test_exit_code_is_the_root_cause_ranks(home):
     assert raised.returncode == 1
     assert "ValueError: bad batch on rank 1" in raised.stderr
     assert "[rank 1]" in raised.stderr and 'train.py", line' in raised.stderr  # the rank's own traceback
+    # ... starting at the script: the launcher's and runpy's frames are folded, in the rank and in the kernel
+    frames = [line for line in raised.stderr.splitlines() if line.strip().startswith("File ")]
+    assert frames and all("train.py" in frame for frame in frames), raised.stderr
+    (home / "hang.py").write_text("import os, time\nif os.environ['RANK'] == '1':\n    time.sleep(120)\n")
+    timed_out = cli(home, "launch", "--num-processes", "2", "--timeout", "3", "hang.py")
+    assert timed_out.returncode == 124, timed_out.stderr
+    where = timed_out.stderr.split("Where they were:", 1)[1]
+    assert 'hang.py", line 3 in <module>' in where and "launcher frames" in where and "folded" in where
+    assert not [line for line in where.splitlines() if f"{os.sep}notebook_accel{os.sep}" in line]  # none of ours
 
 
 def test_launch_module_with_dash_m(home):

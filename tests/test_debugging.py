@@ -43,15 +43,15 @@ def test_inline_run_raises_with_the_users_frames_and_hides_the_launchers():
     names = [frame.name for frame in frames]
     assert names[-1] == "user_step"  # the user's frames survive (they were lost before this issue)
     launcher_frames = [frame for frame in frames if "notebook_accel" in frame.filename]
-    assert [frame.name for frame in launcher_frames] == ["notebook_launcher", "run", "wait"]
-    # ... and each of those is one IPython and pytest fold (``__tracebackhide__``)
+    assert [frame.name for frame in launcher_frames] == ["notebook_launcher"]  # Launch.run and .wait dropped
+    # ... and that one is one IPython and pytest fold (``__tracebackhide__``)
     tb = caught.value.__traceback__
     hidden = []
     while tb is not None:
         if "notebook_accel" in tb.tb_frame.f_code.co_filename:
             hidden.append(tb.tb_frame.f_locals.get("__tracebackhide__", False))
         tb = tb.tb_next
-    assert hidden == [True, True, True]
+    assert hidden == [True]
 
 
 # ----------------------------------------------------------------------------------------- metrics
@@ -142,7 +142,9 @@ def test_memory_and_cpu_per_rank_are_sampled_and_plausible():
         assert len(samples) >= 3, f"rank {rank}: {len(samples)} samples in 6 s"
         peak = max(sample.rss for sample in samples)
         assert low < peak < low + 1500 * mib, (rank, peak / mib)
-        assert samples[-1].peak_rss == peak
+        # the peak: the highest sample, or the rank's own high-water mark (getrusage) reported at its end,
+        # which the 1 s samples may have missed by a little
+        assert peak <= samples[-1].peak_rss < peak + 64 * mib
         cpu = [sample.cpu_percent for sample in samples if sample.cpu_percent is not None]
         # a busy loop on a shared 2-core machine: clearly above idle, at most every core
         assert max(cpu) > 20 and all(0 <= value <= 100 * psutil.cpu_count() + 10 for value in cpu), cpu

@@ -62,6 +62,22 @@ left = [p.pid for p in psutil.Process().children(recursive=True)
         and "forkserver" not in " ".join(p.cmdline()) and "resource_tracker" not in " ".join(p.cmdline())]
 print("AGAIN", again, "LEFT", left)
 """,
+    # 5: the notebook's own classes come back as themselves (fork, the default here): except and isinstance
+    """
+from dataclasses import dataclass
+
+@dataclass
+class Result:
+    rank: int
+
+try:
+    notebook_launcher(fails, num_processes=2, display="none")
+except NotebookError as caught:
+    print("CAUGHT", type(caught) is NotebookError)
+results = notebook_launcher(lambda: Result(int(os.environ["RANK"])), num_processes=2, display="none",
+                            return_all=True)
+print("ISINSTANCE", [isinstance(result, Result) for result in results])
+""",
 ]
 
 INTERRUPT_AFTER = 20  # seconds: every other cell takes a few
@@ -91,8 +107,13 @@ def test_launches_in_a_real_kernel(tmp_path, monkeypatch):
     error = [output for output in notebook.cells[2].outputs if output.output_type == "error"]
     assert error and error[0].ename == "NotebookError" and error[0].evalue == "rank one gave up"
     assert "raise NotebookError" in outputs[2]  # the rank's own traceback is shown in the cell
+    # ... and of the launcher's frames only the line that re-raises it (IPython always shows the last frame)
+    ours = [entry for entry in error[0].traceback if "notebook_accel" in entry and "launcher.py" in entry]
+    assert len(ours) == 1 and "the rank's traceback is printed above" in ours[0], error[0].traceback
+    assert not [entry for entry in error[0].traceback if "Launch.wait" in entry or "Launch.run" in entry]
 
     assert "[rank 0] hanging" in outputs[3]
     assert "ERROR KeyboardInterrupt" in outputs[3]
 
     assert "AGAIN 2 LEFT []" in outputs[4], outputs[4]
+    assert "CAUGHT True" in outputs[5] and "ISINSTANCE [True, True]" in outputs[5], outputs[5]

@@ -466,3 +466,21 @@ def test_notebook_classes_come_back_as_the_notebooks_own(start):
     assert f"CAUGHT {how} True" in out, out
     ranks = how["num_processes"]
     assert f"RESULT {how} {[True] * ranks} {list(range(ranks))}" in out, out
+
+
+def test_a_scripts_traceback_shows_the_ranks_frames_first_and_one_launcher_line():
+    done = run_script("""
+from notebook_accel import notebook_launcher
+def fails():
+    import os, time
+    if os.environ["RANK"] == "1":
+        raise ValueError("bad batch")
+    time.sleep(30)
+notebook_launcher(fails, num_processes=2, display="none")
+""")
+    assert done.returncode == 1
+    remote, _, kernel = done.stderr.partition("The above exception was the direct cause")
+    assert "[rank 1] Traceback" in remote and 'line 6, in fails' in remote
+    ours = [line for line in kernel.splitlines() if line.strip().startswith("File ") and "notebook_accel" in line]
+    assert len(ours) == 1 and "in notebook_launcher" in ours[0], kernel  # Launch.run / Launch.wait folded
+    assert kernel.rstrip().splitlines()[-2] == "ValueError: bad batch"

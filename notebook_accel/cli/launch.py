@@ -18,6 +18,7 @@ from typing import Any, Dict
 from ..plan.config import LaunchConfig, load_config
 from ..errors import LaunchConfigError, LaunchError, LaunchTimeout
 from ..plan.options import OPTIONS
+from ..rank.tracebacks import without_launcher_frames
 from ..wire.choices import Device, Display, MixedPrecision, RendezvousBackend, StartMethod
 
 # Launcher options the command line sets by their own name (others: display, rdzv_conf and accelerate's
@@ -148,6 +149,8 @@ def report_error(error: BaseException) -> int:
         if error.exitcode < 0:
             return 128 + (-error.exitcode)
         return error.exitcode or 1
+    # The rank's traceback (its __cause__) first, then the exception: the launcher's frames are folded away.
+    error = without_launcher_frames(error)
     traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
     return 1
 

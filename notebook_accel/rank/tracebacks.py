@@ -26,7 +26,10 @@ HIDDEN_NOTE = "  [{count} notebook_accel launcher frame{s} hidden; the full trac
 
 
 def is_launcher_frame(filename: str) -> bool:
-    """True for a frame in notebook_accel's own files (the launch machinery)."""
+    """True for a frame of the launch machinery: notebook_accel's own files, and ``runpy``, through which
+    ``notebook-accel launch`` runs a script or module as ``__main__``."""
+    if filename == "<frozen runpy>" or os.path.basename(filename) == "runpy.py":
+        return True
     try:
         path = os.path.abspath(filename)
     except (TypeError, ValueError):
@@ -34,15 +37,17 @@ def is_launcher_frame(filename: str) -> bool:
     return path == PACKAGE_DIR or path.startswith(PACKAGE_DIR + os.sep)
 
 
-def skip_launcher_frames(tb: Optional[TracebackType]) -> Tuple[Optional[TracebackType], int]:
+def skip_launcher_frames(tb: Optional[TracebackType], *,
+                         keep_if_all: bool = True) -> Tuple[Optional[TracebackType], int]:
     """``tb`` without its leading launcher frames, and how many were skipped.
 
-    Nothing is skipped when every frame is the launcher's (a bug in notebook_accel itself must stay visible).
+    Nothing is skipped when every frame is the launcher's (a bug in notebook_accel itself must stay visible),
+    unless ``keep_if_all`` is False (the kernel re-raising a rank's exception: its frames are all ours).
     """
     skipped, current = 0, tb
     while current is not None and is_launcher_frame(current.tb_frame.f_code.co_filename):
         current, skipped = current.tb_next, skipped + 1
-    if current is None:
+    if current is None and keep_if_all:
         return tb, 0
     return current, skipped
 
@@ -80,3 +85,9 @@ def hide_launcher_frames(exc: BaseException) -> BaseException:
     if skipped:
         exc.__traceback__ = user_tb
     return exc
+
+
+def without_launcher_frames(error: BaseException) -> BaseException:
+    """``error`` with the launcher's leading frames dropped, even when every frame is ours: for the kernel
+    re-raising (or the CLI printing) a rank's exception, whose own traceback travels as its ``__cause__``."""
+    return error.with_traceback(skip_launcher_frames(error.__traceback__, keep_if_all=False)[0])
