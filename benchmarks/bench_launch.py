@@ -63,11 +63,14 @@ def timed(call: Callable[[], object], repeats: int, warmup: int = 0) -> List[flo
     return times
 
 
-def ours(method: str, function=trivial, args=(), display="none"):
-    return lambda: notebook_launcher(function, args=args, num_processes=2, start_method=method, display=display)
+def ours(method: str, function=trivial, args=(), display="none", ranks: int = 2):
+    def call():
+        with fds_to_devnull():  # more ranks than cores: one line says they share the cores
+            notebook_launcher(function, args=args, num_processes=ranks, start_method=method, display=display)
+    return call
 
 
-def accelerate_launcher(function=trivial, args=()) -> Optional[Callable[[], object]]:
+def accelerate_launcher(function=trivial, args=(), ranks: int = 2) -> Optional[Callable[[], object]]:
     try:
         from accelerate import notebook_launcher as accelerate_notebook_launcher
     except ImportError:
@@ -75,16 +78,16 @@ def accelerate_launcher(function=trivial, args=()) -> Optional[Callable[[], obje
 
     def call():
         with fds_to_devnull():  # it prints "Launching training on ..." each time
-            accelerate_notebook_launcher(function, args=args, num_processes=2)
+            accelerate_notebook_launcher(function, args=args, num_processes=ranks)
     return call
 
 
-def torch_start_processes(function=trivial, args=()):
+def torch_start_processes(function=trivial, args=(), ranks: int = 2):
     from torch.multiprocessing import start_processes
 
     def rank(index, *rank_args):
         function(*rank_args)
-    return lambda: start_processes(rank, args=args, nprocs=2, start_method="fork")
+    return lambda: start_processes(rank, args=args, nprocs=ranks, start_method="fork")
 
 
 def main() -> None:
@@ -101,6 +104,8 @@ def run_benchmarks() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--lines", type=int, default=50_000)
+    parser.add_argument("--scaling", type=int, nargs="*", default=[2, 4, 8, 16],
+                        help="CPU rank counts for the scaling table (more than the cores here is allowed)")
     options = parser.parse_args()
 
     rows: Dict[str, Optional[List[float]]] = {}
@@ -137,9 +142,30 @@ def run_benchmarks() -> None:
             ratio = f"{median / base:.2f}x" if base else "-"
             print(f"{name:52} {median:9.3f} {min(times):8.3f} {ratio:>14}")
 
+    scaling = {}
+    for ranks in options.scaling:  # launch overhead as the CPU ranks outnumber the cores
+        repeats = max(3, options.repeats // 2)
+        scaling[f"ours, fork, {ranks} ranks"] = timed(ours("fork", ranks=ranks), repeats, warmup=1)
+        anchor_n = accelerate_launcher(ranks=ranks)
+        scaling[f"accelerate notebook_launcher, {ranks} ranks"] = (
+            timed(anchor_n, repeats, warmup=1) if anchor_n else None)
+        scaling[f"torch start_processes (fork), {ranks} ranks"] = timed(
+            torch_start_processes(ranks=ranks), repeats, warmup=1)
+
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, python {sys.version.split()[0]}")
     table("Trivial launch, 2 CPU ranks", rows, "accelerate notebook_launcher")
     table("Delivering printed lines", print_rows, f"accelerate notebook_launcher (2 x {lines} lines)")
+    print(f"\nScaling: trivial launch with N CPU ranks on {os.cpu_count()} cores (median s; ratio to accelerate's "
+          f"with the same N)")
+    print(f"{'N':>4} {'ours (fork)':>12} {'accelerate':>12} {'torch.mp':>10} {'ours/acc':>9} {'ours per rank':>14}")
+    for ranks in options.scaling:
+        ours_s = statistics.median(scaling[f"ours, fork, {ranks} ranks"])
+        acc = scaling[f"accelerate notebook_launcher, {ranks} ranks"]
+        acc_s = statistics.median(acc) if acc else None
+        tmp_s = statistics.median(scaling[f"torch start_processes (fork), {ranks} ranks"])
+        ratio = f"{ours_s / acc_s:.2f}x" if acc_s else "-"
+        acc_text = f"{acc_s:12.3f}" if acc_s else f"{'-':>12}"
+        print(f"{ranks:>4} {ours_s:12.3f} {acc_text} {tmp_s:10.3f} {ratio:>9} {1000 * ours_s / ranks:11.1f} ms")
     if rows.get("accelerate notebook_launcher"):
         ratio = statistics.median(rows["ours, fork"]) / statistics.median(rows["accelerate notebook_launcher"])
         print(f"\ngoal: ours (fork) <= 0.4x accelerate: {ratio:.2f}x -> {'met' if ratio <= 0.4 else 'NOT met'}")

@@ -371,3 +371,25 @@ def test_a_run_shorter_than_the_sampling_interval_still_shows_every_ranks_peak_m
     assert job.wait(60) == 1
     finals = [line for line in out.getvalue().splitlines() if line.startswith("[rank ")]
     assert len(finals) == 2 and all(re.search(r"finished · peak RSS \d+ MiB", line) for line in finals), finals
+
+
+def sum_of_ranks():
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    total = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(total)
+    return total.item(), torch.get_num_threads()
+
+
+def test_more_cpu_ranks_than_cores_share_them_with_one_thread_each(capfd, monkeypatch):
+    from notebook_accel.plan import devices
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cores = devices.cpu_count()
+    ranks = 2 * cores + 2
+    results = notebook_launcher(sum_of_ranks, num_processes=ranks, start_method="forkserver", display="none",
+                                return_all=True)
+    assert results == [(float(sum(range(ranks))), 1)] * ranks
+    assert f"{ranks} CPU ranks share the {cores} CPU cores here (1 torch thread each)" in capfd.readouterr().err

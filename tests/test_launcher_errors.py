@@ -32,7 +32,7 @@ def no_children_started():
     (lambda: notebook_launcher(ok, num_processes=-2), LaunchConfigError, "positive int"),
     (lambda: notebook_launcher(ok, num_processes=1.5), LaunchConfigError, "positive int"),
     (lambda: notebook_launcher(ok, num_processes=True), LaunchConfigError, "positive int"),
-    (lambda: notebook_launcher(ok, num_processes=10_000), LaunchConfigError, "more than the .* CPU cores"),
+    (lambda: notebook_launcher(ok, num_processes=10_000), LaunchConfigError, "more than the .* CPU ranks this"),
     (lambda: notebook_launcher(ok, device="tpu"), LaunchConfigError,
      "device='tpu' is not one of 'cuda', 'cpu', 'xla', 'mps'"),
     (lambda: notebook_launcher(ok, device="cuda"), LaunchConfigError, "none is available"),

@@ -221,10 +221,28 @@ def _resolve_world_size(num_processes: Any, device: str, available: int) -> int:
         raise LaunchConfigError(
             f"num_processes={num_processes}: on XLA a launch runs on 1 device or on all {available} "
             f"(torch_xla's xmp.spawn allows nothing in between); use num_processes=None or 1")
-    if num_processes > available:
-        unit = "CPU cores" if device == "cpu" else f"{device} devices"
-        raise LaunchConfigError(f"num_processes={num_processes} is more than the {available} {unit} here")
+    if device == "cpu":
+        return _cpu_ranks(int(num_processes), available)
+    if num_processes > available:  # a GPU or TPU core cannot be shared between ranks
+        raise LaunchConfigError(f"num_processes={num_processes} is more than the {available} {device} devices here")
     return int(num_processes)
+
+
+CPU_RANKS_PER_CORE = 16  # past this, more CPU ranks than cores is a typo, not a test of distributed code
+
+
+def _cpu_ranks(num_processes: int, cores: int) -> int:
+    """CPU ranks may outnumber the cores, as with torchrun: trying 4 or 8 ranks on a 2-core runtime before
+    paying for GPUs is what people do. They then share the cores with 1 torch thread each (``threads_per_rank``),
+    and one line says so."""
+    limit = max(64, CPU_RANKS_PER_CORE * cores)
+    if num_processes > limit:
+        raise LaunchConfigError(f"num_processes={num_processes} is more than the {limit} CPU ranks this machine's "
+                                f"{cores} CPU cores can take ({CPU_RANKS_PER_CORE} per core)")
+    if num_processes > cores:
+        print(f"notebook_accel: {num_processes} CPU ranks share the {cores} CPU cores here (1 torch thread each)",
+              file=sys.stderr)
+    return num_processes
 
 
 def _resolve_xla_start_method(start_method: str) -> str:
