@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from .backends import LaunchSink, backend_for
 from .plan.config import fill_from_config
 from .plan.options import launcher_parameters, options_help, with_defaults
-from .errors import LaunchError, LaunchTimeout, one_line
+from .errors import LaunchConfigError, LaunchError, LaunchTimeout, one_line
 from .wire.events import LaunchFinished, MetricReport, OutputLine, RankEvent, Status
 from .monitor.metric_log import MetricLog
 from .outcome.oom import explain as explain_out_of_memory, kind_of_failure, oom_kill_count
@@ -305,7 +305,10 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
     # What the user wrote wins over the config file, even a value equal to the default; num_processes=None is
     # "the launcher decides", so the file may decide it.
     given = dict(options, **({} if num_processes is None else {"num_processes": num_processes}))
-    plan = plan_launch(function, args, kwargs, **fill_from_config(config, given))
+    try:
+        plan = plan_launch(function, args, kwargs, **fill_from_config(config, given))
+    except LaunchConfigError as refused:  # the user's input, not our bug: no planner frames above the message
+        raise without_launcher_frames(refused) from None
     launch = Launch(plan)
     try:
         return launch.run()
@@ -333,7 +336,10 @@ def start_launch(function: Callable, args: tuple = (), kwargs: Optional[Dict[str
     >>> job = start_launch(train, num_processes=2, display="none")   # doctest: +SKIP
     >>> job.wait()                                                     # doctest: +SKIP
     """
-    plan = plan_launch(function, args, kwargs, num_processes, allow_inline=False, **options)
+    try:
+        plan = plan_launch(function, args, kwargs, num_processes, allow_inline=False, **options)
+    except LaunchConfigError as refused:  # the user's input, not our bug: no planner frames above the message
+        raise without_launcher_frames(refused) from None
     return Launch(plan, view=view).run_in_background()
 
 

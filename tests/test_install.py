@@ -89,8 +89,6 @@ def test_a_two_rank_launch_runs_from_the_installed_wheel(installed, tmp_path):
 def test_the_quickstart_notebook_runs_from_the_installed_wheel(installed, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", installed)
     notebook = nbformat.read(os.path.join(REPO, "notebooks", "quickstart.ipynb"), as_version=4)
-    # The Colab install cell (marked NBVAL_SKIP) is what nbval skips too.
-    notebook.cells = [cell for cell in notebook.cells if "NBVAL_SKIP" not in cell.source]
     notebook.cells.insert(0, nbformat.v4.new_code_cell(
         f"import notebook_accel\nassert notebook_accel.__file__.startswith({installed!r}), notebook_accel.__file__"))
     NotebookClient(notebook, timeout=200, kernel_name="python3",

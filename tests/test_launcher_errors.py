@@ -8,7 +8,7 @@ import threading
 import psutil
 import pytest
 
-from notebook_accel import notebook_launcher
+from notebook_accel import notebook_launcher, start_launch
 from notebook_accel.errors import LaunchConfigError
 
 pytestmark = pytest.mark.timeout(60)
@@ -133,3 +133,16 @@ def test_nested_launch_is_refused():
 
     with pytest.raises(RuntimeError, match="launches cannot be nested"):
         notebook_launcher(nested, num_processes=2, display="none")
+
+
+def test_a_refused_option_is_raised_without_the_planners_frames():
+    # The user's input, not our bug: the message, with no plan_launch / _check_device frames above it.
+    import traceback
+
+    for launch in (lambda: notebook_launcher(ok, device="xla"), lambda: start_launch(ok, display="html")):
+        with pytest.raises(LaunchConfigError) as refused:
+            launch()
+        ours = [frame.name for frame in traceback.extract_tb(refused.value.__traceback__)
+                if "notebook_accel" in frame.filename]
+        assert len(ours) == 1 and ours[0] in ("notebook_launcher", "start_launch"), ours
+        assert refused.value.__cause__ is None and refused.value.__suppress_context__

@@ -122,3 +122,17 @@ def test_runnable_blocks_run_as_written(index, tmp_path):
                           text=True, timeout=170)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "STATE ['0.bias', '0.weight', '2.bias', '2.weight'] True" in done.stdout
+
+
+def test_the_notebooks_run_top_to_bottom_as_run_all_does():
+    # nbval runs every notebook cell by cell in the default run; with no cell skipped, that is what *Run All*
+    # does on any runtime: hardware-only cells must branch and say why they skip, not be skipped by the test.
+    import glob
+
+    import nbformat
+
+    for path in glob.glob(os.path.join(REPO, "notebooks", "*.ipynb")):
+        notebook = nbformat.read(path, as_version=4)
+        skipped = [index for index, cell in enumerate(notebook.cells)
+                   if cell.cell_type == "code" and "NBVAL_SKIP" in cell.source]
+        assert skipped == [], f"{os.path.basename(path)}: cells {skipped} are skipped by the test run"
