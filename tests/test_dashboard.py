@@ -381,7 +381,7 @@ def test_the_dashboard_starts_fresh_rows_on_a_restart_and_names_a_remote_root_ca
     assert view._rank_rows[3].error.layout.display == "none"   # attempt 1's failure panel is gone
     assert bar_rows(view, 2) == []                              # and so is its progress bar
     header = view.header.value
-    assert "node: <b" in header and "1/2" in header and "attempt: <b" in header and "2/2" in header
+    assert "node rank: <b" in header and "1 of 2" in header and "attempt: <b" in header and "2/2" in header
     assert "rank 0 on node 0 (host-a): ValueError: bad batch" in header
     view.handle(LaunchFinished(rank=-1, status="failed", elapsed=2.0, root_rank=0, error="ValueError: bad"))
     assert sorted(view._rank_rows) == [2, 3] and 0 not in view.state.ranks  # rank 0 runs on the other node

@@ -129,6 +129,7 @@ def test_the_error_shown_in_the_cell_starts_in_the_users_function(executed):
     frames = re.findall(r'File "[^"]*", line \d+, in (\w+)', remote)
     assert frames == ["train_fails", "user_step"], remote
     assert "notebook_accel/rank.py" not in remote
-    # IPython folds the launcher's own kernel-side frames (``__tracebackhide__``)
+    # of the launcher's own kernel-side frames only the line re-raising it is left (IPython shows the last one)
     kernel_side = text[text.index("The above exception was the direct cause"):]
-    assert "hidden" in kernel_side and "def run(" not in kernel_side, kernel_side
+    ours = re.findall(r"notebook_accel/launcher\.py:\d+, in (\w+)", kernel_side)
+    assert ours == ["notebook_launcher"] and "def run(" not in kernel_side, kernel_side

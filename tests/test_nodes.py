@@ -314,7 +314,7 @@ def test_the_timeout_counts_over_the_whole_world():
 
 @pytest.mark.parametrize("options, message", [
     (dict(num_nodes=2), "num_nodes > 1 needs rdzv_endpoint='host:port'"),
-    (dict(num_nodes=2, node_rank=2, rdzv_endpoint="127.0.0.1:1"), "node_rank must be an int in 0..1"),
+    (dict(num_nodes=2, node_rank=2, rdzv_endpoint="127.0.0.1:1"), "node_rank must be None or an int in 0..1"),
     (dict(num_nodes=2, rdzv_backend="zookeeper", rdzv_endpoint="h:1"), "'zookeeper' is not a registered torch"),
     (dict(num_nodes=2, rdzv_endpoint="h"), "must be 'host:port'"),
     (dict(max_restarts=-1), "max_restarts must be an int >= 0"),

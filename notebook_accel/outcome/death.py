@@ -59,8 +59,9 @@ def quote_last_output(lines: Sequence[str]) -> str:
             if not line.startswith("  File "):
                 break
             crash.append(line)
-    quoted = ("; its last output:\n    " + "\n    ".join(own) + "\n") if own else "; "
-    return quoted + "where it crashed:\n    " + "\n    ".join(crash)
+    if not own:  # it printed nothing of its own: its last output is the crash report
+        return "; its last output, where it crashed:\n    " + "\n    ".join(crash)
+    return "; its last output:\n    " + "\n    ".join(own) + "\nwhere it crashed:\n    " + "\n    ".join(crash)
 
 
 def exit_code_of(event: Optional[RankFailed], exitcode: Optional[int]) -> Optional[int]:

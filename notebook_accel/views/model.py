@@ -427,20 +427,20 @@ class LaunchState:
                 parts.insert(0, launch_title(started.function_name))
             if started.mixed_precision and started.mixed_precision != "no":
                 parts.append(started.mixed_precision)
-        parts += self.place_texts()
+        parts += [f"{name} {value}" for name, value in self.place()]
         parts.append(self.status)
         parts.append(format_interval(self.elapsed()))
         return " · ".join(parts)
 
-    def place_texts(self) -> List[str]:
-        """``node rank 1 of 2`` for a multi-node launch (a node rank, like ``node_rank`` and the errors' "on node
-        1": not a count beside the attempt's), ``attempt 2/3`` once a restart began."""
-        texts = []
+    def place(self) -> List[Tuple[str, str]]:
+        """``("node rank", "1 of 2")`` for a multi-node launch (a node rank, like ``node_rank`` and the errors'
+        "on node 1": not a count beside the attempt's), ``("attempt", "2/3")`` once a restart began."""
+        items = []
         if self.started is not None and self.started.num_nodes > 1:
-            texts.append(f"node rank {self.started.node_rank} of {self.started.num_nodes}")
+            items.append(("node rank", f"{self.started.node_rank} of {self.started.num_nodes}"))
         if self.attempt is not None:
-            texts.append(f"attempt {self.attempt.attempt + 1}/{self.attempt.max_restarts + 1}")
-        return texts
+            items.append(("attempt", f"{self.attempt.attempt + 1}/{self.attempt.max_restarts + 1}"))
+        return items
 
     def resource_totals(self) -> str:
         """The header's totals over the ranks: ``RSS 1.0 GiB · CPU 196% · GPU 6.2/160 GiB``."""

@@ -439,8 +439,7 @@ class WidgetView:
         ]
         if started is not None and started.mixed_precision not in ("", "no"):
             items.append(("precision", escape(started.mixed_precision)))
-        for text in state.place_texts():  # "node 1/2", "attempt 2/3"
-            name, value = text.split(" ", 1)
+        for name, value in state.place():  # ("node rank", "1 of 2"), ("attempt", "2/3")
             items.append((name, escape(value)))
         if state.attempt is not None and state.attempt.previous_errors:
             items.append(("earlier attempts", escape(" | ".join(state.attempt.previous_errors))))
