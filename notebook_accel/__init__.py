@@ -40,10 +40,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .accelerator import Accelerator
     from .errors import LaunchError, LaunchTimeout
     from .launcher import Launch, last_launch, notebook_launcher, start_launch
-    from .rank.metrics import report
-    from .rank.progress import progress
     from .panel import launch_panel
     from .plan.config import write_basic_config
+    from .rank.metrics import report
+    from .rank.progress import progress
 
 
 def __getattr__(name: str) -> Any:

@@ -9,27 +9,29 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from concurrent.futures import Future
-from collections import defaultdict
 import time
 import warnings
+from collections import defaultdict
+from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from .backends import LaunchSink, backend_for
-from .plan.config import fill_from_config
-from .plan.options import launcher_parameters, options_help, with_defaults
+from .backends.rendezvous import HostedStore
 from .errors import LaunchConfigError, LaunchError, LaunchTimeout, one_line
-from .wire.events import LaunchFinished, MetricReport, OutputLine, RankEvent, Status
 from .monitor.metric_log import MetricLog
-from .outcome.oom import explain as explain_out_of_memory, kind_of_failure, oom_kill_count
+from .monitor.resources import ResourceSampler
+from .outcome.oom import explain as explain_out_of_memory
+from .outcome.oom import kind_of_failure, oom_kill_count
 from .outcome.raising import root_cause_exception
 from .outcome.root_cause import Outcome
 from .outcome.stacks import fold_stack_dump
-from .rank.tracebacks import without_launcher_frames
-from .monitor.resources import ResourceSampler
+from .plan.config import fill_from_config
+from .plan.options import launcher_parameters, options_help, with_defaults
 from .plan.plan import LaunchPlan, plan_launch
-from .backends.rendezvous import HostedStore
+from .rank.tracebacks import without_launcher_frames
 from .views import NullView, View, make_view
+from .wire.events import LaunchFinished, MetricReport, OutputLine, RankEvent, Status
+
 
 class Launch:
     """One launch, as a job object: wait on it, stop it, read its output.
@@ -223,7 +225,8 @@ class Launch:
             self._explain_out_of_memory(root, outcome)
         elif outcome.status == Status.TIMEOUT:
             ranks = ", ".join(str(rank) for rank in outcome.still_running) or "none"
-            where = "".join(f"\n[rank {rank}] {fold_stack_dump(text)}" for rank, text in sorted(outcome.stacks.items()))
+            where = "".join(f"\n[rank {rank}] {fold_stack_dump(text)}"
+                            for rank, text in sorted(outcome.stacks.items()))
             self.error = LaunchTimeout(
                 f"the launch ran past timeout={self.plan.timeout:g} s and was stopped; ranks still running: "
                 f"{ranks}" + (f". Where they were:{where}" if where else ""),

@@ -18,12 +18,12 @@ from typing import Any, Callable, Dict, List, Optional
 
 import ipywidgets as widgets
 
+from .errors import one_line
 from .plan.config import load_config
 from .plan.devices import available_devices
-from .errors import one_line
+from .views.widgets import WidgetView
 from .wire.choices import MixedPrecision
 from .wire.events import LaunchFinished, Status
-from .views.widgets import WidgetView
 
 __all__ = ["launch_panel", "LaunchPanel"]
 

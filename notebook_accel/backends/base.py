@@ -16,8 +16,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Optional
 
-from ..wire.events import RankEvent, Status
 from ..outcome.root_cause import Outcome
+from ..wire.events import RankEvent, Status
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..plan.plan import LaunchPlan

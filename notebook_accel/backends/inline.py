@@ -10,16 +10,16 @@ import os
 import signal
 import sys
 import threading
-import traceback
 import time
+import traceback
 from contextlib import contextmanager
 from typing import Dict, Iterator, Optional
 
-from ..wire.channel import DirectSender, set_rank_channel
-from ..wire.events import RankExited, RankStarted, Status
 from ..outcome.root_cause import Failure, Outcome
 from ..rank.run import run_rank, to_cpu
 from ..rank.tracebacks import hide_launcher_frames
+from ..wire.channel import DirectSender, set_rank_channel
+from ..wire.events import RankExited, RankStarted, Status
 from .base import Backend, LaunchSink, StopPolicy
 from .kernel_capture import captured_fds, deliver_outside_capture
 

@@ -20,8 +20,8 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, List, TextIO
 
-from ..wire.events import OutputLine, RankEvent
 from ..rank.streams import flush_std_streams, line_writer
+from ..wire.events import OutputLine, RankEvent
 
 DRAIN_AFTER_END = 1.0  # a subprocess the function left running may hold the pipe open: stop waiting then
 _READ_BYTES = 1 << 16

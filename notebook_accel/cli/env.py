@@ -45,8 +45,8 @@ def versions() -> List[str]:
 
 
 def config_lines() -> List[str]:
-    from ..plan.config import LaunchConfig, find_config_file, load_config
     from ..errors import LaunchConfigError
+    from ..plan.config import LaunchConfig, find_config_file, load_config
 
     path = find_config_file()
     if path is None:

@@ -15,8 +15,8 @@ import sys
 import traceback
 from typing import Any, Dict
 
-from ..plan.config import LaunchConfig, load_config
 from ..errors import LaunchConfigError, LaunchError, LaunchTimeout
+from ..plan.config import LaunchConfig, load_config
 from ..plan.options import OPTIONS
 from ..rank.tracebacks import without_launcher_frames
 from ..wire.choices import Device, Display, MixedPrecision, RendezvousBackend, StartMethod

@@ -28,9 +28,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import psutil
 
-from ..wire.events import (DeviceMemoryReport, PeakMemoryReport, RankEvent, RankExited, RankStarted,
-                           ResourceSample)
 from ..formatting import format_bytes
+from ..wire.events import DeviceMemoryReport, PeakMemoryReport, RankEvent, RankExited, RankStarted, ResourceSample
 
 SAMPLE_INTERVAL = 1.0  # seconds between two samples of all ranks
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import signal
 from typing import Dict, List, Optional, Tuple
 
-from ..wire.events import RankFailed
 from ..formatting import format_bytes
+from ..wire.events import RankFailed
 
 # Where an OOM-kill counter may be read, most specific first (a test replaces this list with a fake file).
 COUNTER_FILES: List[str] = []

@@ -91,8 +91,8 @@ def check_node_options(**given: Any) -> Optional[NodeOptions]:
     if num_nodes > 1:
         _check_backend(rdzv_backend)
         _check_endpoint(rdzv_backend, rdzv_endpoint)
-    return NodeOptions(num_nodes=int(num_nodes), node_rank=None if node_rank is None else int(node_rank), rdzv_backend=rdzv_backend,
-                       rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id or DEFAULT_RDZV_ID,
+    return NodeOptions(num_nodes=int(num_nodes), node_rank=None if node_rank is None else int(node_rank),
+                       rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id or DEFAULT_RDZV_ID,
                        rdzv_conf=dict(rdzv_conf), max_restarts=int(max_restarts),
                        monitor_interval=float(monitor_interval))
 

@@ -9,13 +9,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from . import devices as environment
-from ..wire.channel import rank_channel
 from ..errors import LaunchConfigError
-from .nodes import NodeOptions, check_node_options
-from ..wire.events import LaunchStarted
+from ..wire.channel import rank_channel
 from ..wire.choices import MixedPrecision, StartMethod
+from ..wire.events import LaunchStarted
 from ..wire.payload import Payload
+from . import devices as environment
+from .nodes import NodeOptions, check_node_options
 from .options import NODE_OPTION_NAMES, check_choice, check_precision_for_device, with_defaults
 
 MIXED_PRECISIONS = MixedPrecision.values()  # kept for callers of the old names

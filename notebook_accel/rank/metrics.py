@@ -18,8 +18,8 @@ from numbers import Number
 from typing import Any, Dict, Optional
 
 from ..wire.channel import rank_channel
-from .device_memory import maybe_send_device_memory
 from ..wire.events import MetricReport
+from .device_memory import maybe_send_device_memory
 
 __all__ = ["report", "flush"]
 

@@ -27,8 +27,8 @@ that rank's output (carriage-return redraws collapsed to the last frame).
 from __future__ import annotations
 
 import itertools
-import threading
 import sys
+import threading
 import time
 import types
 from typing import Any, Callable, Dict, List, Optional
@@ -37,8 +37,8 @@ from tqdm.asyncio import tqdm_asyncio as _asyncio_tqdm
 from tqdm.std import tqdm as _std_tqdm
 
 from ..wire.channel import rank_channel
-from .device_memory import maybe_send_device_memory
 from ..wire.events import ProgressUpdate
+from .device_memory import maybe_send_device_memory
 
 __all__ = ["progress", "trange", "patch_tqdm"]
 

@@ -38,10 +38,10 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import ipywidgets as widgets
 
+from ..outcome.root_cause import is_collateral
 from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate,
                            RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted, RankStatus,
                            ResourceSample)
-from ..outcome.root_cause import is_collateral
 from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, launch_title,
                     rank_colour, resource_text)
 from .plot import render_line_plot

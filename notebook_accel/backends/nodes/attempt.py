@@ -12,9 +12,9 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Callable, Deque, Dict, List, Optional
 
-from ...plan.nodes import NodeOptions
 from ...outcome.death import TAIL_LINES, describe_death
 from ...outcome.root_cause import is_collateral, is_interrupt
+from ...plan.nodes import NodeOptions
 from ...wire.events import OutputLine, RankEvent, RankExited, RankFailed, Status
 
 _LIVENESS_SECONDS = 1.0      # how often a node checks that the others' launchers still beat

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from multiprocessing import spawn
 from typing import Dict, Iterator, List
 
-from ...rank.forkserver_preload import KERNEL_TEMPDIR_VARIABLE
 from ...outcome.root_cause import Outcome
 from ...plan.plan import LaunchPlan
-from ..base import Backend, LaunchSink, StopPolicy
-from .supervisor import Supervisor
+from ...rank.forkserver_preload import KERNEL_TEMPDIR_VARIABLE
 from ...rank.process import RankSpec, rank_main
 from ...wire.fds import PassedFd, make_pipe
+from ..base import Backend, LaunchSink, StopPolicy
+from .supervisor import Supervisor
 
 
 @dataclass

@@ -18,12 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
-from ...wire.channel import EventDecoder
 from ...errors import LaunchError
-from ...wire.events import (OutputLine, RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted,
-                            Status)
 from ...formatting import signal_name
 from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt
+from ...wire.channel import EventDecoder
+from ...wire.events import OutputLine, RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted, Status
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..base import StopPolicy

@@ -15,9 +15,9 @@ import warnings
 from typing import Dict, List, Optional
 
 from ...plan import tpu
+from ...rank.xla.host import XlaHostSpec, host_main
 from ...wire.fds import PassedFd, make_pipe
 from ..processes.backend import ProcessBackend, RankProcess, main_not_rerun
-from ...rank.xla.host import XlaHostSpec, host_main
 
 
 class XlaBackend(ProcessBackend):

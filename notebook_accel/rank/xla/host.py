@@ -19,13 +19,13 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from ...formatting import signal_name
 from ...wire.channel import EventSender
 from ...wire.events import RankExited
-from ...formatting import signal_name
-from ..run import failure_event
-from .. import process
-from ..streams import flush_std_streams
 from ...wire.fds import take_fd
+from .. import process
+from ..run import failure_event
+from ..streams import flush_std_streams
 from . import device
 from .device import DeviceLayout
 
