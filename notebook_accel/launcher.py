@@ -30,7 +30,7 @@ from .plan.options import launcher_parameters, options_help, with_defaults
 from .plan.plan import LaunchPlan, plan_launch
 from .rank.tracebacks import without_launcher_frames
 from .views import NullView, View, make_view
-from .wire.events import LaunchFinished, MetricReport, OutputLine, RankEvent, Status
+from .wire.events import LaunchFinished, MetricReport, OutputLine, OutputLines, RankEvent, Status
 
 
 class Launch:
@@ -164,8 +164,8 @@ class Launch:
 
     def _deliver(self, event: RankEvent) -> None:
         self.resources.observe(event)
-        if isinstance(event, OutputLine):
-            self.outputs[event.rank].append(event.text)
+        if isinstance(event, (OutputLine, OutputLines)):
+            self.outputs[event.rank].extend(event.texts)
         elif isinstance(event, MetricReport):
             self.metric_log.add(event)
         try:

@@ -9,7 +9,7 @@ import textwrap
 from typing import Any, List
 
 import notebook_accel
-from notebook_accel.wire.events import RankEvent
+from notebook_accel.wire.events import OutputLine, OutputLines, RankEvent
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where the notebook_accel under test was imported from: site-packages when the tests run against an
@@ -42,7 +42,10 @@ class Recorder:
         self.events: List[RankEvent] = []
 
     def handle(self, event: RankEvent) -> None:
-        self.events.append(event)
+        if isinstance(event, OutputLines):  # recorded line by line, as tests read them
+            self.events.extend(OutputLine(rank=event.rank, stream=event.stream, text=text) for text in event.lines)
+        else:
+            self.events.append(event)
 
     def tick(self) -> None:
         pass

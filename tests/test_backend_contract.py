@@ -14,7 +14,8 @@ from typing import Any, Callable, Dict, List, Tuple
 import pytest
 
 from notebook_accel.backends import LaunchSink, backend_for
-from notebook_accel.wire.events import OutputLine, ProgressUpdate, RankEvent, RankExited, RankFailed, RankStarted
+from notebook_accel.wire.events import (OutputLine, OutputLines, ProgressUpdate, RankEvent, RankExited, RankFailed,
+                                        RankStarted)
 from notebook_accel.outcome.root_cause import Outcome
 from notebook_accel.plan.plan import plan_launch
 
@@ -62,6 +63,10 @@ def run_case(case: str, function: Callable, args: tuple = (), *, stop_after: flo
 
 
 def of_type(events: List[RankEvent], kind: type) -> List[Any]:
+    if kind is OutputLine:  # the supervisor sends a read's lines as one OutputLines: line by line here
+        events = [line for event in events for line in (
+            [OutputLine(rank=event.rank, stream=event.stream, text=text) for text in event.lines]
+            if isinstance(event, OutputLines) else [event])]
     return [event for event in events if isinstance(event, kind)]
 
 

@@ -295,7 +295,7 @@ def test_one_in_kernel_rank_has_the_same_output_errors_and_timeout(capsys):
 
 class ExplodingView:
     def handle(self, event):
-        if type(event).__name__ == "OutputLine":
+        if type(event).__name__ in ("OutputLine", "OutputLines"):
             raise RuntimeError("display bug")
 
     def tick(self):
@@ -393,3 +393,33 @@ def test_more_cpu_ranks_than_cores_share_them_with_one_thread_each(capfd, monkey
                                 return_all=True)
     assert results == [(float(sum(range(ranks))), 1)] * ranks
     assert f"{ranks} CPU ranks share the {cores} CPU cores here (1 torch thread each)" in capfd.readouterr().err
+
+
+def prints_numbered_lines(count):
+    import sys
+
+    rank = os.environ["RANK"]
+    for index in range(count):
+        print(f"line {index} of {rank}")
+        if index % 997 == 0:
+            print(f"err {index} of {rank}", file=sys.stderr)
+    sys.stdout.write(f"no newline at the end of {rank}")
+
+
+def test_every_output_line_arrives_labelled_and_in_order_per_stream():
+    # The supervisor hands views whole reads of a pipe (OutputLines); none may be lost, reordered or unlabelled.
+    import io
+
+    from notebook_accel.views import TextView
+
+    out, err = io.StringIO(), io.StringIO()
+    job = start_launch(prints_numbered_lines, args=(20_000,), num_processes=2, view=TextView(stdout=out, stderr=err))
+    job.wait(120)
+    before_summary = out.getvalue().split("\nnotebook_accel: ")[0]
+    for rank in (0, 1):
+        mine = [line for line in before_summary.splitlines() if line.startswith(f"[rank {rank}] ")]
+        assert mine == ([f"[rank {rank}] line {index} of {rank}" for index in range(20_000)]
+                        + [f"[rank {rank}] no newline at the end of {rank}"])
+        errors = [line for line in err.getvalue().splitlines() if line.startswith(f"[rank {rank}] ")]
+        assert errors == [f"[rank {rank}] err {index} of {rank}" for index in range(0, 20_000, 997)]
+        assert job.outputs[rank][-1] == f"no newline at the end of {rank}" and len(job.outputs[rank]) == 20_022

@@ -51,10 +51,10 @@ def _run_checks(say: Callable[[str], None]) -> List[Tuple[str, bool, str]]:
 
     class Recorder(TextView):
         def handle(self, event) -> None:
-            from ..wire.events import OutputLine
+            from ..wire.events import OutputLine, OutputLines
 
-            if isinstance(event, OutputLine):
-                lines.append(f"[rank {event.rank}] {event.text}")
+            if isinstance(event, (OutputLine, OutputLines)):
+                lines.extend(f"[rank {event.rank}] {text}" for text in event.texts)
             super().handle(event)
 
     try:

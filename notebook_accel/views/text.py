@@ -21,8 +21,8 @@ import threading
 import time
 from typing import Dict, Optional, TextIO
 
-from ..wire.events import LaunchFinished, MetricReport, OutputLine, ProgressUpdate, RankEvent
-from .model import BarState, LaunchState, clean_line
+from ..wire.events import LaunchFinished, MetricReport, OutputLine, OutputLines, ProgressUpdate, RankEvent
+from .model import BarState, LaunchState, label_lines
 
 
 class TextView:
@@ -57,8 +57,8 @@ class TextView:
     def handle(self, event: RankEvent) -> None:
         with self._lock:
             changed = self.state.apply(event)
-            if isinstance(event, OutputLine):
-                self._out(event.stream).write(f"[rank {event.rank}] {clean_line(event.text)}\n")
+            if isinstance(event, (OutputLine, OutputLines)):
+                self._out(event.stream).write(label_lines(event.rank, event.texts))
             elif isinstance(event, ProgressUpdate) and isinstance(changed, BarState):
                 self._on_bar(changed)
             elif isinstance(event, MetricReport):

@@ -39,7 +39,7 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 import ipywidgets as widgets
 
 from ..outcome.root_cause import is_collateral
-from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, ProgressUpdate,
+from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, OutputLines, ProgressUpdate,
                            RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted, RankStatus,
                            ResourceSample)
 from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, launch_title,
@@ -192,8 +192,9 @@ class WidgetView:
             now = time.monotonic()
             if isinstance(event, ProgressUpdate):
                 self._on_bar(changed, now)  # type: ignore[arg-type]
-            elif isinstance(event, OutputLine):
-                self._log_buffer.append((event.stream, f"[rank {event.rank}] {clean_line(event.text)}\n"))
+            elif isinstance(event, (OutputLine, OutputLines)):  # a line each: the log counts and bounds lines
+                self._log_buffer.extend((event.stream, f"[rank {event.rank}] {clean_line(text)}\n")
+                                        for text in event.texts)
             elif isinstance(event, MetricReport):
                 self._on_metrics(event, changed)  # type: ignore[arg-type]
             elif isinstance(event, ResourceSample):

@@ -57,6 +57,25 @@ class OutputLine(RankEvent):
     stream: str  # "stdout" | "stderr"
     text: str
 
+    @property
+    def texts(self) -> List[str]:
+        """The lines this event carries (one): read ``texts`` to handle ``OutputLines`` alike."""
+        return [self.text]
+
+
+@dataclass
+class OutputLines(RankEvent):
+    """Every whole line one read of a rank's output pipe held, in order, without their newlines. The
+    supervisor sends these (a chatty rank writes thousands of lines a second: one event per read, not per
+    line); views label and write them as one block."""
+
+    stream: str  # "stdout" | "stderr"
+    lines: List[str]
+
+    @property
+    def texts(self) -> List[str]:
+        return self.lines
+
 
 @dataclass
 class ProgressUpdate(RankEvent):

@@ -15,7 +15,7 @@ from typing import Callable, Deque, Dict, List, Optional
 from ...outcome.death import TAIL_LINES, describe_death
 from ...outcome.root_cause import is_collateral, is_interrupt
 from ...plan.nodes import NodeOptions
-from ...wire.events import OutputLine, RankEvent, RankExited, RankFailed, Status
+from ...wire.events import OutputLine, OutputLines, RankEvent, RankExited, RankFailed, Status
 
 _LIVENESS_SECONDS = 1.0      # how often a node checks that the others' launchers still beat
 
@@ -81,8 +81,8 @@ class AttemptWatch:
 
     # ------------------------------------------------------------------------------- the sink's side
     def deliver(self, event: RankEvent) -> None:
-        if isinstance(event, OutputLine):
-            self._tails[event.rank].append(event.text)
+        if isinstance(event, (OutputLine, OutputLines)):
+            self._tails[event.rank].extend(event.texts)
         elif isinstance(event, RankFailed):
             self._failed_ranks.add(event.rank)
             if is_interrupt(event):

@@ -22,7 +22,7 @@ from ...errors import LaunchError
 from ...formatting import signal_name
 from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt
 from ...wire.channel import EventDecoder
-from ...wire.events import OutputLine, RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted, Status
+from ...wire.events import OutputLine, OutputLines, RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted, Status
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..base import StopPolicy
@@ -169,9 +169,11 @@ class Supervisor:
         state.partial[stream] = lines.pop() if chunk else ""
         if not chunk and lines and lines[-1] == "":  # EOF right after a newline: no extra empty line
             lines.pop()
-        rank = state.handle.rank
-        for line in lines:
-            self.deliver(OutputLine(rank=rank, stream=stream, text=line.rstrip("\r")))
+        if not lines:
+            return
+        if "\r" in text:  # a progress bar's carriage returns (rare): strip the line ends they leave
+            lines = [line.rstrip("\r") for line in lines]
+        self.deliver(OutputLines(rank=state.handle.rank, stream=stream, lines=lines))
 
     def _on_event(self, state: _RankState, event: RankEvent) -> None:
         if isinstance(event, RankExited):
