@@ -13,7 +13,7 @@ import time
 import warnings
 from collections import defaultdict
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from .backends import LaunchSink, backend_for
 from .backends.rendezvous import HostedStore
@@ -346,12 +346,12 @@ def start_launch(function: Callable, args: tuple = (), kwargs: Optional[Dict[str
     return Launch(plan, view=view).run_in_background()
 
 
-def _describe_options(launcher: Callable, *, config: bool, extra: Tuple[inspect.Parameter, ...] = ()) -> None:
+def _describe_options(launcher: Callable, *, config: bool) -> None:
     """Give ``launcher`` the signature and "Args" lines of every option in ``plan.options``, so ``help()``,
-    ``inspect.signature`` and Jupyter's Shift-Tab list them with their defaults."""
-    leading = [parameter for name, parameter in inspect.signature(launcher).parameters.items()
+    ``inspect.signature`` and Jupyter's Shift-Tab list them with their defaults (its ``**options`` takes them)."""
+    leading = [parameter for parameter in inspect.signature(launcher).parameters.values()
                if parameter.kind is not inspect.Parameter.VAR_KEYWORD]
-    launcher.__signature__ = launcher_parameters(leading + list(extra), config=config)  # type: ignore[attr-defined]
+    launcher.__signature__ = launcher_parameters(leading, config=config)  # type: ignore[attr-defined]
     launcher.__doc__ = (launcher.__doc__ or "").replace("{options}", options_help(config=config))
 
 
