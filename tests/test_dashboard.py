@@ -385,3 +385,18 @@ def test_the_dashboard_starts_fresh_rows_on_a_restart_and_names_a_remote_root_ca
     assert "rank 0 on node 0 (host-a): ValueError: bad batch" in header
     view.handle(LaunchFinished(rank=-1, status="failed", elapsed=2.0, root_rank=0, error="ValueError: bad"))
     assert sorted(view._rank_rows) == [2, 3] and 0 not in view.state.ranks  # rank 0 runs on the other node
+
+
+def test_the_dashboard_says_when_a_finished_rank_leaves_its_peers_waiting(clock):
+    from notebook_accel.wire.events import PeersWaiting
+
+    view = WidgetView(display=False)
+    view.handle(LaunchStarted(rank=-1, world_size=2, device="cpu", start_method="fork", function_name="train"))
+    for rank in (0, 1):
+        view.handle(RankStarted(rank=rank, pid=100 + rank))
+    text = "rank 0 finished 31 s ago, but 1 rank(s) still run, perhaps waiting for it: rank 1 in all_reduce, ..."
+    assert "waiting" not in view.header.value
+    view.handle(PeersWaiting(rank=-1, finished_rank=0, waiting=[1], seconds=31.0, text=text))
+    assert "waiting: <b" in view.header.value and "rank 1 in all_reduce" in view.header.value
+    view.handle(LaunchFinished(rank=-1, status="stopped", elapsed=40.0, still_running=[1]))
+    assert "perhaps waiting" not in view.header.value  # said while it mattered

@@ -423,3 +423,43 @@ def test_every_output_line_arrives_labelled_and_in_order_per_stream():
         errors = [line for line in err.getvalue().splitlines() if line.startswith(f"[rank {rank}] ")]
         assert errors == [f"[rank {rank}] err {index} of {rank}" for index in range(0, 20_000, 997)]
         assert job.outputs[rank][-1] == f"no newline at the end of {rank}" and len(job.outputs[rank]) == 20_022
+
+
+def rank_zero_leaves_rank_one_in_a_barrier():
+    import torch.distributed as dist
+
+    if os.environ["RANK"] == "0":
+        return "rank 0 is done"  # before joining the group (accelerate's test_fault_tolerant does this)
+    dist.init_process_group("gloo")  # waits for rank 0 for ever
+
+
+def test_a_rank_that_finished_while_its_peer_waits_is_said_in_one_line_and_the_launch_goes_on(monkeypatch):
+    import io
+
+    from notebook_accel.views import TextView
+    from notebook_accel.wire.events import PeersWaiting
+
+    monkeypatch.setenv("NOTEBOOK_ACCEL_PEER_WAIT", "1")
+    out = io.StringIO()
+    seen = []
+
+    class Watching(TextView):
+        def handle(self, event):
+            if isinstance(event, PeersWaiting):
+                seen.append(event)
+            super().handle(event)
+
+    job = start_launch(rank_zero_leaves_rank_one_in_a_barrier, num_processes=2,
+                       view=Watching(stdout=out, stderr=out))
+    deadline = time.monotonic() + 60
+    while not seen and time.monotonic() < deadline:  # said after 1 s here (30 s by default)
+        time.sleep(0.1)
+    assert not job.done  # said, not ended: the user decides
+    stacks = job.dump_stacks()
+    assert "in rank_zero_leaves_rank_one_in_a_barrier" in stacks[1]  # dump_stacks works as before
+    job.stop()
+    with pytest.raises(KeyboardInterrupt):
+        job.wait(60)
+    assert len(seen) == 1 and (seen[0].finished_rank, seen[0].waiting) == (0, [1])
+    line = [text for text in out.getvalue().splitlines() if "finished" in text and "waiting for it" in text]
+    assert line and "rank 1 in init_process_group, called from test_launcher.py" in line[0], out.getvalue()

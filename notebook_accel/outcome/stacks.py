@@ -64,3 +64,40 @@ def fold_stack_dump(dump: str) -> str:
     if folded:
         shown.append(f"  [{' and '.join(folded)} folded; the whole dump is kept in .stacks]")
     return "\n".join(shown)
+
+
+_WRAPPERS = {"wrapper", "inner", "wrapped", "_fn", "decorate_context", "decorated", "__call__"}
+
+
+def where_waiting(dump: str) -> str:
+    r"""Where a rank waits, from its stack dump: the call its code made into a library (torch.distributed's
+    ``init_process_group``, ``all_reduce``, ``barrier``...) and the user's frame that made it, from the first
+    thread that runs user code.
+
+    >>> where_waiting('Current thread 0x1 (most recent call first):\n'
+    ...               '  File "/x/torch/distributed/distributed_c10d.py", line 4 in _store_based_barrier\n'
+    ...               '  File "/x/torch/distributed/distributed_c10d.py", line 9 in barrier\n'
+    ...               '  File "/home/me/train.py", line 12 in train\n')
+    'barrier, called from train.py:12 in train'
+    """
+    for _, frames in _threads(dump):  # innermost frame first
+        for index, frame in enumerate(frames):
+            path = _FRAME.match("  " + frame).group("path")
+            if _is_plumbing(path) or f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}torch{os.sep}" in path:
+                continue
+            if index == 0:
+                return _short_frame(frame)
+            # the library function it called: past decorators' generic wrappers (torch wraps its collectives)
+            names = [match.group(1) for match in (re.search(r" in (\S+)$", inner) for inner in frames[:index])
+                     if match]
+            called = next((name for name in reversed(names) if name not in _WRAPPERS), names[-1] if names else "")
+            return f"{called or 'a call'}, called from {_short_frame(frame)}"
+    return "somewhere its stack does not show"
+
+
+def _short_frame(frame: str) -> str:
+    """``File "/home/me/train.py", line 12 in train`` → ``train.py:12 in train``."""
+    match = re.match(r'File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<name>.+)$', frame.strip())
+    if not match:
+        return frame.strip()
+    return f"{os.path.basename(match.group('path'))}:{match.group('line')} in {match.group('name')}"

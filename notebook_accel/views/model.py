@@ -15,9 +15,9 @@ from tqdm.std import tqdm as _tqdm_format  # formatting helpers only (format_met
 
 from ..formatting import format_bytes, format_value  # noqa: F401  (views.model.format_* for views and tests)
 from ..monitor.metric_log import MetricSummary
-from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, OutputLines, ProgressUpdate,
-                           RankEvent, RankExited, RankFailed, RankResult, RankStarted, RankStatus, ResourceSample,
-                           Status)
+from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, OutputLines,
+                           PeersWaiting, ProgressUpdate, RankEvent, RankExited, RankFailed, RankResult, RankStarted,
+                           RankStatus, ResourceSample, Status)
 
 # Colours of ranks 0..9 (matplotlib's tab10), reused in the plots and the rank rows.
 STALL_AFTER_SECONDS = 10.0  # a rank whose progress has not moved this long while its peers advance is stalled
@@ -234,6 +234,7 @@ class LaunchState:
         self.start_wall = time.time()
         self.stall_after = STALL_AFTER_SECONDS
         self.attempt: Optional[AttemptStarted] = None    # set once a restart began
+        self.peers_waiting: Optional[PeersWaiting] = None  # a rank finished while others still run
 
     # ------------------------------------------------------------------------------------------ reading
     @property
@@ -262,6 +263,9 @@ class LaunchState:
             return self._on_progress(event)
         if isinstance(event, MetricReport):
             return self._on_metrics(event)
+        if isinstance(event, PeersWaiting):
+            self.peers_waiting = event
+            return self
         if isinstance(event, (OutputLine, OutputLines)):
             state = self.rank(event.rank)
             state.output_lines += len(event.texts)

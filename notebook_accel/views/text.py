@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Dict, Optional, TextIO
 
-from ..wire.events import LaunchFinished, MetricReport, OutputLine, OutputLines, ProgressUpdate, RankEvent
+from ..wire.events import LaunchFinished, MetricReport, OutputLine, OutputLines, PeersWaiting, ProgressUpdate, RankEvent
 from .model import BarState, LaunchState, label_lines
 
 
@@ -63,6 +63,8 @@ class TextView:
                 self._on_bar(changed)
             elif isinstance(event, MetricReport):
                 pass  # shown in the next progress line's postfix and in the summary
+            elif isinstance(event, PeersWaiting):
+                self._out("stdout").write(f"notebook_accel: {event.text}\n")
             elif isinstance(event, LaunchFinished):
                 self._pending.clear()
                 out = self._out("stdout")

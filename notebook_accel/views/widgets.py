@@ -39,9 +39,9 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 import ipywidgets as widgets
 
 from ..outcome.root_cause import is_collateral
-from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, OutputLines, ProgressUpdate,
-                           RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted, RankStatus,
-                           ResourceSample)
+from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, OutputLines,
+                           PeersWaiting, ProgressUpdate, RankEvent, RankExited, RankFailed, RankResult, RankStacks,
+                           RankStarted, RankStatus, ResourceSample)
 from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, launch_title,
                     rank_colour, resource_text)
 from .plot import render_line_plot
@@ -203,6 +203,8 @@ class WidgetView:
                 self._show_stack(event.rank, event.text, time.strftime("%H:%M:%S"))
             elif isinstance(event, LaunchStarted):
                 self._on_started()
+            elif isinstance(event, PeersWaiting):
+                self._draw_header()
             elif isinstance(event, AttemptStarted):  # the world runs again: fresh rank rows, same plots
                 self._rank_rows.clear()
                 self._dirty_bars.clear()
@@ -442,6 +444,8 @@ class WidgetView:
             items.append(("precision", escape(started.mixed_precision)))
         for name, value in state.place():  # ("node rank", "1 of 2"), ("attempt", "2/3")
             items.append((name, escape(value)))
+        if state.peers_waiting is not None and state.finished is None:  # said once, in the header, until the end
+            items.append(("waiting", f'<span class="na-peers-waiting">{escape(state.peers_waiting.text)}</span>'))
         if state.attempt is not None and state.attempt.previous_errors:
             items.append(("earlier attempts", escape(" | ".join(state.attempt.previous_errors))))
         totals = state.resource_totals()

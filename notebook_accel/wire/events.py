@@ -204,6 +204,18 @@ class RankStacks(RankEvent):
 
 
 @dataclass
+class PeersWaiting(RankEvent):
+    """Made by the supervisor (rank = -1) when a rank ended normally while others still run: they may be waiting
+    for it forever (a collective it never joined), and nothing else would say so. One line for people:
+    ``text`` names the finished rank, how long the others waited and where (the frame from their stacks)."""
+
+    finished_rank: int
+    waiting: List[int]
+    seconds: float
+    text: str
+
+
+@dataclass
 class LaunchStarted(RankEvent):
     """First event of every launch (rank = -1)."""
 

@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 from ...errors import LaunchError
 from ...formatting import signal_name
 from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt
+from ...outcome.stacks import where_waiting
 from ...wire.channel import EventDecoder
-from ...wire.events import OutputLine, OutputLines, RankEvent, RankExited, RankFailed, RankResult, RankStacks, RankStarted, Status
+from ...wire.events import (OutputLine, OutputLines, PeersWaiting, RankEvent, RankExited, RankFailed, RankResult,
+                            RankStacks, RankStarted, Status)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..base import StopPolicy
@@ -34,6 +36,8 @@ TERMINATE_GRACE = 1.0       # SIGTERM, then SIGKILL after this
 DRAIN_AFTER_EXIT = 1.0      # how long to wait for pipe EOF once a rank is gone (its children may hold them)
 STACKS_WAIT = 2.0           # how long a timeout waits for the ranks' stack dumps
 STACKS_QUIET = 0.15         # a dump is complete once its pipe has been quiet this long
+PEER_WAIT_VARIABLE = "NOTEBOOK_ACCEL_PEER_WAIT"  # seconds a rank may have finished while others run, unsaid
+DEFAULT_PEER_WAIT = 30.0
 _READ_BYTES = 1 << 16
 
 
@@ -78,6 +82,8 @@ class Supervisor:
         self.tick = tick
         self.policy = policy
         self.expect_result = expect_results
+        self.peer_wait = _peer_wait()
+        self._peers_noticed = False
         self.selector = selectors.DefaultSelector()
         # Several ranks may live in one process (an XLA host's device threads and workers): one sentinel each.
         carried: Dict[int, List[_RankState]] = {}
@@ -133,7 +139,9 @@ class Supervisor:
                 self._stop(Status.FAILED)
             elif self.failures and all(s.exited_at is not None for s in self.ranks.values()):
                 self.status = Status.FAILED
-            elif reason == Status.TIMEOUT:
+            elif not self.failures and not self._peers_noticed:
+                self._notice_peers_waiting(now)  # says it, never ends the launch
+            if self.status is None and reason == Status.TIMEOUT:
                 self._timeout_stacks = self._collect_stacks(STACKS_WAIT)  # where each rank was stuck
                 self._stop(Status.TIMEOUT)
         if self._terminated_at is not None and not self._killed and now - self._terminated_at >= TERMINATE_GRACE:
@@ -244,6 +252,26 @@ class Supervisor:
 
     # ----------------------------------------------------------------------------------- where is each rank
 
+    def _notice_peers_waiting(self, now: float) -> None:
+        """A rank ended normally ``peer_wait`` seconds ago while others still run: they may wait for it for ever
+        (a collective it never joined; torchrun hangs silently there). Say so once, with where they wait."""
+        finished = [state for state in self.ranks.values() if state.exited_at is not None and state.exitcode == 0
+                    and state.failed is None and not state.stopped_by_us]
+        waiting = sorted(rank for rank, state in self.ranks.items() if state.exited_at is None)
+        if not finished or not waiting:
+            return
+        first = min(finished, key=lambda state: state.exited_at)
+        seconds = now - first.exited_at
+        if seconds < self.peer_wait:
+            return
+        self._peers_noticed = True
+        stacks = self._collect_stacks(STACKS_WAIT)  # the views show each rank's stacks too
+        where = "; ".join(f"rank {rank} in {where_waiting(stacks.get(rank, ''))}" for rank in waiting)
+        text = (f"rank {first.handle.rank} finished {seconds:.0f} s ago, but {len(waiting)} rank(s) still run, "
+                f"perhaps waiting for it: {where}")
+        self.deliver(PeersWaiting(rank=-1, finished_rank=first.handle.rank, waiting=waiting, seconds=seconds,
+                                  text=text))
+
     def request_stacks(self, timeout: float) -> Dict[int, str]:
         """From any thread: every running rank's stacks, collected by the loop (which owns the pipes)."""
         request = _StackRequest(timeout)
@@ -343,3 +371,11 @@ def _decode_result(rank: int, payload: bytes) -> Any:
     except Exception as err:
         raise LaunchError(f"the return value of rank {rank} could not be unpickled in the kernel: "
                           f"{type(err).__name__}: {err}", rank=rank) from err
+
+
+def _peer_wait() -> float:
+    """``NOTEBOOK_ACCEL_PEER_WAIT`` seconds (30 by default) before a finished rank's waiting peers are named."""
+    try:
+        return max(0.0, float(os.environ.get(PEER_WAIT_VARIABLE, DEFAULT_PEER_WAIT)))
+    except ValueError:
+        return DEFAULT_PEER_WAIT
