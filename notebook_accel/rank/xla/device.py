@@ -23,6 +23,7 @@ from ...wire.events import RankExited, RankStarted
 from ..device_memory import send_peak_rss
 from ..run import failure_event, run_rank
 from ..streams import flush_std_streams, line_writer
+from . import cpu_client
 
 _setup_lock = threading.Lock()
 _set_up_in: Optional[int] = None  # pid of the process already set up (a forked worker inherits the host's)
@@ -113,6 +114,7 @@ def _set_up_process(layout: DeviceLayout) -> None:
             os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
         if layout.compile_cache:
             _initialize_compile_cache(layout.compile_cache, local_index)
+        cpu_client.serialize_graph_cuts()  # XLA's CPU client only: its device threads must not compile at once
         if not isinstance(sys.stdout, ThreadRoutedStream):
             sys.stdout = ThreadRoutedStream(sys.stdout)
             sys.stderr = ThreadRoutedStream(sys.stderr)
