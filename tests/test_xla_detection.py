@@ -114,15 +114,19 @@ def test_missing_torch_xla_is_named(tmp_path, monkeypatch):
     assert environment.best_device() == "cpu"  # a TPU without torch_xla is not a usable default
 
 
-def test_fork_safety_is_about_the_runtime_not_the_import(tmp_path):
-    """In a fresh process: importing torch_xla keeps fork safe; using an XLA device does not, and a launch
-    then says why before starting anything."""
-    code = """
+@pytest.mark.parametrize("use", ["torch_xla.device()", "torch_xla.runtime.global_device_count()",
+                                 "torch_xla.runtime.addressable_device_count()", "torch_xla.device_count()"])
+def test_fork_safety_is_about_the_runtime_not_the_import(tmp_path, use):
+    """In a fresh process: importing torch_xla keeps fork safe; using an XLA device, or asking the runtime how
+    many devices there are (that starts the PJRT client in torch_xla 2.9 too), does not, and a launch then
+    says why before starting anything."""
+    code = f"""
 import torch_xla
+import torch_xla.runtime
 from notebook_accel.plan import devices as environment
 from notebook_accel.plan.plan import plan_launch
 print("IMPORTED", environment.fork_safety()[0])
-torch_xla.device()
+{use}
 print("USED", environment.fork_safety())
 try:
     plan_launch(print, device="xla")

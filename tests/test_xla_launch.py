@@ -311,3 +311,56 @@ except BadCore as caught:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "RESULTS True [0, 1, 2, 3]" in out.stdout, out.stdout
     assert "CAUGHT True 3" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("host", ["cpu-client", "v5e-2"])
+def test_uneven_data_on_xla_counts_the_users_batches_not_the_prefetchers(tpu_host, monkeypatch, host):
+    """The fake MpDeviceLoader prefetches in a thread as torch_xla 2.9's does (up to 24 batches ahead), so the
+    prepared loader's look-ahead runs ahead of the batch the user holds. Seen on the real CPU client: the last
+    accumulation cycle never synced, and gather_for_metrics read the wrong step's layout."""
+    from xla_examples import uneven_epoch_example
+
+    if host == "cpu-client":
+        tpu_host("none")
+        monkeypatch.setenv("PJRT_DEVICE", "CPU")
+        monkeypatch.setenv("CPU_NUM_DEVICES", "2")
+    else:
+        tpu_host(host)
+    results, _ = launch(uneven_epoch_example, 21, 2, 4, return_all=True)
+    for result in results:
+        # 21 samples over 2 ranks in batches of 2: 6 batches each (the last one padded on one rank)
+        assert result["world"] == 2 and result["batches"] == 6
+        assert result["gathered"] == [float(value) for value in range(21)], result
+        assert result["syncs"] == [4, 6], result
+
+
+def graph_cuts():
+    import torch
+    import torch_xla
+    import torch_xla._fake_runtime as fake_runtime  # the fake's record of this thread's cuts and collectives
+    import torch_xla.core.xla_model as xm
+
+    for _ in range(5):
+        xm.all_reduce(xm.REDUCE_SUM, torch.ones(2, device=torch_xla.device()))
+        torch_xla.sync()
+    xm.mark_step(wait=True)  # a waiting cut: waits for its own device by its real name
+    return fake_runtime.thread_events(), fake_runtime.overlapping_cuts
+
+
+@pytest.mark.parametrize("host", ["cpu-client", "v2-8", "v5e-2"])
+def test_graph_cuts_are_serialized_on_the_cpu_client_only(tpu_host, monkeypatch, host):
+    """On XLA's CPU client every cut is taken one device thread at a time and each collective gets a graph of
+    its own (rank/xla/cpu_client.py); on a TPU, with device threads (v2) or without (v5e), nothing changes."""
+    if host == "cpu-client":
+        tpu_host("none")
+        monkeypatch.setenv("PJRT_DEVICE", "CPU")
+        monkeypatch.setenv("CPU_NUM_DEVICES", "2")
+    else:
+        tpu_host(host)
+    results, _ = launch(graph_cuts, return_all=True)
+    for events, overlapping in results:
+        if host == "cpu-client":
+            assert events == ["step_marker", "all_reduce", "step_marker", "step_marker"] * 5 + ["step_marker"]
+            assert overlapping == 0  # the fake's cuts take time: unserialized threads would overlap
+        else:
+            assert events == ["all_reduce", "step_marker"] * 5 + ["step_marker"]

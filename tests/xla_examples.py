@@ -42,3 +42,36 @@ def transformer_example(epochs: int = 4) -> Dict[str, Any]:
         "weights": {name: value.detach().cpu() for name, value in
                     accelerator.unwrap_model(model).state_dict().items()},
     }
+
+
+def uneven_epoch_example(samples: int = 21, batch_size: int = 2, accumulation: int = 4) -> Dict[str, Any]:
+    """An eval set that does not split evenly, and gradient accumulation whose last cycle is cut short by the
+    epoch's end: on XLA the prepared loader is torch_xla's MpDeviceLoader, which takes batches from it ahead
+    of the user (a prefetch thread). What must hold is what the user's batch says, not the prefetcher's:
+    ``gather_for_metrics`` returns exactly ``samples`` values, and ``sync_gradients`` is True every
+    ``accumulation`` batches *and* at the epoch's last batch (else its gradients are never applied)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from notebook_accel import Accelerator
+
+    accelerator = Accelerator(gradient_accumulation_steps=accumulation)
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    values = torch.arange(samples, dtype=torch.float32).unsqueeze(1)
+    data = DataLoader(TensorDataset(values), batch_size=batch_size)
+    model, optimizer, data = accelerator.prepare(model, optimizer, data)
+
+    gathered, syncs, batches = [], [], 0
+    for (inputs,) in data:
+        batches += 1
+        with accelerator.accumulate(model):
+            loss = model(inputs).pow(2).mean()
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        if accelerator.sync_gradients:
+            syncs.append(batches)
+        gathered += accelerator.gather_for_metrics(inputs.squeeze(1)).cpu().tolist()
+    return {"gathered": sorted(gathered), "syncs": syncs, "batches": batches, "rank": accelerator.process_index,
+            "world": accelerator.num_processes}

@@ -187,39 +187,69 @@ class PreparedDataLoader(DataLoader):
         return raw, (layouts.popleft() if layouts else None)
 
     def __iter__(self) -> Iterator[Any]:
+        self.end_of_dataloader = False
+        self.gradient_state.loader_started(self)
+        try:
+            for batch, last, layout in self.steps():
+                self.end_of_dataloader, self.current_layout = last, layout
+                yield batch
+        finally:
+            self.gradient_state.loader_stopped(self)
+
+    def steps(self, on_device: bool = True) -> Iterator[Tuple[Any, bool, Optional[StepLayout]]]:
+        """One epoch of ``(batch, is_last, layout)``, without touching the gradient state: whoever hands the
+        batches to the user records them (``__iter__`` here; on XLA the :class:`XlaDeviceLoader`, since
+        torch_xla's loader takes them from here in its prefetch thread, ahead of the user).
+        ``on_device=False`` leaves the batch where the DataLoader made it (torch_xla moves it)."""
         self.epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
         if self.randomness is not None:
             self.randomness.begin_epoch(self.epoch)
         self._announce_epoch(self.epoch)
         non_blocking = bool(self.pin_memory and self.device is not None and self.device.type == "cuda")
-        on_xla = self.device is not None and self.device.type == "xla"
-        self.end_of_dataloader = False
-        self.gradient_state.loader_started(self)
-        try:
-            iterator = super().__iter__()
-            layouts = self._layout_queue()
+        iterator = super().__iter__()
+        layouts = self._layout_queue()
+        upcoming = self._receive(iterator, layouts)
+        while upcoming is not _END:
+            batch, layout = upcoming
+            # one batch of look-ahead: is the batch we are about to hand out the last one?
             upcoming = self._receive(iterator, layouts)
-            while upcoming is not _END:
-                batch, layout = upcoming
-                # one batch of look-ahead: is the batch we are about to hand out the last one?
-                upcoming = self._receive(iterator, layouts)
-                self.end_of_dataloader = upcoming is _END
-                self.current_layout = layout
-                if self.device is not None:
-                    batch = send_to_device(batch, self.device, non_blocking=non_blocking)
-                if on_xla:  # cut the lazy graph once per step, as torch_xla's MpDeviceLoader does
-                    import torch_xla.core.xla_model as xm
+            if on_device and self.device is not None:
+                batch = send_to_device(batch, self.device, non_blocking=non_blocking)
+            yield batch, upcoming is _END, layout
 
-                    xm.mark_step()
-                yield batch
-        finally:
-            self.gradient_state.loader_stopped(self)
+
+class _XlaStep:
+    """A batch's bookkeeping, travelling beside it through torch_xla's loader (which moves tensors, turns
+    tuples into lists and passes other objects through as they are)."""
+
+    __slots__ = ("last", "layout")
+
+    def __init__(self, last: bool, layout: Optional[StepLayout]) -> None:
+        self.last, self.layout = last, layout
+
+
+class _XlaSteps:
+    """What torch_xla's ``MpDeviceLoader`` iterates (in its prefetch thread): ``[batch, _XlaStep]`` pairs."""
+
+    def __init__(self, prepared: PreparedDataLoader) -> None:
+        self.prepared = prepared
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch, last, layout in self.prepared.steps(on_device=False):
+            yield [batch, _XlaStep(last, layout)]
+
+    def __len__(self) -> int:
+        return len(self.prepared)
 
 
 class XlaDeviceLoader:
     """``prepare``'s loader on XLA: torch_xla's ``MpDeviceLoader`` over this rank's shard. It uploads the next
     batches to the device in a background thread and cuts the lazy graph once per step (what torch_xla asks
     of a training loop); everything else (``set_epoch``, ``end_of_dataloader``...) is the shard's.
+
+    torch_xla's loader thread takes batches from the shard up to 24 ahead of the user, so ``end_of_dataloader``
+    and the layout ``gather_for_metrics`` reads travel with each batch and are recorded here, as the user
+    receives it: gradient accumulation syncs at the epoch's real last batch.
 
     Example::
 
@@ -230,11 +260,21 @@ class XlaDeviceLoader:
     def __init__(self, prepared: PreparedDataLoader, device: torch.device) -> None:
         self.prepared = prepared
         self.device = device
+        self.end_of_dataloader = False
+        self.current_layout: Optional[StepLayout] = None
 
     def __iter__(self) -> Iterator[Any]:
         import torch_xla.distributed.parallel_loader as pl
 
-        return iter(pl.MpDeviceLoader(self.prepared, self.device))
+        gradient_state = self.prepared.gradient_state
+        self.end_of_dataloader = False
+        gradient_state.loader_started(self)
+        try:
+            for batch, step in pl.MpDeviceLoader(_XlaSteps(self.prepared), self.device):
+                self.end_of_dataloader, self.current_layout = step.last, step.layout
+                yield batch
+        finally:
+            gradient_state.loader_stopped(self)
 
     def __len__(self) -> int:
         return len(self.prepared)

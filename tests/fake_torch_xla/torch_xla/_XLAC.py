@@ -20,3 +20,30 @@ def _xla_get_default_device_ordinal() -> int:
 
 def _xla_get_device_ordinal(device) -> int:
     return _fake_runtime.ordinal_of(int(str(device).rsplit(":", 1)[-1]))
+
+
+# Graph cuts. torch_xla 2.9: ``torch_xla.sync()`` calls ``_xla_step_marker(_xla_get_default_device(), [], wait=...)``
+# and ``xm.unlazy`` / ``xm.save`` call ``_xla_sync_multi``; ``_xla_wait_device_ops`` takes real device names
+# ("CPU:0", "TPU:0") and fails on "xla:0" with the C++ map's ``IndexError``, as the real one does.
+
+def _xla_get_default_device() -> str:
+    return f"xla:{_fake_runtime.thread_device_index()}"
+
+
+def _xla_real_devices(devices):
+    return [f"{_fake_runtime.device_type()}:{_fake_runtime.ordinal_of(int(str(d).rsplit(':', 1)[-1]))}"
+            for d in devices]
+
+
+def _xla_step_marker(device, devices, wait=True, reset_scope=True) -> None:
+    _fake_runtime.cut_graph("step_marker")
+
+
+def _xla_sync_multi(tensors, devices, wait=True, sync_xla_data=True) -> None:
+    _fake_runtime.cut_graph("sync_multi")
+
+
+def _xla_wait_device_ops(devices=()) -> None:
+    for device in devices:
+        if not str(device).startswith(("CPU:", "TPU:")):
+            raise IndexError("unordered_map::at")

@@ -23,7 +23,7 @@ What is fake: a "device" is the CPU (``torch.device("cpu")``), compiling and ``s
 """
 import torch
 
-from . import _XLAC  # noqa: F401
+from . import _XLAC
 from ._fake_runtime import current_device
 
 __version__ = "2.9.0+fake"
@@ -46,7 +46,9 @@ def device_count() -> int:
 
 
 def sync(wait: bool = False, reset_scope: bool = True) -> None:
-    """Real torch_xla compiles and runs the pending graph here; the fake's tensors are already computed."""
+    """Real torch_xla compiles and runs the pending graph here, through the step marker (so does the fake,
+    which only records the cut: its tensors are already computed)."""
+    _XLAC._xla_step_marker(_XLAC._xla_get_default_device(), [], wait=wait, reset_scope=reset_scope)
 
 
 def launch(fn, args=(), start_method="spawn", debug_single_process=False):

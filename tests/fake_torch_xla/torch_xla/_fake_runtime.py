@@ -3,6 +3,7 @@ import glob
 import os
 import re
 import threading
+import time
 
 import torch
 
@@ -16,6 +17,36 @@ def initialize() -> None:
     """Using a device initializes the runtime, as creating the PJRT client does in torch_xla."""
     global initialized
     initialized = True
+
+
+# Graph cuts, recorded per thread: what the thread did since it started ("step_marker", "sync_multi", and
+# the collectives xla_model ran), and how often two threads were compiling at once. Compiling takes time on
+# XLA; the fake spends CUT_SECONDS, so cuts of two threads that are not serialized overlap here as they do there.
+CUT_SECONDS = 0.005
+overlapping_cuts = 0
+_cutting = 0
+_cuts_lock = threading.Lock()
+
+
+def record(event: str) -> None:
+    if not hasattr(_thread, "events"):
+        _thread.events = []
+    _thread.events.append(event)
+
+
+def thread_events() -> list:
+    return list(getattr(_thread, "events", []))
+
+
+def cut_graph(kind: str) -> None:
+    global _cutting, overlapping_cuts
+    record(kind)
+    with _cuts_lock:
+        _cutting += 1
+        overlapping_cuts += _cutting > 1
+    time.sleep(CUT_SECONDS)
+    with _cuts_lock:
+        _cutting -= 1
 
 
 def device_type() -> str:

@@ -1,4 +1,6 @@
-"""Fake ``torch_xla.runtime`` (see the package docstring)."""
+"""Fake ``torch_xla.runtime`` (see the package docstring). As in torch_xla 2.9, the counts that ask the PJRT
+client (``global_device_count``, ``addressable_device_count`` and those built on it, ``process_index``,
+``process_count``) start it: the runtime is initialized afterwards, and a later ``xmp.spawn`` refuses."""
 import os
 
 from . import _fake_runtime
@@ -25,6 +27,7 @@ def local_process_count() -> int:
 
 
 def addressable_device_count() -> int:
+    _fake_runtime.initialize()  # _XLAC._xla_num_devices()
     return _fake_runtime.devices_per_process()
 
 
@@ -33,14 +36,17 @@ def local_device_count() -> int:
 
 
 def global_device_count() -> int:
+    _fake_runtime.initialize()  # _XLAC._xla_get_all_devices()
     return _fake_runtime.num_local_processes() * _fake_runtime.devices_per_process()
 
 
 def process_index() -> int:
+    _fake_runtime.initialize()
     return _fake_runtime.local_process_rank()
 
 
 def process_count() -> int:
+    _fake_runtime.initialize()
     return _fake_runtime.num_local_processes()
 
 

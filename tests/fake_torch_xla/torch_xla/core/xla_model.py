@@ -1,6 +1,7 @@
 """Fake ``torch_xla.core.xla_model``: the functions notebook_accel calls (see the package docstring)."""
 import torch
 
+from .. import _XLAC as torch_xla_c
 from .. import _fake_runtime, runtime
 from .._internal import collectives
 
@@ -17,6 +18,7 @@ def xla_device(n=None, devkind=None) -> torch.device:
 
 
 def get_xla_supported_devices(max_devices=None):
+    _fake_runtime.initialize()  # _XLAC._xla_get_devices() starts the client
     devices = [f"xla:{index}" for index in range(_fake_runtime.devices_per_process())]
     return devices[:max_devices] if max_devices else devices
 
@@ -43,17 +45,24 @@ def is_xla_tensor(tensor) -> bool:
 
 
 def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
-    pass
+    import torch_xla
+
+    torch_xla.sync(wait, reset_scope)  # as torch_xla 2.9, where mark_step is the deprecated name of sync
 
 
 def wait_device_ops(devices=()) -> None:
-    pass
+    torch_xla_c._xla_wait_device_ops(devices=list(devices))
+
+
+def unlazy(tensors) -> None:
+    torch_xla_c._xla_sync_multi(tensors, devices=[], wait=True)
 
 
 def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True):
     """In place on a list of tensors (returns it); a new tensor for a single one, as torch_xla does."""
     if groups:
         raise NotImplementedError("the fake torch_xla reduces over all replicas only")
+    _fake_runtime.record("all_reduce")
     tensors = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
     results = []
     for tensor in tensors:
@@ -69,6 +78,7 @@ def all_gather(value, dim=0, groups=None, output=None, pin_layout=True, channel_
                use_global_device_ids=None):
     if groups:
         raise NotImplementedError("the fake torch_xla gathers over all replicas only")
+    _fake_runtime.record("all_gather")
     gathered = torch.cat(collectives.all_gather(value), dim=dim)
     if output is not None:
         output.copy_(gathered)
@@ -91,7 +101,9 @@ def optimizer_step(optimizer, barrier=False, optimizer_args={}, groups=None, pin
     reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
     loss = optimizer.step(**optimizer_args)
     if barrier:
-        mark_step()
+        import torch_xla
+
+        torch_xla.sync()
     return loss
 
 
