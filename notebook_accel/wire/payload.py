@@ -9,6 +9,12 @@
   kernel holds no second copy); buffers are copied into one shared-memory file. Each rank receives the
   descriptors as it starts and maps them *copy-on-write* (``MAP_PRIVATE``): it reads the kernel's data
   without a private copy and, as under fork, what it writes stays its own.
+- **CUDA tensors** (a model a cell put on ``cuda:0``, then a launch on every GPU) travel as
+  ``torch.multiprocessing`` sends them: as CUDA IPC handles. No copy is made: every rank sees the kernel's
+  tensor on its GPU, and ``prepare`` / ``.to(device)`` copies it to the rank's own GPU. (Pickled the default
+  way, each rank would load a copy of it onto ``cuda:0``: rank 1's copy and its CUDA context on GPU 0, an
+  out-of-memory on 2×T4 for a model that fit.) Like ``torch.multiprocessing``'s, the memory is shared, not
+  copy-on-write: a rank that writes to it in place on that GPU writes to the kernel's tensor.
 """
 from __future__ import annotations
 
@@ -88,14 +94,18 @@ class PickledPayload:
     shared_fds: List[Any] = field(default_factory=list)
     shared_sizes: List[int] = field(default_factory=list)
     _buffer_file: Optional[mmap.mmap] = None   # the kernel's mapping of the buffers' file, while it runs
+    # the CUDA tensors sent by IPC handle: the kernel keeps them alive until the launch ends (torch's rule:
+    # the producer holds a shared CUDA tensor while consumers use it)
+    _cuda_tensors: List[Any] = field(default_factory=list)
 
     @classmethod
     def create(cls, function: Callable, args: Tuple, kwargs: Dict[str, Any]) -> "PickledPayload":
         storages: List[Any] = []
         buffers: List[pickle.PickleBuffer] = []
+        cuda_tensors: List[Any] = []
         out = io.BytesIO()
         try:
-            _SharingPickler(out, storages, buffers).dump((function, args, kwargs))
+            _SharingPickler(out, storages, buffers, cuda_tensors).dump((function, args, kwargs))
         except Exception as err:
             culprit = find_unpicklable(function, args, kwargs)
             where = f": {culprit}" if culprit else ""
@@ -105,7 +115,7 @@ class PickledPayload:
                 f"sockets, CUDA streams, generators) inside the function instead of capturing them, or use "
                 f"start_method='fork', whose ranks inherit them."
             ) from err
-        payload = cls(out.getvalue())
+        payload = cls(out.getvalue(), _cuda_tensors=cuda_tensors)
         payload._share(storages, buffers)
         if len(payload.data) >= LARGE_PAYLOAD_BYTES:
             warnings.warn(describe_large_payload(len(payload.data), function, args, kwargs), stacklevel=4)
@@ -142,10 +152,10 @@ class PickledPayload:
             self._release()
             self._buffer_file = None
         self.shared_fds, self.shared_sizes = [], []
+        self._cuda_tensors = []
 
     def __getstate__(self) -> Dict[str, Any]:
-
-        state = dict(self.__dict__, _buffer_file=None)
+        state = dict(self.__dict__, _buffer_file=None, _cuda_tensors=[])
         state.pop("_release", None)
         state["shared_fds"] = [PassedFd(fd) for fd in self.shared_fds]
         return state
@@ -175,15 +185,33 @@ class _SharedUnpickler(pickle.Unpickler):
 
 
 class _SharingPickler(cloudpickle.Pickler):
-    """cloudpickle, with large CPU tensor storages and protocol-5 buffers set aside for shared memory."""
+    """cloudpickle, with large CPU tensor storages and protocol-5 buffers set aside for shared memory, and CUDA
+    tensors sent as CUDA IPC handles."""
 
-    def __init__(self, file: io.BytesIO, storages: List[Any], buffers: List[pickle.PickleBuffer]) -> None:
+    def __init__(self, file: io.BytesIO, storages: List[Any], buffers: List[pickle.PickleBuffer],
+                 cuda_tensors: Optional[List[Any]] = None) -> None:
         super().__init__(file, protocol=5, buffer_callback=self._out_of_band)
         self._storages = storages
         self._buffers = buffers
+        self._cuda_tensors = cuda_tensors if cuda_tensors is not None else []
         self._storage_index: Dict[int, int] = {}
         torch = sys.modules.get("torch")
         self._typed_storage = getattr(getattr(torch, "storage", None), "TypedStorage", None)
+        # plain tensors and parameters only: a tensor subclass keeps its own pickling
+        self._ipc_tensor_types = (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) in self._ipc_tensor_types and obj.is_cuda:
+            return self._share_cuda(obj)
+        return super().reducer_override(obj)
+
+    def _share_cuda(self, tensor: Any) -> Any:
+        """``torch.multiprocessing``'s own reduction: an IPC handle of the tensor's CUDA block, its offset and
+        a shared reference count, rebuilt in the rank by ``rebuild_cuda_tensor`` without a copy."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        self._cuda_tensors.append(tensor)
+        return reduce_tensor(tensor)
 
     def persistent_id(self, obj: Any) -> Any:
         if self._typed_storage is None or type(obj) is not self._typed_storage:
