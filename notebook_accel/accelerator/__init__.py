@@ -7,6 +7,7 @@ One module per job:
 - :mod:`.operations`    nested batches: to device, gather, reduce, pad, broadcast
 - :mod:`.sharding`      splitting a sampler or an IterableDataset between ranks, with padded tails
 - :mod:`.data_loader`   the prepared DataLoader: shard + synchronized shuffling + device placement
+- :mod:`.fsdp`          FSDP2 sharding (``fully_shard``) and full/sharded state dicts
 - :mod:`.optimizer`     optimizer wrapper: loss scaling, accumulation steps
 - :mod:`.scheduler`     scheduler wrapper: once per real optimizer step
 - :mod:`.rng`           seeding, RNG snapshots, the RNG stream all ranks share for data order
@@ -15,6 +16,7 @@ One module per job:
 """
 from .accelerator import Accelerator
 from .data_loader import PreparedDataLoader
+from .fsdp import FullyShardedDataParallelPlugin
 from .optimizer import AcceleratedOptimizer
 from .rng import set_seed
 from .scheduler import AcceleratedScheduler
@@ -25,6 +27,7 @@ __all__ = [
     "AcceleratedOptimizer",
     "AcceleratedScheduler",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "PreparedDataLoader",
     "set_seed",
 ]

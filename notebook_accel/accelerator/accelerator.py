@@ -4,6 +4,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import gc
+import warnings
 from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Union
 
 import torch
@@ -13,6 +14,7 @@ from torch.utils.data import DataLoader
 from . import operations
 from .checkpointing import load_checkpoint, save_checkpoint
 from .data_loader import PreparedDataLoader, XlaDeviceLoader, prepare_data_loader
+from .fsdp import FullyShardedDataParallelPlugin, full_state_dict, is_sharded, shard_model
 from .gradient_state import GradientState
 from .optimizer import AcceleratedOptimizer, move_state_to_params, switch_parameters
 from .precision import (
@@ -73,6 +75,9 @@ class Accelerator:
         seed: if given, ``set_seed(seed)`` right away (before any model is built from it).
         ddp_kwargs: extra keyword arguments for ``DistributedDataParallel`` (e.g.
             ``find_unused_parameters=True``).
+        fsdp_plugin: shard models with FSDP2 instead of replicating them with DDP (see
+            :class:`FullyShardedDataParallelPlugin`); None reads HF accelerate's ``ACCELERATE_USE_FSDP`` /
+            ``FSDP_*`` environment.
     """
 
     def __init__(
@@ -85,10 +90,12 @@ class Accelerator:
         seed: Optional[int] = None,
         *,
         ddp_kwargs: Optional[Dict[str, Any]] = None,
+        fsdp_plugin: Optional[FullyShardedDataParallelPlugin] = None,
     ) -> None:
         self.state: ProcessState = resolve_process_state(cpu=cpu)
         self._mixed_precision = resolve_mixed_precision(mixed_precision)
         check_precision_supported(self._mixed_precision, self.state.device)
+        self.fsdp_plugin = self._check_fsdp_plugin(fsdp_plugin or FullyShardedDataParallelPlugin.from_environment())
         self.scaler = make_grad_scaler(self._mixed_precision, self.state.device)
         self.gradient_state = GradientState(gradient_accumulation_steps)
         self.device_placement = device_placement
@@ -102,6 +109,32 @@ class Accelerator:
         self._moved_parameters: Dict[torch.nn.Parameter, torch.nn.Parameter] = {}  # old -> new, see prepare_model
         if seed is not None:
             self.set_seed(seed)
+
+    def _check_fsdp_plugin(self, plugin: Optional[FullyShardedDataParallelPlugin]) -> Optional[Any]:
+        """The plugin to shard with, or None; refuses what FSDP2 cannot do here before any model is built."""
+        if plugin is None:
+            return None
+        if not isinstance(plugin, FullyShardedDataParallelPlugin):
+            raise TypeError(f"fsdp_plugin must be a FullyShardedDataParallelPlugin, not {type(plugin).__name__}")
+        if self.distributed_type == DistributedType.XLA:
+            raise ValueError(
+                "fsdp_plugin: FSDP2 shards over a torch.distributed process group, which TPU cores here do not "
+                "use (they talk through torch_xla's collectives); on TPU, train without the plugin (or use "
+                "torch_xla's own SPMD/FSDP)"
+            )
+        if self.num_processes == 1:
+            warnings.warn(
+                "fsdp_plugin with one process: there is nothing to shard, so the model is trained as it is "
+                "(launch with num_processes > 1 to shard it)",
+                stacklevel=3,
+            )
+            return None
+        if self._mixed_precision == "fp16":
+            raise ValueError(
+                "fsdp_plugin with mixed_precision='fp16': the fp16 loss scaler does not handle sharded gradients "
+                "here; use mixed_precision='bf16' (or 'no')"
+            )
+        return plugin
 
     # ------------------------------------------------------------------------------------------ where am I
     @property
@@ -212,8 +245,9 @@ class Accelerator:
         )
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Move ``model`` to the device, add autocast for mixed precision, wrap it in DDP for N > 1."""
-        if isinstance(model, DistributedDataParallel):
+        """Move ``model`` to the device, add autocast for mixed precision, wrap it in DDP for N > 1 (or shard
+        it with FSDP2 when the Accelerator has an ``fsdp_plugin``)."""
+        if isinstance(model, DistributedDataParallel) or is_sharded(model):
             if model not in self._models:
                 self._models.append(model)
             return model
@@ -233,6 +267,8 @@ class Accelerator:
             import torch_xla.core.xla_model as xm
 
             xm.broadcast_master_param(model)
+        elif self.fsdp_plugin is not None:
+            self._shard(model)
         elif self.num_processes > 1:
             options = dict(self.ddp_kwargs)
             if self.device.type == "cuda":
@@ -241,6 +277,17 @@ class Accelerator:
             model = DistributedDataParallel(model, **options)
         self._models.append(model)
         return model
+
+    def _shard(self, model: torch.nn.Module) -> None:
+        """FSDP2 in place. Like DDP at construction, every rank starts from rank 0's weights first (each
+        rank's own init may differ); then an optimizer prepared earlier is pointed at the new parameters."""
+        with torch.no_grad():
+            for tensor in list(model.parameters()) + list(model.buffers()):
+                torch.distributed.broadcast(tensor, src=0)
+        moved = shard_model(model, self.fsdp_plugin, self.device, self.num_processes, self._mixed_precision)
+        self._moved_parameters.update(moved)
+        for optimizer in self._optimizers:
+            switch_parameters(optimizer.optimizer, moved)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` (its state moves to its parameters' device)."""
@@ -324,6 +371,9 @@ class Accelerator:
                 for model in models:
                     if isinstance(model, DistributedDataParallel):
                         stack.enter_context(model.no_sync())
+                    elif is_sharded(model):  # FSDP2: keep unsharded gradients, reduce-scatter on the sync step
+                        model.set_requires_gradient_sync(False)
+                        stack.callback(model.set_requires_gradient_sync, True)
             yield
 
     def _unscale_gradients(self) -> None:
@@ -347,7 +397,9 @@ class Accelerator:
             return None
         self._unscale_gradients()
         self._reduce_xla_gradients()
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        # over FSDP2's sharded gradients the norm is a DTensor: the same number on every rank, as a plain tensor
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def clip_grad_value_(self, parameters: Union[torch.Tensor, Iterable[torch.Tensor]], clip_value: float) -> None:
         """Clamp every (unscaled) gradient to [-clip_value, clip_value]; a no-op on accumulation steps."""
@@ -481,6 +533,18 @@ class Accelerator:
         if not keep_autocast:
             remove_autocast_from_forward(model)
         return model
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> Dict[str, torch.Tensor]:
+        """The model's full weights (call on every rank under FSDP2: rank 0 gets them as CPU tensors, gathered
+        from every rank's shards, the others an empty dict; otherwise this rank's own ``state_dict()``).
+
+        Example::
+
+            return accelerator.get_state_dict(model)      # notebook_launcher returns rank 0's: the full model
+        """
+        if is_sharded(model):
+            return full_state_dict(model)
+        return (self.unwrap_model(model) if unwrap else model).state_dict()
 
     def save(self, obj: Any, path: str) -> None:
         """``torch.save`` on the main process, once every rank got here; all ranks return when it is written.

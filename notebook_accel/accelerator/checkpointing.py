@@ -10,6 +10,11 @@ Layout of a checkpoint directory (one file per object, so a partial load stays e
 
 Weights and optimizer states are identical on every rank after a DDP step, so one copy is enough;
 RNG states differ per rank (dropout), so every rank writes its own.
+
+A model sharded with FSDP2 (and its optimizer) is saved by every rank instead, with
+``torch.distributed.checkpoint``, as a directory ``model.dcp`` / ``optimizer.dcp`` of shards keyed by
+parameter name: it loads on any number of ranks — sharded or not, one process included — because
+torch.distributed.checkpoint reshards on load.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from .fsdp import is_sharded
 from .operations import barrier
 from .rng import capture_rng_states, restore_rng_states
 
@@ -27,6 +33,70 @@ __all__ = ["save_checkpoint", "load_checkpoint"]
 
 def _numbered(stem: str, index: int) -> str:
     return f"{stem}.pt" if index == 0 else f"{stem}_{index}.pt"
+
+
+def _sharded_dir(stem: str, index: int) -> str:
+    return _numbered(stem, index)[: -len(".pt")] + ".dcp"
+
+
+def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    return getattr(optimizer, "optimizer", optimizer)  # an AcceleratedOptimizer wraps the user's
+
+
+def _model_of(optimizer: Any, models: Sequence[torch.nn.Module]) -> Optional[torch.nn.Module]:
+    """The prepared model whose parameters ``optimizer`` updates (FSDP2 optimizer state is keyed by its names)."""
+    params = {id(param) for group in _torch_optimizer(optimizer).param_groups for param in group["params"]}
+    for model in models:
+        if any(id(param) in params for param in model.parameters()):
+            return model
+    return None
+
+
+def _save_sharded_model(model: torch.nn.Module, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=path)
+
+
+def _save_sharded_optimizer(model: torch.nn.Module, optimizer: Any, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    dcp.save({"optimizer": get_optimizer_state_dict(model, _torch_optimizer(optimizer))}, checkpoint_id=path)
+
+
+def _quiet_single_process(load: Any) -> Any:
+    """dcp.load without a process group warns that it assumes one process: here that is the intent (a
+    checkpoint saved on N ranks, loaded by one)."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            return load(*args, **kwargs)
+
+    return run
+
+
+@_quiet_single_process
+def _load_sharded_model(model: torch.nn.Module, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    state = {"model": get_model_state_dict(model)}  # the shapes (and shards) this run holds: dcp fills them
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(model, state["model"])
+
+
+@_quiet_single_process
+def _load_sharded_optimizer(model: torch.nn.Module, optimizer: Any, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    # get_optimizer_state_dict initialises an empty optimizer's state (a zero step) so there is room to load
+    state = {"optimizer": get_optimizer_state_dict(model, _torch_optimizer(optimizer))}
+    dcp.load(state, checkpoint_id=path)
+    set_optimizer_state_dict(model, _torch_optimizer(optimizer), state["optimizer"])
 
 
 def _loader_state(loader: Any) -> Dict[str, Any]:
@@ -58,11 +128,18 @@ def save_checkpoint(
     """Write the checkpoint (see the module docstring); every rank must call it. Returns ``directory``."""
     barrier()  # every rank has finished the step being saved
     os.makedirs(directory, exist_ok=True)
-    if process_index == 0:
-        for index, model in enumerate(models):
+    for index, model in enumerate(models):
+        if is_sharded(model):  # every rank writes its shards (a collective: all ranks, same order)
+            _save_sharded_model(model, os.path.join(directory, _sharded_dir("model", index)))
+        elif process_index == 0:
             torch.save(model.state_dict(), os.path.join(directory, _numbered("model", index)))
-        for index, optimizer in enumerate(optimizers):
+    for index, optimizer in enumerate(optimizers):
+        owner = _model_of(optimizer, models)
+        if owner is not None and is_sharded(owner):
+            _save_sharded_optimizer(owner, optimizer, os.path.join(directory, _sharded_dir("optimizer", index)))
+        elif process_index == 0:
             torch.save(optimizer.state_dict(), os.path.join(directory, _numbered("optimizer", index)))
+    if process_index == 0:
         for index, scheduler in enumerate(schedulers):
             torch.save(scheduler.state_dict(), os.path.join(directory, _numbered("scheduler", index)))
         if scaler is not None:
@@ -95,6 +172,17 @@ def load_checkpoint(
     groups = (("model", models), ("optimizer", optimizers), ("scheduler", schedulers))
     for stem, objects in groups:
         for index, obj in enumerate(objects):
+            sharded = os.path.join(directory, _sharded_dir(stem, index))
+            if stem == "model" and os.path.isdir(sharded):
+                _load_sharded_model(obj, sharded)
+                continue
+            if stem == "optimizer" and os.path.isdir(sharded):
+                owner = _model_of(obj, models)
+                if owner is None:
+                    raise ValueError(f"{sharded!r} holds a sharded optimizer state keyed by parameter name, but "
+                                     f"optimizer {index} updates none of the prepared models' parameters")
+                _load_sharded_optimizer(owner, obj, sharded)
+                continue
             path = os.path.join(directory, _numbered(stem, index))
             if not os.path.exists(path):
                 raise FileNotFoundError(

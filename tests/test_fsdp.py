@@ -1,0 +1,225 @@
+"""FSDP2 through the Accelerator, on real ranks (2 CPU processes, gloo) and in this process.
+
+- equivalence: 2 sharded ranks train to the same weights as one plain-PyTorch process with the whole batch
+  (ordered, shuffled, and with gradient accumulation + clipping + an LR scheduler);
+- each rank holds about half the parameters; accumulation steps leave the gradients unreduced;
+- ``get_state_dict`` gathers the full weights on rank 0; ``save_state`` on 2 ranks loads in one process;
+- the seeds' Transformer loop with blocks wrapped by class name, bf16 and activation checkpointing;
+- the plugin's refusals and HF accelerate's environment spelling.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from notebook_accel import Accelerator, FullyShardedDataParallelPlugin
+from notebook_accel.accelerator.fsdp import _blocks, local_bytes
+from test_accelerator_distributed import (
+    EPOCHS,
+    EQUIVALENCE_CASES,
+    WORLD,
+    assert_same_weights,
+    fresh_training_objects,
+    launch,
+    regression_data,
+    train_plain_pytorch,
+    weights_of,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def train_sharded(batch_size: int, shuffle: bool, accumulation: int = 1, clip=None) -> Dict[str, Any]:
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation,
+                              fsdp_plugin=FullyShardedDataParallelPlugin(min_num_params=16))  # fmt: skip
+    model, optimizer, scheduler = fresh_training_objects()
+    total_parameters = sum(param.numel() for param in model.parameters())
+    loader = DataLoader(regression_data(), batch_size=batch_size, shuffle=shuffle)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    grads_on_accumulation_steps = []
+    norms = []
+    for _ in range(EPOCHS):
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                accelerator.backward(F.mse_loss(model(x), y))
+                if not accelerator.sync_gradients:
+                    grads_on_accumulation_steps.append(sum(p.grad is not None for p in model.parameters()))
+                if clip is not None:
+                    norm = accelerator.clip_grad_norm_(model.parameters(), clip)
+                    if norm is not None:
+                        norms.append(type(norm).__name__)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+    return {
+        "weights": accelerator.get_state_dict(model),
+        "local_parameters": sum(p.to_local().numel() for p in model.parameters()),
+        "total_parameters": total_parameters,
+        "grads_on_accumulation_steps": grads_on_accumulation_steps,
+        "norm_types": set(norms),
+        "blocks": sorted(name for name, module in model.named_modules() if type(module).__name__.startswith("FSDP")),
+    }
+
+
+def equivalence_rank():
+    return {name: train_sharded(batch, shuffle, steps, clip)
+            for name, (batch, shuffle, steps, clip) in EQUIVALENCE_CASES.items()}  # fmt: skip
+
+
+def test_fsdp2_on_two_ranks_trains_like_one_process_with_the_whole_batch():
+    ranks = launch(equivalence_rank)
+    for name, (batch, shuffle, steps, clip) in EQUIVALENCE_CASES.items():
+        expected = train_plain_pytorch(batch * WORLD * steps, shuffle, clip)
+        main, other = ranks[0][name], ranks[1][name]
+        assert_same_weights(main["weights"], expected, f"FSDP2, {name}")  # full weights, gathered on rank 0
+        assert other["weights"] == {}  # as HF accelerate: the full copy is rank 0's only
+        # min_num_params=16 wraps both Linear layers and the root: three FSDP modules
+        assert main["blocks"] == ["", "0", "2"]
+        for result in (main, other):
+            # each rank holds half of every parameter (dim 0 split in two; odd sizes round up on rank 0)
+            assert result["total_parameters"] * 0.4 < result["local_parameters"] < result["total_parameters"] * 0.6
+        assert ranks[0][name]["local_parameters"] + ranks[1][name]["local_parameters"] == main["total_parameters"]
+        if steps > 1:
+            # accumulation steps reduce nothing: FSDP2 keeps the unsharded gradient, no sharded .grad yet
+            assert main["grads_on_accumulation_steps"] and set(main["grads_on_accumulation_steps"]) == {0}
+            assert main["norm_types"] == {"Tensor"}  # a plain tensor, not a DTensor, comes back from clipping
+
+
+def save_on_two_ranks(directory: str) -> Dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
+    model, optimizer, _ = fresh_training_objects()
+    model, optimizer = accelerator.prepare(model, optimizer)
+    for x, y in DataLoader(regression_data(), batch_size=16):
+        accelerator.backward(F.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+    accelerator.save_state(directory)
+    full_optimizer = get_optimizer_state_dict(model, optimizer.optimizer,
+                                              options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {"weights": accelerator.get_state_dict(model), "optimizer": full_optimizer.get("state", {}),
+            "files": sorted(__import__("os").listdir(directory))}  # fmt: skip
+
+
+def test_a_sharded_checkpoint_from_two_ranks_loads_in_one_process(tmp_path):
+    saved = launch(save_on_two_ranks, str(tmp_path))[0]
+    assert "model.dcp" in saved["files"] and "optimizer.dcp" in saved["files"]
+    # one process, this one: the plugin has nothing to shard (a warning), torch.distributed.checkpoint reshards
+    with pytest.warns(UserWarning, match="nothing to shard"):
+        accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
+    model, optimizer, _ = fresh_training_objects()
+    model, optimizer = accelerator.prepare(model, optimizer)
+    assert not torch.allclose(weights_of(model)["0.weight"], saved["weights"]["0.weight"])  # not yet loaded
+    accelerator.load_state(str(tmp_path))
+    assert_same_weights(weights_of(model), saved["weights"], "loaded in one process")
+    names = dict(model.named_parameters())
+    for name, state in saved["optimizer"].items():  # SGD momentum, keyed by parameter name
+        loaded = optimizer.state[names[name]]["momentum_buffer"]
+        assert torch.allclose(loaded, state["momentum_buffer"]), name
+
+
+def transformer_rank() -> Dict[str, Any]:
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16", fsdp_plugin=FullyShardedDataParallelPlugin(
+        transformer_layer_cls_to_wrap=["TransformerEncoderLayer"], activation_checkpointing=True))
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, num_layers=2), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(64, 8, 32, generator=generator)
+    data = TensorDataset(x, x.mean(dim=(1, 2)).unsqueeze(-1))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=8))
+    losses = []
+    for _ in range(3):
+        for inputs, targets in loader:
+            loss = F.mse_loss(model(inputs).mean(dim=1).float(), targets)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(accelerator.reduce(loss.detach(), "mean").item())
+    return {
+        "losses": losses,
+        "sharded": sorted(name for name, module in model.named_modules() if type(module).__name__.startswith("FSDP")),
+        "checkpointed": sum(type(module).__name__ == "CheckpointWrapper" for module in model.modules()),
+        "bytes": local_bytes(model, optimizer.optimizer),
+        "weights": {name: tuple(value.shape) for name, value in accelerator.get_state_dict(model).items()},
+    }
+
+
+def test_the_seeds_transformer_loop_under_fsdp2_with_bf16_and_activation_checkpointing():
+    ranks = launch(transformer_rank)
+    main = ranks[0]
+    assert all(torch.isfinite(torch.tensor(main["losses"])))
+    assert main["losses"][-1] < main["losses"][0]  # it learns
+    assert ranks[1]["losses"] == main["losses"]  # reduced: the same numbers on both ranks
+    # the two encoder layers (by class name) and the root; their forward recomputed in backward
+    assert main["sharded"] == ["", "0.layers.0._checkpoint_wrapped_module", "0.layers.1._checkpoint_wrapped_module"]
+    assert main["checkpointed"] == 2
+    assert main["bytes"]["optimizer"] > 0 and main["bytes"]["parameters"] > 0
+    assert "0.layers.1.linear1.weight" in main["weights"] and main["weights"]["0.layers.1.linear1.weight"] == (64, 32)
+    assert ranks[1]["weights"] == {}
+
+
+def differently_initialised_rank() -> Dict[str, Any]:
+    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
+    torch.manual_seed(accelerator.process_index)  # each rank's own init differs, as with a rank-seeded setup
+    model = accelerator.prepare(torch.nn.Linear(6, 4))
+    return accelerator.get_state_dict(model)
+
+
+def test_every_rank_starts_from_rank_0s_weights_as_ddp_does():
+    gathered = launch(differently_initialised_rank)[0]
+    torch.manual_seed(0)
+    assert_same_weights(gathered, torch.nn.Linear(6, 4).state_dict(), "rank 0's init, on both shards")
+
+
+# ------------------------------------------------------------------------------- the plugin, in this process
+def test_the_plugin_refuses_what_it_cannot_do_with_a_clear_message():
+    with pytest.raises(ValueError, match="FSDP2 .* only"):
+        FullyShardedDataParallelPlugin(fsdp_version=1)
+    with pytest.raises(ValueError, match="needs transformer_cls_names_to_wrap"):
+        FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap")
+    with pytest.raises(ValueError, match="use one of"):
+        FullyShardedDataParallelPlugin(auto_wrap_policy="everything")
+    with pytest.raises(ValueError, match="SHARDED_STATE_DICT"):
+        FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT")
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap="DecoderLayer")
+    with pytest.raises(ValueError, match="no module of that class; its classes are Linear, Sequential"):
+        _blocks(model, plugin)
+
+
+def test_the_wrap_policies_pick_blocks_inner_first():
+    inner = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    model = torch.nn.Sequential(inner, torch.nn.Linear(8, 1))
+    by_size = _blocks(model, FullyShardedDataParallelPlugin(min_num_params=70))
+    assert by_size == [model[0][0], model[0][1]]  # 72 parameters each; the outer Sequential then holds none
+    by_name = _blocks(model, FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=[torch.nn.Linear]))
+    assert by_name == [model[1], model[0][1], model[0][0]]  # reversed module order: children before parents
+    assert _blocks(model, FullyShardedDataParallelPlugin()) == []  # the root only
+
+
+def test_hf_accelerates_environment_builds_the_same_plugin():
+    environ = {"ACCELERATE_USE_FSDP": "true", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
+               "FSDP_TRANSFORMER_CLS_TO_WRAP": "BertLayer,GPT2Block", "FSDP_RESHARD_AFTER_FORWARD": "false",
+               "FSDP_ACTIVATION_CHECKPOINTING": "true"}  # fmt: skip
+    plugin = FullyShardedDataParallelPlugin.from_environment(environ)
+    assert plugin.auto_wrap_policy == "transformer_based_wrap"
+    assert plugin.transformer_cls_names_to_wrap == ["BertLayer", "GPT2Block"]
+    assert plugin.reshard_after_forward is False and plugin.activation_checkpointing is True
+    assert FullyShardedDataParallelPlugin.from_environment({"FSDP_MIN_NUM_PARAMS": "10"}) is None
+
+
+def test_one_process_warns_and_trains_unsharded():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
+    assert any("nothing to shard" in str(warning.message) for warning in caught)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    assert type(model) is torch.nn.Linear and accelerator.fsdp_plugin is None
