@@ -29,6 +29,7 @@ _EXPORTS = {
     "LaunchTimeout": ".errors",
     "Accelerator": ".accelerator",
     "FullyShardedDataParallelPlugin": ".accelerator",
+    "DeepSpeedPlugin": ".accelerator",
     "report": ".rank.metrics",
     "launch_panel": ".panel",
     "progress": ".rank.progress",
@@ -38,7 +39,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from .accelerator import Accelerator, FullyShardedDataParallelPlugin
+    from .accelerator import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin
     from .errors import LaunchError, LaunchTimeout
     from .launcher import Launch, last_launch, notebook_launcher, start_launch
     from .panel import launch_panel

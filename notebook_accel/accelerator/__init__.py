@@ -8,6 +8,7 @@ One module per job:
 - :mod:`.sharding`      splitting a sampler or an IterableDataset between ranks, with padded tails
 - :mod:`.data_loader`   the prepared DataLoader: shard + synchronized shuffling + device placement
 - :mod:`.fsdp`          FSDP2 sharding (``fully_shard``) and full/sharded state dicts
+- :mod:`.zero`          DeepSpeed ZeRO: the plugin, the filled config, the engine's optimizer
 - :mod:`.optimizer`     optimizer wrapper: loss scaling, accumulation steps
 - :mod:`.scheduler`     scheduler wrapper: once per real optimizer step
 - :mod:`.rng`           seeding, RNG snapshots, the RNG stream all ranks share for data order
@@ -21,11 +22,13 @@ from .optimizer import AcceleratedOptimizer
 from .rng import set_seed
 from .scheduler import AcceleratedScheduler
 from .state import DistributedType
+from .zero import DeepSpeedPlugin
 
 __all__ = [
     "Accelerator",
     "AcceleratedOptimizer",
     "AcceleratedScheduler",
+    "DeepSpeedPlugin",
     "DistributedType",
     "FullyShardedDataParallelPlugin",
     "PreparedDataLoader",

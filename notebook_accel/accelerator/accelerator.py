@@ -19,6 +19,7 @@ from .gradient_state import GradientState
 from .optimizer import AcceleratedOptimizer, move_state_to_params, switch_parameters
 from .precision import (
     add_autocast_to_forward,
+    add_low_precision_forward,
     autocast_context,
     check_precision_supported,
     make_grad_scaler,
@@ -28,6 +29,8 @@ from .precision import (
 from .rng import set_seed as _set_seed
 from .scheduler import AcceleratedScheduler
 from .state import DistributedType, ProcessState, destroy_process_group, resolve_process_state
+from .zero import DeepSpeedOptimizer, DeepSpeedPlugin, build_engine, engine_state_dict, filled_config, import_deepspeed
+from .zero import is_engine
 
 __all__ = ["Accelerator"]
 
@@ -78,6 +81,8 @@ class Accelerator:
         fsdp_plugin: shard models with FSDP2 instead of replicating them with DDP (see
             :class:`FullyShardedDataParallelPlugin`); None reads HF accelerate's ``ACCELERATE_USE_FSDP`` /
             ``FSDP_*`` environment.
+        deepspeed_plugin: train with DeepSpeed ZeRO (see :class:`DeepSpeedPlugin`); None reads HF accelerate's
+            ``ACCELERATE_USE_DEEPSPEED`` environment.
     """
 
     def __init__(
@@ -91,13 +96,25 @@ class Accelerator:
         *,
         ddp_kwargs: Optional[Dict[str, Any]] = None,
         fsdp_plugin: Optional[FullyShardedDataParallelPlugin] = None,
+        deepspeed_plugin: Optional[DeepSpeedPlugin] = None,
     ) -> None:
+        if fsdp_plugin is not None and deepspeed_plugin is not None:
+            raise ValueError("fsdp_plugin and deepspeed_plugin both shard the model: give one of them")
         self.state: ProcessState = resolve_process_state(cpu=cpu)
         self._mixed_precision = resolve_mixed_precision(mixed_precision)
         check_precision_supported(self._mixed_precision, self.state.device)
-        self.fsdp_plugin = self._check_fsdp_plugin(fsdp_plugin or FullyShardedDataParallelPlugin.from_environment())
-        self.scaler = make_grad_scaler(self._mixed_precision, self.state.device)
+        if deepspeed_plugin is None and fsdp_plugin is None:
+            deepspeed_plugin = DeepSpeedPlugin.from_environment()
+        if deepspeed_plugin is None:
+            fsdp_plugin = fsdp_plugin or FullyShardedDataParallelPlugin.from_environment()
+        self.fsdp_plugin = self._check_fsdp_plugin(fsdp_plugin)
+        self.deepspeed_plugin = self._check_deepspeed_plugin(deepspeed_plugin)
+        if self.deepspeed_plugin is not None:
+            gradient_accumulation_steps = self._accumulation_with(self.deepspeed_plugin, gradient_accumulation_steps)
+        # DeepSpeed scales an fp16 loss itself
+        self.scaler = None if self.deepspeed_plugin else make_grad_scaler(self._mixed_precision, self.state.device)
         self.gradient_state = GradientState(gradient_accumulation_steps)
+        self._deepspeed_engine: Any = None
         self.device_placement = device_placement
         self.split_batches = split_batches
         self.ddp_kwargs: Dict[str, Any] = dict(ddp_kwargs or {})
@@ -135,6 +152,34 @@ class Accelerator:
                 "here; use mixed_precision='bf16' (or 'no')"
             )
         return plugin
+
+    def _check_deepspeed_plugin(self, plugin: Optional[DeepSpeedPlugin]) -> Optional[DeepSpeedPlugin]:
+        if plugin is None:
+            return None
+        if not isinstance(plugin, DeepSpeedPlugin):
+            raise TypeError(f"deepspeed_plugin must be a DeepSpeedPlugin, not {type(plugin).__name__}")
+        if self.distributed_type == DistributedType.XLA:
+            raise ValueError("deepspeed_plugin: DeepSpeed does not run on TPU cores; train without the plugin")
+        if self.num_processes == 1:
+            warnings.warn(
+                "deepspeed_plugin with one process: there is nothing to partition, so the model is trained as it "
+                "is (launch with num_processes > 1 to use ZeRO)",
+                stacklevel=3,
+            )
+            return None
+        import_deepspeed()  # a missing install says so now, before any model is built
+        return plugin
+
+    @staticmethod
+    def _accumulation_with(plugin: DeepSpeedPlugin, given: int) -> int:
+        from_plugin = plugin.gradient_accumulation_steps
+        if from_plugin is None or from_plugin == given:
+            return given
+        if given != 1:
+            raise ValueError(
+                f"gradient_accumulation_steps={given} but the DeepSpeed plugin says {from_plugin}: give it in one place"
+            )
+        return from_plugin
 
     # ------------------------------------------------------------------------------------------ where am I
     @property
@@ -219,6 +264,8 @@ class Accelerator:
                 model, optimizer, train_loader, scheduler)
         """
         kinds = [self._kind_of(obj, position) for position, obj in enumerate(objects)]
+        if self.deepspeed_plugin is not None and "model" in kinds:
+            return self._prepare_deepspeed(objects, kinds)
         prepared = list(objects)
         for kind in _PREPARE_ORDER:
             for position, obj in enumerate(objects):
@@ -247,7 +294,10 @@ class Accelerator:
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Move ``model`` to the device, add autocast for mixed precision, wrap it in DDP for N > 1 (or shard
         it with FSDP2 when the Accelerator has an ``fsdp_plugin``)."""
-        if isinstance(model, DistributedDataParallel) or is_sharded(model):
+        if self.deepspeed_plugin is not None and not is_engine(model):
+            raise ValueError("under DeepSpeed, prepare the model together with its optimizer and DataLoader: "
+                             "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)")
+        if isinstance(model, DistributedDataParallel) or is_sharded(model) or is_engine(model):
             if model not in self._models:
                 self._models.append(model)
             return model
@@ -277,6 +327,43 @@ class Accelerator:
             model = DistributedDataParallel(model, **options)
         self._models.append(model)
         return model
+
+    def _prepare_deepspeed(self, objects: Any, kinds: List[Optional[str]]) -> Any:
+        """DeepSpeed builds one engine from the model and its optimizer together, sized by the loader's batch."""
+        models = [obj for obj, kind in zip(objects, kinds) if kind == "model"]
+        optimizers = [obj for obj, kind in zip(objects, kinds) if kind == "optimizer"]
+        if len(models) != 1 or len(optimizers) != 1 or self._deepspeed_engine is not None:
+            raise ValueError(
+                "under DeepSpeed, prepare exactly one model and its optimizer, in the same prepare() call (with "
+                f"the training DataLoader); got {len(models)} model(s) and {len(optimizers)} optimizer(s)"
+                + (" after an engine was already built" if self._deepspeed_engine is not None else "")
+            )
+        model, optimizer = models[0], optimizers[0]
+        loaders = [obj for obj, kind in zip(objects, kinds) if kind == "data_loader"]
+        micro_batch = getattr(loaders[0], "batch_size", None) if loaders else None
+        if micro_batch is not None and self.split_batches:
+            micro_batch //= self.num_processes
+        config = filled_config(self.deepspeed_plugin, micro_batch=micro_batch, world=self.num_processes,
+                               accumulation=self.gradient_accumulation_steps, mixed_precision=self._mixed_precision)
+        if self.device_placement:
+            model = model.to(self.device)
+        add_low_precision_forward(model, self._mixed_precision)  # DeepSpeed makes the weights bf16/fp16 itself
+        engine = build_engine(model, optimizer, config)
+        self._deepspeed_engine = engine
+        self._models.append(engine)
+        wrapped = DeepSpeedOptimizer(optimizer, engine, self.gradient_state)
+        self._optimizers.append(wrapped)
+        prepared = list(objects)
+        for position, kind in enumerate(kinds):
+            if kind == "model":
+                prepared[position] = engine
+            elif kind == "optimizer":
+                prepared[position] = wrapped
+        for kind in ("data_loader", "scheduler"):
+            for position, obj in enumerate(objects):
+                if kinds[position] == kind:
+                    prepared[position] = getattr(self, f"prepare_{kind}")(obj)
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def _shard(self, model: torch.nn.Module) -> None:
         """FSDP2 in place. Like DDP at construction, every rank starts from rank 0's weights first (each
@@ -336,6 +423,11 @@ class Accelerator:
             loss = criterion(model(x), y)
             accelerator.backward(loss)      # instead of loss.backward()
         """
+        if self._deepspeed_engine is not None:
+            # the engine divides by its accumulation steps and reduces (ZeRO) on the boundary we tell it
+            self._deepspeed_engine.set_gradient_accumulation_boundary(self.sync_gradients)
+            self._deepspeed_engine.backward(loss, **kwargs)
+            return
         if self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
         if self.scaler is not None:
@@ -395,11 +487,24 @@ class Accelerator:
         """
         if not self.sync_gradients:
             return None
+        if self._deepspeed_engine is not None:
+            return self._deepspeed_clips(max_norm, norm_type)
         self._unscale_gradients()
         self._reduce_xla_gradients()
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
         # over FSDP2's sharded gradients the norm is a DTensor: the same number on every rank, as a plain tensor
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def _deepspeed_clips(self, max_norm: float, norm_type: float) -> None:
+        """DeepSpeed clips inside its step, to the norm fixed when the engine was built: check it is this one."""
+        configured = self._deepspeed_engine.gradient_clipping()
+        if norm_type != 2.0 or not configured or abs(configured - max_norm) > 1e-12 * max(1.0, max_norm):
+            raise ValueError(
+                f"clip_grad_norm_(max_norm={max_norm}) under DeepSpeed: DeepSpeed clips the L2 norm inside its "
+                f"optimizer step, to the value fixed when the engine was built (now {configured or 'none'}); pass "
+                f"DeepSpeedPlugin(gradient_clipping={max_norm})"
+            )
+        return None  # the norm is known only inside the step (engine.get_global_grad_norm() after it)
 
     def clip_grad_value_(self, parameters: Union[torch.Tensor, Iterable[torch.Tensor]], clip_value: float) -> None:
         """Clamp every (unscaled) gradient to [-clip_value, clip_value]; a no-op on accumulation steps."""
@@ -524,7 +629,7 @@ class Accelerator:
         place (the prepared model then runs in full precision too).
         """
         while True:
-            if isinstance(model, (DistributedDataParallel, torch.nn.DataParallel)):
+            if isinstance(model, (DistributedDataParallel, torch.nn.DataParallel)) or is_engine(model):
                 model = model.module
             elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):  # torch.compile
                 model = model._orig_mod
@@ -544,6 +649,8 @@ class Accelerator:
         """
         if is_sharded(model):
             return full_state_dict(model)
+        if is_engine(model):
+            return engine_state_dict(model)
         return (self.unwrap_model(model) if unwrap else model).state_dict()
 
     def save(self, obj: Any, path: str) -> None:
@@ -575,7 +682,7 @@ class Accelerator:
 
     def _checkpointed(self) -> Dict[str, Any]:
         return dict(
-            models=[self.unwrap_model(model) for model in self._models],
+            models=[model if is_engine(model) else self.unwrap_model(model) for model in self._models],
             optimizers=self._optimizers,
             schedulers=self._schedulers,
             scaler=self.scaler,
@@ -593,6 +700,7 @@ class Accelerator:
         self._optimizers.clear()
         self._schedulers.clear()
         self._data_loaders.clear()
+        self._deepspeed_engine = None
         self.gradient_state.active_loaders.clear()
         gc.collect()
         if self.device.type == "cuda":

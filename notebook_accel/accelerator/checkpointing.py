@@ -14,7 +14,8 @@ RNG states differ per rank (dropout), so every rank writes its own.
 A model sharded with FSDP2 (and its optimizer) is saved by every rank instead, with
 ``torch.distributed.checkpoint``, as a directory ``model.dcp`` / ``optimizer.dcp`` of shards keyed by
 parameter name: it loads on any number of ranks — sharded or not, one process included — because
-torch.distributed.checkpoint reshards on load.
+torch.distributed.checkpoint reshards on load. A DeepSpeed engine saves itself (with its optimizer's
+partitions) into ``model.deepspeed``; one process without DeepSpeed loads its full fp32 weights from there.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import torch
 
 from .fsdp import is_sharded
 from .operations import barrier
+from .zero import is_engine
 from .rng import capture_rng_states, restore_rng_states
 
 __all__ = ["save_checkpoint", "load_checkpoint"]
@@ -37,6 +39,20 @@ def _numbered(stem: str, index: int) -> str:
 
 def _sharded_dir(stem: str, index: int) -> str:
     return _numbered(stem, index)[: -len(".pt")] + ".dcp"
+
+
+_DEEPSPEED_TAG = "state"
+
+
+def _engine_dir(index: int) -> str:
+    return _numbered("model", index)[: -len(".pt")] + ".deepspeed"
+
+
+def _load_deepspeed_weights(model: torch.nn.Module, path: str) -> None:
+    """A DeepSpeed checkpoint's full fp32 weights into a plain module (ZeRO partitions merged)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    model.load_state_dict(get_fp32_state_dict_from_zero_checkpoint(path, tag=_DEEPSPEED_TAG))
 
 
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -129,11 +145,15 @@ def save_checkpoint(
     barrier()  # every rank has finished the step being saved
     os.makedirs(directory, exist_ok=True)
     for index, model in enumerate(models):
-        if is_sharded(model):  # every rank writes its shards (a collective: all ranks, same order)
+        if is_engine(model):  # the engine writes its module and every rank's optimizer partition
+            model.save_checkpoint(os.path.join(directory, _engine_dir(index)), tag=_DEEPSPEED_TAG)
+        elif is_sharded(model):  # every rank writes its shards (a collective: all ranks, same order)
             _save_sharded_model(model, os.path.join(directory, _sharded_dir("model", index)))
         elif process_index == 0:
             torch.save(model.state_dict(), os.path.join(directory, _numbered("model", index)))
     for index, optimizer in enumerate(optimizers):
+        if hasattr(optimizer, "engine"):
+            continue  # saved with its DeepSpeed engine
         owner = _model_of(optimizer, models)
         if owner is not None and is_sharded(owner):
             _save_sharded_optimizer(owner, optimizer, os.path.join(directory, _sharded_dir("optimizer", index)))
@@ -173,6 +193,21 @@ def load_checkpoint(
     for stem, objects in groups:
         for index, obj in enumerate(objects):
             sharded = os.path.join(directory, _sharded_dir(stem, index))
+            engine_dir = os.path.join(directory, _engine_dir(index))
+            if stem == "model" and os.path.isdir(engine_dir):
+                if is_engine(obj):
+                    obj.load_checkpoint(engine_dir, tag=_DEEPSPEED_TAG)
+                else:
+                    _load_deepspeed_weights(obj, engine_dir)
+                continue
+            if stem == "optimizer" and hasattr(obj, "engine"):
+                continue  # loaded with its engine
+            if stem == "optimizer" and not os.path.exists(os.path.join(directory, _numbered(stem, index))) and any(
+                name.endswith(".deepspeed") for name in os.listdir(directory)
+            ):
+                warnings.warn(f"optimizer {index}: a DeepSpeed checkpoint's optimizer state loads only into a "
+                              "DeepSpeed engine; the weights were loaded, the optimizer starts fresh", stacklevel=3)
+                continue
             if stem == "model" and os.path.isdir(sharded):
                 _load_sharded_model(obj, sharded)
                 continue

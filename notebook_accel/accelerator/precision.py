@@ -100,6 +100,27 @@ class AutocastForward:
         return tree_map(_to_fp32, outputs)
 
 
+class LowPrecisionForward(AutocastForward):
+    """For a model whose weights are already bf16/fp16 (DeepSpeed converts them): floating-point inputs are
+    cast to that dtype instead of autocasting (autocast would run e.g. layer_norm in fp32 against bf16
+    weights, which torch refuses); outputs still come back in fp32."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        def cast(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+
+        outputs = self.original_forward(*tree_map(cast, args), **tree_map(cast, kwargs))
+        return tree_map(_to_fp32, outputs)
+
+
+def add_low_precision_forward(module: torch.nn.Module, mixed_precision: str) -> None:
+    """Cast inputs to the low-precision dtype of ``module``'s weights from now on (no-op for "no")."""
+    dtype = autocast_dtype(mixed_precision)
+    if dtype is None or isinstance(module.__dict__.get("forward"), AutocastForward):
+        return
+    module.forward = LowPrecisionForward(module.forward, "", dtype)
+
+
 def add_autocast_to_forward(module: torch.nn.Module, device: torch.device, mixed_precision: str) -> None:
     """Run ``module.forward`` under autocast from now on (no-op for "no" or when already done)."""
     dtype = autocast_dtype(mixed_precision)

@@ -1,0 +1,225 @@
+"""DeepSpeed ZeRO through the Accelerator: ``Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))``.
+
+ZeRO-1 partitions the optimizer state over the ranks, ZeRO-2 also the gradients, ZeRO-3 also the parameters.
+``prepare`` builds DeepSpeed's engine from the user's own torch optimizer and fills every "auto" of the
+DeepSpeed config from what the launch knows (the loader's batch size, the Accelerator's accumulation steps
+and precision), so no "auto" is left for the user to fix. The training loop stays the same:
+``accelerator.backward`` goes through the engine, ``optimizer.step()`` is the engine's step on sync steps.
+
+``deepspeed`` is an optional dependency, imported only when a plugin is used (``pip install deepspeed``; on a
+machine without CUDA its ops are not built, ``DS_BUILD_OPS=0``, and the torch optimizer is what runs).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Union
+
+import torch
+
+from .gradient_state import GradientState
+from .optimizer import AcceleratedOptimizer
+
+__all__ = ["DeepSpeedPlugin", "DeepSpeedOptimizer", "build_engine", "filled_config", "is_engine", "engine_state_dict"]
+
+_OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+
+
+def _flag(environ: Mapping[str, str], name: str) -> bool:
+    return environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclasses.dataclass
+class DeepSpeedPlugin:
+    """DeepSpeed's ZeRO settings (HF accelerate's field names).
+
+    Args:
+        hf_ds_config: a DeepSpeed config, as a dict or a JSON file's path; "auto" values are filled in. Fields
+            given below override it.
+        zero_stage: 0-3 (default: the config's, else 2).
+        gradient_accumulation_steps: default: the Accelerator's.
+        gradient_clipping: the max gradient norm DeepSpeed clips to inside its step (``clip_grad_norm_`` must
+            then ask for the same value: DeepSpeed fixes it when the engine is built). Default: no clipping
+            (DeepSpeed's own default, 1.0, would clip a loop that never asked for it).
+        offload_optimizer_device / offload_param_device: "none", "cpu" or "nvme" (parameters: ZeRO-3 only).
+    """
+
+    hf_ds_config: Union[Dict[str, Any], str, None] = None
+    zero_stage: Optional[int] = None
+    gradient_accumulation_steps: Optional[int] = None
+    gradient_clipping: Optional[float] = None
+    offload_optimizer_device: Optional[str] = None
+    offload_param_device: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.hf_ds_config, (str, os.PathLike)):
+            with open(self.hf_ds_config) as file:
+                self.hf_ds_config = json.load(file)
+        config: Dict[str, Any] = copy.deepcopy(self.hf_ds_config or {})
+        if not isinstance(config, dict):
+            raise TypeError(f"hf_ds_config must be a dict or a JSON file's path, not {type(config).__name__}")
+        if "optimizer" in config:
+            raise ValueError(
+                "hf_ds_config has an 'optimizer' section: notebook_accel gives DeepSpeed your own torch optimizer "
+                "(prepare(model, optimizer)); remove that section and build the optimizer in your function"
+            )
+        zero = config.setdefault("zero_optimization", {})
+        stage = self.zero_stage if self.zero_stage is not None else zero.get("stage", 2)
+        if stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage={stage!r}: DeepSpeed ZeRO has stages 0, 1, 2 and 3")
+        zero["stage"] = self.zero_stage = stage
+        for field, section in (("offload_optimizer_device", "offload_optimizer"), ("offload_param_device", "offload_param")):
+            device = getattr(self, field)
+            if device is None:
+                continue
+            if device not in _OFFLOAD_DEVICES:
+                raise ValueError(f"{field}={device!r}: use one of {', '.join(_OFFLOAD_DEVICES)}")
+            if section == "offload_param" and device != "none" and stage != 3:
+                raise ValueError(f"offload_param_device={device!r} needs zero_stage=3 (only ZeRO-3 partitions parameters)")
+            zero[section] = {"device": device}
+        if self.gradient_accumulation_steps is not None:
+            config["gradient_accumulation_steps"] = self.gradient_accumulation_steps
+        elif isinstance(config.get("gradient_accumulation_steps"), int):
+            self.gradient_accumulation_steps = config["gradient_accumulation_steps"]
+        if self.gradient_clipping is not None:
+            config["gradient_clipping"] = self.gradient_clipping
+        self.hf_ds_config = config
+
+    @property
+    def config(self) -> Dict[str, Any]:
+        return self.hf_ds_config  # type: ignore[return-value]
+
+    @classmethod
+    def from_environment(cls, environ: Optional[Mapping[str, str]] = None) -> Optional["DeepSpeedPlugin"]:
+        """The plugin HF accelerate's launcher describes (``ACCELERATE_USE_DEEPSPEED``...), or None."""
+        environ = os.environ if environ is None else environ
+        if not _flag(environ, "ACCELERATE_USE_DEEPSPEED"):
+            return None
+
+        def number(name: str, kind: Any) -> Any:
+            value = environ.get(name, "").strip()
+            return kind(value) if value and value != "auto" else None
+
+        return cls(
+            hf_ds_config=environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") or None,
+            zero_stage=number("ACCELERATE_DEEPSPEED_ZERO_STAGE", int),
+            gradient_accumulation_steps=number("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", int),
+            gradient_clipping=number("ACCELERATE_GRADIENT_CLIPPING", float),
+            offload_optimizer_device=environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE") or None,
+            offload_param_device=environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE") or None,
+        )
+
+
+def import_deepspeed() -> Any:
+    try:
+        import deepspeed
+    except ImportError as error:
+        raise ImportError(
+            "deepspeed_plugin needs DeepSpeed: pip install deepspeed (on a machine without CUDA, "
+            "DS_BUILD_OPS=0 pip install deepspeed: no ops are built and your torch optimizer runs)"
+        ) from error
+    return deepspeed
+
+
+def _leftover_autos(tree: Any, path: str = "") -> List[str]:
+    if isinstance(tree, dict):
+        return [found for key, value in tree.items() for found in _leftover_autos(value, f"{path}.{key}".lstrip("."))]
+    return [path] if tree == "auto" else []
+
+
+def filled_config(
+    plugin: DeepSpeedPlugin, *, micro_batch: Optional[int], accumulation: int, world: int, mixed_precision: str
+) -> Dict[str, Any]:
+    """The plugin's config with every "auto" (and every missing size) filled from the launch; refuses leftovers."""
+    config = copy.deepcopy(plugin.config)
+
+    def fill(key: str, value: Any) -> None:
+        if config.get(key, "auto") == "auto" and value is not None:
+            config[key] = value
+
+    fill("train_micro_batch_size_per_gpu", micro_batch)
+    fill("gradient_accumulation_steps", accumulation)
+    if isinstance(config.get("train_micro_batch_size_per_gpu"), int):
+        fill("train_batch_size", config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * world)
+    if config.get("gradient_clipping", "auto") == "auto":
+        # DeepSpeed's own default clips at 1.0, which a plain loop never did: clip only when asked
+        config["gradient_clipping"] = 0.0
+    for precision in ("bf16", "fp16"):
+        section = config.setdefault(precision, {})
+        if section.get("enabled", "auto") == "auto":
+            section["enabled"] = mixed_precision == precision
+    for section in ("zero_optimization", "optimizer", "scheduler"):
+        for key, value in list(config.get(section, {}).items()):
+            if value == "auto" and section == "zero_optimization":
+                del config[section][key]  # DeepSpeed's own default (bucket sizes...)
+    config["zero_allow_untested_optimizer"] = True  # the user's torch optimizer is the point
+    config.setdefault("steps_per_print", 10**9)  # DeepSpeed's own progress lines would fill the cell
+    leftovers = _leftover_autos(config)
+    if "train_micro_batch_size_per_gpu" in leftovers or "train_micro_batch_size_per_gpu" not in config:
+        raise ValueError(
+            "DeepSpeed needs the per-rank batch size: prepare the DataLoader in the same prepare() call as the "
+            "model, or set train_micro_batch_size_per_gpu in hf_ds_config"
+        )
+    if leftovers:
+        raise ValueError(f"hf_ds_config still has 'auto' at {', '.join(leftovers)}: give those values")
+    if config["gradient_accumulation_steps"] != accumulation:
+        raise ValueError(
+            f"the DeepSpeed config's gradient_accumulation_steps={config['gradient_accumulation_steps']} differs from "
+            f"the Accelerator's {accumulation}: give it in one place"
+        )
+    return config
+
+
+def is_engine(model: Any) -> bool:
+    """True for a DeepSpeed engine (without importing deepspeed where it was never used)."""
+    return type(model).__name__ == "DeepSpeedEngine" and type(model).__module__.startswith("deepspeed")
+
+
+def build_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Dict[str, Any]) -> Any:
+    deepspeed = import_deepspeed()
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
+    return engine
+
+
+def engine_state_dict(engine: Any) -> Dict[str, torch.Tensor]:
+    """Full weights: gathered on rank 0 under ZeRO-3 (the other ranks get an empty dict; call it on every rank),
+    this rank's whole module otherwise (ZeRO-1/2 keep every parameter on every rank)."""
+    if engine.zero_optimization_partition_weights():
+        gathered = engine._zero3_consolidated_16bit_state_dict()
+        return {} if gathered is None else {name: value.cpu() for name, value in gathered.items()}
+    # a copy (.cpu() of a CPU tensor is the tensor itself): what comes back must not move with training
+    return {name: value.detach().cpu().clone() for name, value in engine.module.state_dict().items()}
+
+
+class DeepSpeedOptimizer(AcceleratedOptimizer):
+    """The optimizer ``prepare`` returns under DeepSpeed: ``step()`` is the engine's step on sync steps (it clips,
+    steps, zeroes the gradients and updates the loss scale); ``zero_grad()`` has nothing left to do.
+
+    ``optimizer`` stays the user's torch optimizer (DeepSpeed steps it and reads its param_groups' learning
+    rates), so LR schedulers built on it keep working."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, engine: Any, gradient_state: GradientState) -> None:
+        super().__init__(optimizer, gradient_state)
+        self.engine = engine
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass  # the engine's step zeroed them
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        if closure is not None:
+            raise ValueError("optimizer.step(closure) is not supported under DeepSpeed")
+        self._step_was_skipped = False
+        if self.gradient_state.sync_gradients:
+            self.engine.step()
+            self._step_was_skipped = bool(getattr(self.engine, "skipped_steps", 0) > self._skipped_before)
+            self._skipped_before = getattr(self.engine, "skipped_steps", 0)
+
+    _skipped_before = 0
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.engine.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self.engine.optimizer.load_state_dict(state_dict)

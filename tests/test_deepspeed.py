@@ -1,0 +1,234 @@
+"""DeepSpeed ZeRO through the Accelerator, on real ranks (2 CPU processes, gloo; DeepSpeed without built ops,
+so the user's torch optimizer runs) and in this process.
+
+- equivalence: ZeRO-1, -2 and -3 on 2 ranks train to the same weights as one plain-PyTorch process with the
+  whole batch (ordered, shuffled, and with gradient accumulation + DeepSpeed's clipping + an LR scheduler);
+- ZeRO-3 keeps half the parameters per rank; ``get_state_dict`` gathers the full weights on rank 0;
+- a ZeRO-3 checkpoint from 2 ranks loads in one process without DeepSpeed;
+- the seeds' Transformer loop under ZeRO-3 with bf16;
+- the config is filled from the launch (no "auto" left), and bad input is refused with one message.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Dict
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from notebook_accel import Accelerator, DeepSpeedPlugin
+from notebook_accel.accelerator.zero import filled_config
+from test_accelerator_distributed import (
+    EPOCHS,
+    EQUIVALENCE_CASES,
+    WORLD,
+    assert_same_weights,
+    fresh_training_objects,
+    launch,
+    regression_data,
+    train_plain_pytorch,
+    weights_of,
+)
+
+pytest.importorskip("deepspeed", reason="DeepSpeed is an optional extra: pip install '.[deepspeed]'")
+pytestmark = pytest.mark.timeout(300)
+
+
+def local_parameters(model: torch.nn.Module) -> int:
+    # ZeRO-3 replaces each parameter's data by an empty tensor and keeps this rank's partition in ds_tensor
+    return sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
+
+
+def train_zero(stage: int, batch_size: int, shuffle: bool, accumulation: int = 1, clip=None) -> Dict[str, Any]:
+    plugin = DeepSpeedPlugin(zero_stage=stage, gradient_clipping=clip)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation, deepspeed_plugin=plugin)
+    model, optimizer, scheduler = fresh_training_objects()
+    loader = DataLoader(regression_data(), batch_size=batch_size, shuffle=shuffle)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    for _ in range(EPOCHS):
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                accelerator.backward(F.mse_loss(model(x), y))
+                if clip is not None:
+                    accelerator.clip_grad_norm_(model.parameters(), clip)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+    return {
+        "weights": accelerator.get_state_dict(model),
+        "local_parameters": local_parameters(model),
+        "lr": optimizer.param_groups[0]["lr"],
+        "config": {key: model.config[key] for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                                                      "train_batch_size")},  # fmt: skip
+    }
+
+
+def equivalence_rank():
+    return {(stage, name): train_zero(stage, batch, shuffle, steps, clip)
+            for stage in (1, 2, 3) for name, (batch, shuffle, steps, clip) in EQUIVALENCE_CASES.items()}  # fmt: skip
+
+
+def test_zero_1_2_3_on_two_ranks_train_like_one_process_with_the_whole_batch():
+    ranks = launch(equivalence_rank)
+    total = sum(p.numel() for p in fresh_training_objects()[0].parameters())
+    for (stage, name), main in ranks[0].items():
+        batch, shuffle, steps, clip = EQUIVALENCE_CASES[name]
+        expected = train_plain_pytorch(batch * WORLD * steps, shuffle, clip)
+        assert_same_weights(main["weights"], expected, f"ZeRO-{stage}, {name}")
+        assert main["config"] == {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": steps,
+                                  "train_batch_size": batch * steps * WORLD}  # fmt: skip
+        other = ranks[1][(stage, name)]
+        if stage == 3:
+            assert other["weights"] == {}  # gathered on rank 0 only
+            # each rank keeps half of every parameter (odd sizes are padded to an even split)
+            assert main["local_parameters"] + other["local_parameters"] in (total, total + 1, total + 2)
+            assert main["local_parameters"] < total * 0.6
+        else:
+            assert_same_weights(other["weights"], expected, f"ZeRO-{stage}, {name}, rank 1")  # whole on every rank
+            assert main["local_parameters"] == total
+        # the StepLR schedule stepped once per real optimizer step: 8 of them, halving every 3
+        assert main["lr"] == pytest.approx(0.05 * 0.5 ** (EPOCHS * 64 // (batch * WORLD * steps) // 3))
+
+
+def save_zero3(directory: str) -> Dict[str, torch.Tensor]:
+    accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    model, optimizer, _ = fresh_training_objects()
+    loader = DataLoader(regression_data(), batch_size=16)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for x, y in loader:
+        accelerator.backward(F.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+    accelerator.save_state(directory)
+    return accelerator.get_state_dict(model)
+
+
+def test_a_zero3_checkpoint_from_two_ranks_loads_in_one_process_without_deepspeed(tmp_path):
+    saved = launch(save_zero3, str(tmp_path))[0]
+    assert os.path.isdir(tmp_path / "model.deepspeed")
+    with pytest.warns(UserWarning, match="nothing to partition"):
+        accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    model, optimizer, _ = fresh_training_objects()
+    model, optimizer = accelerator.prepare(model, optimizer)
+    assert not torch.allclose(weights_of(model)["0.weight"], saved["0.weight"])  # not loaded yet
+    with pytest.warns(UserWarning, match="optimizer starts fresh"):
+        accelerator.load_state(str(tmp_path))
+    assert_same_weights(weights_of(model), saved, "ZeRO-3 checkpoint loaded in one process")
+
+
+def transformer_rank() -> Dict[str, Any]:
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16", deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, num_layers=2), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(64, 8, 32, generator=generator)
+    data = TensorDataset(x, x.mean(dim=(1, 2)).unsqueeze(-1))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=8))
+    losses = []
+    for _ in range(3):
+        for inputs, targets in loader:
+            loss = F.mse_loss(model(inputs).mean(dim=1).float(), targets)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(accelerator.reduce(loss.detach().float(), "mean").item())
+    weights = accelerator.get_state_dict(model)
+    return {"losses": losses, "bf16": model.config["bf16"]["enabled"],
+            "dtypes": sorted({str(value.dtype) for value in weights.values()})}  # fmt: skip
+
+
+def test_the_seeds_transformer_loop_under_zero3_with_bf16():
+    ranks = launch(transformer_rank)
+    main = ranks[0]
+    assert main["bf16"] is True
+    assert all(torch.isfinite(torch.tensor(main["losses"])))
+    assert main["losses"][-1] < main["losses"][0]
+    assert ranks[1]["losses"] == main["losses"]
+    assert main["dtypes"] == ["torch.bfloat16"]  # DeepSpeed's 16-bit weights, gathered on rank 0
+
+
+def differently_initialised_rank() -> Dict[str, torch.Tensor]:
+    accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    torch.manual_seed(accelerator.process_index)  # each rank's own init differs, as with a rank-seeded setup
+    model = torch.nn.Linear(6, 4)
+    model, _, _ = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      DataLoader(regression_data(), batch_size=4))  # fmt: skip
+    return accelerator.get_state_dict(model)
+
+
+def test_every_rank_starts_from_rank_0s_weights_as_ddp_does():
+    # DeepSpeed broadcasts rank 0's module when it builds the engine (ZeRO-3 partitions rank 0's copy): checked
+    gathered = launch(differently_initialised_rank)[0]
+    torch.manual_seed(0)
+    assert_same_weights(gathered, torch.nn.Linear(6, 4).state_dict(), "rank 0's init, on both partitions")
+
+
+def prepare_alone_rank() -> str:
+    accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin())
+    try:
+        accelerator.prepare(torch.nn.Linear(2, 2))
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+def test_a_model_prepared_without_its_optimizer_is_refused_with_one_message():
+    messages = launch(prepare_alone_rank)
+    assert all("prepare exactly one model and its optimizer" in message for message in messages)
+
+
+# ------------------------------------------------------------------------------- the plugin, in this process
+def test_the_config_is_filled_from_the_launch_and_leftover_autos_are_refused():
+    plugin = DeepSpeedPlugin(hf_ds_config={"train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto",
+                                           "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}})  # fmt: skip
+    config = filled_config(plugin, micro_batch=4, accumulation=2, world=2, mixed_precision="bf16")
+    assert config["train_micro_batch_size_per_gpu"] == 4 and config["train_batch_size"] == 16
+    assert config["bf16"] == {"enabled": True} and config["fp16"] == {"enabled": False}
+    assert config["gradient_clipping"] == 0.0 and config["zero_optimization"] == {"stage": 3}  # DeepSpeed's is 1.0
+    with pytest.raises(ValueError, match="per-rank batch size"):
+        filled_config(DeepSpeedPlugin(), micro_batch=None, accumulation=1, world=2, mixed_precision="no")
+    with pytest.raises(ValueError, match="'auto' at wall_clock_breakdown"):
+        filled_config(DeepSpeedPlugin(hf_ds_config={"wall_clock_breakdown": "auto"}), micro_batch=2, accumulation=1,
+                      world=2, mixed_precision="no")  # fmt: skip
+    with pytest.raises(ValueError, match="differs from the Accelerator's 1"):
+        filled_config(DeepSpeedPlugin(gradient_accumulation_steps=4), micro_batch=2, accumulation=1, world=2,
+                      mixed_precision="no")  # fmt: skip
+
+
+def test_the_plugin_refuses_bad_input_before_any_model_is_built(tmp_path):
+    with pytest.raises(ValueError, match="'optimizer' section"):
+        DeepSpeedPlugin(hf_ds_config={"optimizer": {"type": "AdamW"}})
+    with pytest.raises(ValueError, match="needs zero_stage=3"):
+        DeepSpeedPlugin(zero_stage=2, offload_param_device="cpu")
+    with pytest.raises(ValueError, match="stages 0, 1, 2 and 3"):
+        DeepSpeedPlugin(zero_stage=4)
+    from notebook_accel import FullyShardedDataParallelPlugin
+
+    with pytest.raises(ValueError, match="give one of them"):
+        Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(), deepspeed_plugin=DeepSpeedPlugin())
+    path = tmp_path / "ds.json"
+    path.write_text('{"zero_optimization": {"stage": 1}, "gradient_accumulation_steps": 2}')
+    plugin = DeepSpeedPlugin(hf_ds_config=str(path))
+    assert plugin.zero_stage == 1 and plugin.gradient_accumulation_steps == 2
+
+
+def test_hf_accelerates_environment_builds_the_same_plugin(tmp_path):
+    environ = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+               "ACCELERATE_GRADIENT_CLIPPING": "1.0", "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "cpu"}  # fmt: skip
+    plugin = DeepSpeedPlugin.from_environment(environ)
+    assert plugin.zero_stage == 3 and plugin.config["gradient_clipping"] == 1.0
+    assert plugin.config["zero_optimization"]["offload_param"] == {"device": "cpu"}
+    assert DeepSpeedPlugin.from_environment({"ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}) is None
+
+
+def test_one_process_warns_and_trains_without_deepspeed():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin())
+    assert any("nothing to partition" in str(warning.message) for warning in caught)
+    assert type(accelerator.prepare(torch.nn.Linear(2, 2))) is torch.nn.Linear
