@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from notebook_accel import Accelerator, FullyShardedDataParallelPlugin
-from notebook_accel.accelerator.fsdp import _blocks, local_bytes
+from notebook_accel import Accelerator, FullyShardedDataParallelPlugin, last_launch
+from notebook_accel.accelerator.fsdp import _blocks
+from notebook_accel.accelerator.memory import held_bytes
 from test_accelerator_distributed import (
     EPOCHS,
     EQUIVALENCE_CASES,
@@ -147,7 +148,7 @@ def transformer_rank() -> Dict[str, Any]:
         "losses": losses,
         "sharded": sorted(name for name, module in model.named_modules() if type(module).__name__.startswith("FSDP")),
         "checkpointed": sum(type(module).__name__ == "CheckpointWrapper" for module in model.modules()),
-        "bytes": local_bytes(model, optimizer.optimizer),
+        "bytes": held_bytes(model, optimizer.optimizer),
         "weights": {name: tuple(value.shape) for name, value in accelerator.get_state_dict(model).items()},
     }
 
@@ -223,3 +224,37 @@ def test_one_process_warns_and_trains_unsharded():
     assert any("nothing to shard" in str(warning.message) for warning in caught)
     model = accelerator.prepare(torch.nn.Linear(2, 2))
     assert type(model) is torch.nn.Linear and accelerator.fsdp_plugin is None
+
+
+def one_adam_step(plugin_kind: str) -> None:
+    from notebook_accel import DeepSpeedPlugin
+
+    plugin = {"fsdp_plugin": FullyShardedDataParallelPlugin()} if plugin_kind == "fsdp" else {
+        "deepspeed_plugin": DeepSpeedPlugin(zero_stage=3)}
+    accelerator = Accelerator(cpu=True, **plugin)
+    model = torch.nn.Linear(256, 256)  # 65,792 fp32 parameters: 257 KiB, Adam's two moments 514 KiB
+    optimizer = torch.optim.Adam(model.parameters())
+    data = TensorDataset(torch.randn(8, 256), torch.randn(8, 256))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=4))
+    for _ in range(2):  # the line comes once, after the first step
+        for x, y in loader:
+            accelerator.backward(F.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+@pytest.mark.parametrize("plugin_kind", ["fsdp", "deepspeed"])
+def test_each_rank_says_once_what_it_holds_of_the_sharded_model(plugin_kind):
+    if plugin_kind == "deepspeed":
+        pytest.importorskip("deepspeed")
+    launch(one_adam_step, plugin_kind)
+    outputs = last_launch().outputs  # what the dashboard shows, by rank
+    how = "FSDP2" if plugin_kind == "fsdp" else "DeepSpeed ZeRO-3"
+    for rank in range(WORLD):
+        lines = [line for line in outputs[rank] if "this rank holds" in line]
+        assert len(lines) == 1, outputs[rank]
+        line = lines[0]
+        # half of 257 KiB of parameters, and of Adam's 514 KiB of moments (plus its step counters)
+        assert f"{how} over 2 ranks: this rank holds parameters 128 KiB of 257 KiB" in line, line
+        assert "optimizer state 257 KiB" in line, line
+        assert ("gradients 128 KiB" in line) == (plugin_kind == "fsdp"), line

@@ -16,6 +16,7 @@ from .checkpointing import load_checkpoint, save_checkpoint
 from .data_loader import PreparedDataLoader, XlaDeviceLoader, prepare_data_loader
 from .fsdp import FullyShardedDataParallelPlugin, full_state_dict, is_sharded, shard_model
 from .gradient_state import GradientState
+from .memory import held_bytes, memory_line
 from .optimizer import AcceleratedOptimizer, move_state_to_params, switch_parameters
 from .precision import (
     add_autocast_to_forward,
@@ -352,6 +353,9 @@ class Accelerator:
         self._deepspeed_engine = engine
         self._models.append(engine)
         wrapped = DeepSpeedOptimizer(optimizer, engine, self.gradient_state)
+        stage = self.deepspeed_plugin.zero_stage
+        wrapped.after_first_step = lambda: self._say_what_is_held(f"DeepSpeed ZeRO-{stage}", engine.module,
+                                                                  optimizer, gradients=False)  # fmt: skip
         self._optimizers.append(wrapped)
         prepared = list(objects)
         for position, kind in enumerate(kinds):
@@ -384,8 +388,15 @@ class Accelerator:
             move_state_to_params(optimizer)
         xla_world = self.num_processes if self.distributed_type == DistributedType.XLA else 0
         wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler, xla_world=xla_world)
+        sharded = [model for model in self._models if is_sharded(model)]
+        if sharded:
+            wrapped.after_first_step = lambda: self._say_what_is_held("FSDP2", sharded[0], optimizer)
         self._optimizers.append(wrapped)
         return wrapped
+
+    def _say_what_is_held(self, how: str, model: torch.nn.Module, optimizer: Any, gradients: bool = True) -> None:
+        """One line per rank, in its output on the dashboard: sharding at work (each rank about 1/N)."""
+        builtins.print(memory_line(how, self.num_processes, held_bytes(model, optimizer, gradients)), flush=True)
 
     def prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
         """This rank's shard of ``data_loader``; see :mod:`notebook_accel.accelerator.data_loader`."""

@@ -239,24 +239,3 @@ def full_state_dict(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def local_bytes(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> Dict[str, int]:
-    """Bytes of parameters, gradients and optimizer state this rank holds (its shards, under FSDP)."""
-
-    def nbytes(tensor: Any) -> int:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        return local.numel() * local.element_size()
-
-    params = list(model.parameters())
-    figures = {
-        "parameters": sum(nbytes(param) for param in params),
-        "gradients": sum(nbytes(param.grad) for param in params if param.grad is not None),
-        "optimizer": 0,
-    }
-    if optimizer is not None:
-        figures["optimizer"] = sum(
-            nbytes(value) for state in optimizer.state.values() for value in state.values()
-            if isinstance(value, torch.Tensor) and value.dim() > 0
-        )
-    return figures

@@ -68,6 +68,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self._step_was_skipped = False
         self._gradients_unscaled = False
         self._gradients_reduced = False
+        # called once, after the first real step (the Accelerator's line of what a sharded rank holds)
+        self.after_first_step: Optional[Callable[[], None]] = None
 
     # --- the wrapped optimizer's data, shared (not copied) so schedulers and users see one truth
     @property
@@ -142,6 +144,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             xm.reduce_gradients(self.optimizer)
             self._gradients_reduced = True
 
+    def _first_step_done(self) -> None:
+        callback, self.after_first_step = self.after_first_step, None
+        if callback is not None:
+            callback()
+
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
         """Update the weights, unless this is an accumulation step or fp16 gradients overflowed."""
         if not self.gradient_state.sync_gradients:
@@ -152,7 +159,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self._gradients_reduced = False
         if self.scaler is None:
             self._step_was_skipped = False
-            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+            result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+            self._first_step_done()
+            return result
         if closure is not None:
             raise ValueError("optimizer.step(closure) cannot be combined with fp16 loss scaling (GradScaler)")
         scale_before = self.scaler.get_scale()
@@ -160,4 +169,5 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.scaler.update()  # lowers the scale after an overflow, slowly raises it otherwise
         self._step_was_skipped = self.scaler.get_scale() < scale_before
         self._gradients_unscaled = False
+        self._first_step_done()
         return result

@@ -215,6 +215,7 @@ class DeepSpeedOptimizer(AcceleratedOptimizer):
             self.engine.step()
             self._step_was_skipped = bool(getattr(self.engine, "skipped_steps", 0) > self._skipped_before)
             self._skipped_before = getattr(self.engine, "skipped_steps", 0)
+            self._first_step_done()
 
     _skipped_before = 0
 
