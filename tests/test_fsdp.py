@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any, Dict
 
@@ -258,3 +259,20 @@ def test_each_rank_says_once_what_it_holds_of_the_sharded_model(plugin_kind):
         assert f"{how} over 2 ranks: this rank holds parameters 128 KiB of 257 KiB" in line, line
         assert "optimizer state 257 KiB" in line, line
         assert ("gradients 128 KiB" in line) == (plugin_kind == "fsdp"), line
+
+
+def save_model_rank(directory: str) -> Dict[str, Any]:
+    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
+    model, optimizer, _ = fresh_training_objects()
+    model, optimizer = accelerator.prepare(model, optimizer)
+    path = accelerator.save_model(model, directory)
+    return {"path": path, "weights": accelerator.get_state_dict(model), "exists": os.path.exists(path)}
+
+
+def test_save_model_writes_one_safetensors_file_of_the_full_weights(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    ranks = launch(save_model_rank, str(tmp_path))
+    assert all(rank["exists"] for rank in ranks)  # written before any rank returns
+    assert sorted(os.listdir(tmp_path)) == ["model.safetensors"]
+    assert_same_weights(safetensors.load_file(ranks[0]["path"]), ranks[0]["weights"], "model.safetensors")
+    assert_same_weights(ranks[0]["weights"], weights_of(fresh_training_objects()[0]), "the full model")

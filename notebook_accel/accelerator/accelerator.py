@@ -4,6 +4,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import gc
+import os
 import warnings
 from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Union
 
@@ -663,6 +664,34 @@ class Accelerator:
         if is_engine(model):
             return engine_state_dict(model)
         return (self.unwrap_model(model) if unwrap else model).state_dict()
+
+    def save_model(self, model: torch.nn.Module, save_directory: str, safe_serialization: bool = True) -> str:
+        """One file of the model's full weights in ``save_directory`` (call on every rank: under FSDP2 and ZeRO-3
+        the weights are gathered first; rank 0 writes). ``model.safetensors`` (needs the safetensors package),
+        or ``pytorch_model.bin`` with ``safe_serialization=False``. Returns the file's path.
+
+        Example::
+
+            accelerator.save_model(model, "final")     # load anywhere: safetensors.torch.load_file(...)
+        """
+        weights = self.get_state_dict(model)
+        name = "model.safetensors" if safe_serialization else "pytorch_model.bin"
+        path = os.path.join(save_directory, name)
+        if self.is_main_process:
+            os.makedirs(save_directory, exist_ok=True)
+            # own, contiguous CPU copies: safetensors refuses tensors that share storage (tied weights)
+            weights = {key: value.detach().cpu().contiguous().clone() for key, value in weights.items()}
+            if safe_serialization:
+                try:
+                    from safetensors.torch import save_file
+                except ImportError as error:
+                    raise ImportError("save_model writes safetensors: pip install safetensors, or pass "
+                                      "safe_serialization=False for a torch.save file") from error
+                save_file(weights, path, metadata={"format": "pt"})
+            else:
+                torch.save(weights, path)
+        self.wait_for_everyone()
+        return path
 
     def save(self, obj: Any, path: str) -> None:
         """``torch.save`` on the main process, once every rank got here; all ranks return when it is written.
