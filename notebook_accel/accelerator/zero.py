@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import json
 import os
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Union
 
 import torch
@@ -179,6 +180,9 @@ def is_engine(model: Any) -> bool:
 
 def build_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Dict[str, Any]) -> Any:
     deepspeed = import_deepspeed()
+    # DeepSpeed calls collectives torch has deprecated, and torch says so at every step in every rank: a
+    # warning about DeepSpeed's code the user can do nothing about, so it is not shown
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
     return engine
 
