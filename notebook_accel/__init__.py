@@ -34,6 +34,8 @@ _EXPORTS = {
     "launch_panel": ".panel",
     "progress": ".rank.progress",
     "write_basic_config": ".plan.config",
+    "Session": ".session",
+    "last_session": ".session",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -44,8 +46,16 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .launcher import Launch, last_launch, notebook_launcher, start_launch
     from .panel import launch_panel
     from .plan.config import write_basic_config
+    from .session import Session, last_session
     from .rank.metrics import report
     from .rank.progress import progress
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext notebook_accel``: the ``%%ranks`` cell magic (runs a cell on every rank of a ``Session``)."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
 
 
 def __getattr__(name: str) -> Any:

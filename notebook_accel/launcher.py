@@ -15,7 +15,7 @@ from collections import defaultdict
 from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from .backends import LaunchSink, backend_for
+from .backends import Backend, LaunchSink, backend_for
 from .backends.rendezvous import HostedStore
 from .errors import LaunchConfigError, LaunchError, LaunchTimeout, one_line
 from .monitor.metric_log import MetricLog
@@ -49,9 +49,9 @@ class Launch:
     >>> job.stop(); job.wait()                                        # doctest: +SKIP
     """
 
-    def __init__(self, plan: LaunchPlan, view: Optional[View] = None) -> None:
+    def __init__(self, plan: LaunchPlan, view: Optional[View] = None, backend: Optional[Backend] = None) -> None:
         self.plan = plan
-        self.backend = backend_for(plan)
+        self.backend = backend if backend is not None else backend_for(plan)  # a session passes its own
         self.view: View = view if view is not None else make_view(plan.display)
         if hasattr(self.view, "on_dump_stacks"):  # the dashboard's "where is each rank?" button
             self.view.on_dump_stacks = self.dump_stacks  # type: ignore[attr-defined]

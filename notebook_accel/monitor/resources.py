@@ -62,6 +62,11 @@ class ResourceSampler:
         self._gpu = GpuMonitor(nvml, visible_devices) if device == "cuda" else None
         self.samples = 0
 
+    def postpone_sample(self) -> None:
+        """Take the next sample one interval from now, not at the first tick (a warm session's run may be over
+        in milliseconds; psutil's scan of every process costs a few)."""
+        self._last_sample = time.monotonic()
+
     def observe(self, event: RankEvent) -> None:
         """Learn pids from ``RankStarted``, forget exited ranks, keep the ranks' framework memory figures."""
         if isinstance(event, RankStarted):

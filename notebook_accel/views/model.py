@@ -17,7 +17,7 @@ from ..formatting import format_bytes, format_value  # noqa: F401  (views.model.
 from ..monitor.metric_log import MetricSummary
 from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, OutputLines,
                            PeersWaiting, ProgressUpdate, RankEvent, RankExited, RankFailed, RankResult, RankStarted,
-                           RankStatus, ResourceSample, Status)
+                           RankStatus, ResourceSample, SessionNotice, Status)
 
 # Colours of ranks 0..9 (matplotlib's tab10), reused in the plots and the rank rows.
 STALL_AFTER_SECONDS = 10.0  # a rank whose progress has not moved this long while its peers advance is stalled
@@ -235,6 +235,7 @@ class LaunchState:
         self.stall_after = STALL_AFTER_SECONDS
         self.attempt: Optional[AttemptStarted] = None    # set once a restart began
         self.peers_waiting: Optional[PeersWaiting] = None  # a rank finished while others still run
+        self.session_notices: List[str] = []  # what a warm session did after this run ("ranks restarted: ...")
 
     # ------------------------------------------------------------------------------------------ reading
     @property
@@ -265,6 +266,9 @@ class LaunchState:
             return self._on_metrics(event)
         if isinstance(event, PeersWaiting):
             self.peers_waiting = event
+            return self
+        if isinstance(event, SessionNotice):
+            self.session_notices.append(event.text)
             return self
         if isinstance(event, (OutputLine, OutputLines)):
             state = self.rank(event.rank)

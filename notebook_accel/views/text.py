@@ -21,7 +21,8 @@ import threading
 import time
 from typing import Dict, Optional, TextIO
 
-from ..wire.events import LaunchFinished, MetricReport, OutputLine, OutputLines, PeersWaiting, ProgressUpdate, RankEvent
+from ..wire.events import (LaunchFinished, MetricReport, OutputLine, OutputLines, PeersWaiting, ProgressUpdate,
+                           RankEvent, SessionNotice)
 from .model import BarState, LaunchState, label_lines
 
 
@@ -63,7 +64,7 @@ class TextView:
                 self._on_bar(changed)
             elif isinstance(event, MetricReport):
                 pass  # shown in the next progress line's postfix and in the summary
-            elif isinstance(event, PeersWaiting):
+            elif isinstance(event, (PeersWaiting, SessionNotice)):
                 self._out("stdout").write(f"notebook_accel: {event.text}\n")
             elif isinstance(event, LaunchFinished):
                 self._pending.clear()

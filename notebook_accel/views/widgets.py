@@ -41,7 +41,7 @@ import ipywidgets as widgets
 from ..outcome.root_cause import is_collateral
 from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, OutputLines,
                            PeersWaiting, ProgressUpdate, RankEvent, RankExited, RankFailed, RankResult, RankStacks,
-                           RankStarted, RankStatus, ResourceSample)
+                           RankStarted, RankStatus, ResourceSample, SessionNotice)
 from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, launch_title,
                     rank_colour, resource_text)
 from .plot import render_line_plot
@@ -203,7 +203,7 @@ class WidgetView:
                 self._show_stack(event.rank, event.text, time.strftime("%H:%M:%S"))
             elif isinstance(event, LaunchStarted):
                 self._on_started()
-            elif isinstance(event, PeersWaiting):
+            elif isinstance(event, (PeersWaiting, SessionNotice)):
                 self._draw_header()
             elif isinstance(event, AttemptStarted):  # the world runs again: fresh rank rows, same plots
                 self._rank_rows.clear()
@@ -446,6 +446,8 @@ class WidgetView:
             items.append((name, escape(value)))
         if state.peers_waiting is not None and state.finished is None:  # said once, in the header, until the end
             items.append(("waiting", f'<span class="na-peers-waiting">{escape(state.peers_waiting.text)}</span>'))
+        for notice in state.session_notices:  # said plainly: "ranks restarted: state lost (...)"
+            items.append(("session", f'<span class="na-session-notice">{escape(notice)}</span>'))
         if state.attempt is not None and state.attempt.previous_errors:
             items.append(("earlier attempts", escape(" | ".join(state.attempt.previous_errors))))
         totals = state.resource_totals()

@@ -243,6 +243,24 @@ class AttemptStarted(RankEvent):
 
 
 @dataclass
+class TaskDone(RankEvent):
+    """A session's rank finished one task (a run, a ``%%ranks`` cell, a new group) and is idle again; sent after
+    its result or failure. ``group_sequence``: how many collectives its default process group has run (ranks
+    that disagree left a collective half done), None without a group."""
+
+    task_id: int
+    group_sequence: Optional[int] = None
+
+
+@dataclass
+class SessionNotice(RankEvent):
+    """Something a session did on its own that the user must know (rank = -1): "ranks restarted: state lost",
+    "the process group was replaced"."""
+
+    text: str
+
+
+@dataclass
 class LaunchFinished(RankEvent):
     """Last event of every launch (rank = -1).
 

@@ -99,13 +99,17 @@ class PickledPayload:
     _cuda_tensors: List[Any] = field(default_factory=list)
 
     @classmethod
-    def create(cls, function: Callable, args: Tuple, kwargs: Dict[str, Any]) -> "PickledPayload":
+    def create(cls, function: Callable, args: Tuple, kwargs: Dict[str, Any], *,
+               into_rank_namespace: bool = False) -> "PickledPayload":
+        """Pickle the call; ``into_rank_namespace``: the notebook's functions get the rank's namespace as their
+        globals when loaded (a warm session's rank), instead of a fresh dict of their own."""
         storages: List[Any] = []
         buffers: List[pickle.PickleBuffer] = []
         cuda_tensors: List[Any] = []
         out = io.BytesIO()
+        pickler = _SessionPickler if into_rank_namespace else _SharingPickler
         try:
-            _SharingPickler(out, storages, buffers, cuda_tensors).dump((function, args, kwargs))
+            pickler(out, storages, buffers, cuda_tensors).dump((function, args, kwargs))
         except Exception as err:
             culprit = find_unpicklable(function, args, kwargs)
             where = f": {culprit}" if culprit else ""
@@ -181,6 +185,8 @@ class _SharedUnpickler(pickle.Unpickler):
         self._storages = storages
 
     def persistent_load(self, pid: Any) -> Any:
+        if pid[0] == RANK_NAMESPACE:
+            return sys.modules["__main__"].__dict__
         return self._storages[pid[1]]
 
 
@@ -234,6 +240,22 @@ class _SharingPickler(cloudpickle.Pickler):
             return True
         self._buffers.append(buffer)
         return False
+
+
+RANK_NAMESPACE = "rank namespace"
+
+
+class _SessionPickler(_SharingPickler):
+    """For a warm session: the globals cloudpickle gives the notebook's functions (one fresh dict per pickle,
+    holding the names they use) are the rank's ``__main__`` namespace instead. The names the kernel sends are
+    written into it, names only the rank has resolve there, and ``global x`` in a function sets the rank's ``x``
+    for later runs and cells."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is dict and obj.get("__name__") == "__main__" and \
+                any(obj is made for made in self.globals_ref.values()):
+            return (RANK_NAMESPACE,)
+        return super().persistent_id(obj)
 
 
 def _release(mapping: mmap.mmap, fd: int) -> None:

@@ -61,6 +61,9 @@ class ProcessBackend(Backend):
     """One process per rank, started with ``plan.start_method``; the supervisor reads them to the end."""
 
     name = "processes"
+    # What a rank process runs, and the spec it gets: a warm session's ranks (``backends.session``) differ here.
+    spec_class = RankSpec
+    rank_target = staticmethod(rank_main)
 
     def __init__(self, plan: LaunchPlan) -> None:
         super().__init__(plan)
@@ -115,6 +118,14 @@ class ProcessBackend(Backend):
             self._lifeline_w = -1
         self.plan.payload.close()
 
+    def _spec_extras(self, rank: int) -> Dict[str, object]:
+        """More fields for ``spec_class``'s spec of ``rank`` (none for a launch's rank)."""
+        return {}
+
+    def _inherited_fds(self, rank: int) -> List[int]:
+        """More kernel fds a *forked* ``rank`` inherits and must close (none for a launch's rank)."""
+        return []
+
     def _start_rank(self, rank: int, rendezvous_env: Dict[str, str], started: List[RankProcess]) -> RankProcess:
         pipes = {name: make_pipe() for name in ("stdout", "stderr", "events", "stacks")}
         inherited: List[int] = []
@@ -124,8 +135,9 @@ class ProcessBackend(Backend):
             inherited = [self._lifeline_w] + [read for read, _ in pipes.values()]
             for other in started:
                 inherited += other.fds
+            inherited += self._inherited_fds(rank)
         plan = self.plan
-        spec = RankSpec(
+        spec = self.spec_class(
             rank=plan.global_rank(rank), world_size=plan.global_world_size or plan.world_size,
             env={**plan.kernel_env, **plan.rank_env(rank, rendezvous_env)},
             cwd=plan.kernel_cwd, sys_path=plan.kernel_sys_path,
@@ -138,8 +150,9 @@ class ProcessBackend(Backend):
             stacks_fd=PassedFd(pipes["stacks"][1]),
             lifeline_fd=PassedFd(self._lifeline_r),
             inherited_fds=inherited,
+            **self._spec_extras(rank),
         )
-        process = self.context.Process(target=rank_main, args=(spec,), name=f"notebook_accel-rank-{rank}")
+        process = self.context.Process(target=self.rank_target, args=(spec,), name=f"notebook_accel-rank-{rank}")
         try:
             with warnings.catch_warnings(), main_not_rerun():
                 # Python >= 3.12 warns on fork in a multi-threaded process (every Jupyter kernel); the rank

@@ -75,6 +75,8 @@ class _RankState:
 class Supervisor:
     """Runs the loop for ``ranks`` until all are gone; ``deliver`` receives every event in order."""
 
+    selector_class: type = selectors.DefaultSelector
+
     def __init__(self, ranks: List[RankProcess], deliver: Callable[[RankEvent], None], tick: Callable[[], None],
                  *, policy: StopPolicy, expect_results: Callable[[int], bool]) -> None:
         self.ranks = {handle.rank: _RankState(handle) for handle in ranks}
@@ -84,7 +86,7 @@ class Supervisor:
         self.expect_result = expect_results
         self.peer_wait = _peer_wait()
         self._peers_noticed = False
-        self.selector = selectors.DefaultSelector()
+        self.selector = self.selector_class()
         # Several ranks may live in one process (an XLA host's device threads and workers): one sentinel each.
         carried: Dict[int, List[_RankState]] = {}
         for state in self.ranks.values():
@@ -106,17 +108,25 @@ class Supervisor:
     def run(self) -> Outcome:
         """Block until every rank is gone. On KeyboardInterrupt: stop all ranks, then re-raise it."""
         try:
-            while not all(state.done for state in self.ranks.values()):
+            while not self._finished():
                 self._poll(TICK_SECONDS)
                 self._serve_stack_requests()
                 self._decide(self.policy)
                 self.tick()
+            self._drain()
         except BaseException:  # Ctrl-C, or a bug: either way no rank may outlive the launch
             self._emergency_stop()
             raise
         finally:
             self.selector.close()
         return self._outcome()
+
+    def _finished(self) -> bool:
+        """The loop's end: every rank gone and its pipes read to EOF (a warm session's run ends sooner)."""
+        return all(state.done for state in self.ranks.values())
+
+    def _drain(self) -> None:
+        """Read what is still in the pipes once the loop ended (nothing is: they were read to EOF)."""
 
     def _poll(self, wait: float) -> None:
         for key, _ in self.selector.select(wait):

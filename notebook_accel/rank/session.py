@@ -1,0 +1,308 @@
+"""Inside a warm session's rank: join the process group once, then run what the kernel sends, in one namespace.
+
+A session's rank process starts like a launch's (``rank.process``: its own session, death with the kernel,
+fd-level output, the kernel's environment), joins the default process group, and then serves tasks until the
+kernel says stop: a function (``Session.run``), a cell's code (``%%ranks``), a fresh process group. Every task
+runs through ``rank.run_rank`` — the same failure events, results and tqdm capture as a launch — in the rank's
+one persistent namespace, its ``__main__``: a function the kernel sends gets that namespace as its globals
+(``rank_namespace``), so names only the rank has resolve and ``global x`` sets ``x`` for later runs and cells.
+
+A reader thread takes commands off the socket: tasks queue for the main thread; ``BreakGroup`` is done at once,
+so a rank blocked in a collective whose peer failed gets an error instead of waiting for ever.
+"""
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Set
+
+from ..wire.channel import EventSender
+from ..wire.commands import (BreakGroup, CommandReceiver, ExecuteCode, NewGroup, RunFunction, Shutdown, close_fds)
+from ..wire.events import RankStarted, TaskDone
+from ..wire.fds import take_fd
+from ..wire.payload import PickledPayload
+from .device_memory import send_peak_rss
+from .process import (RankSpec, _set_torch_threads, as_launched, capture_output, end_like_python,
+                      take_over_process)
+from .run import failure_event, remember_kernel_classes, run_rank
+from .streams import flush_std_streams
+
+GROUP_PREFIX = "notebook_accel/session/group"   # each generation of the process group meets under its own keys
+
+
+@dataclass
+class SessionRankSpec(RankSpec):
+    """A launch's ``RankSpec`` plus the rank's end of the session's command socket."""
+
+    command_fd: Any = None
+    group_backend: Optional[str] = None   # "gloo" | "nccl"; None: no process group
+    group_generation: int = 0             # the session's count of groups so far: this one meets under its own keys
+
+
+def session_rank_main(spec: SessionRankSpec) -> None:
+    """Entry point of a session's rank process: set up as a launch's rank does, then serve tasks."""
+    take_over_process(take_fd(spec.stacks_fd), spec.lifeline_fd, spec.inherited_fds)
+    threading.current_thread()._daemonic = False  # type: ignore[attr-defined]  # see rank_main
+    as_launched(spec)
+    _set_torch_threads(int(spec.env.get("OMP_NUM_THREADS", "0")))
+    capture_output(take_fd(spec.stdout_fd), take_fd(spec.stderr_fd))
+    sender = EventSender(take_fd(spec.events_fd), spec.rank)
+    sender.send(RankStarted(rank=spec.rank, pid=os.getpid()))
+    SessionRank(spec, sender).serve()
+    send_peak_rss(sender)
+    end_like_python(spec.rank)
+    leave_group()
+    sender.close()
+    os._exit(0)
+
+
+class SessionRank:
+    """The task loop of one rank. SIGINT interrupts the task that runs (the kernel's interrupt, or a peer's
+    failure); between tasks it is ignored, so a late one cannot end the rank."""
+
+    def __init__(self, spec: SessionRankSpec, sender: EventSender) -> None:
+        self.spec = spec
+        self.sender = sender
+        self.commands = CommandReceiver(take_fd(spec.command_fd))
+        self.tasks: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self.busy = False
+        self.group = GroupKeeper(spec) if spec.group_backend else None
+        signal.signal(signal.SIGINT, self._on_interrupt)
+        threading.Thread(target=self._read_commands, name="notebook_accel-session-commands", daemon=True).start()
+
+    def _on_interrupt(self, signum: int, frame: Any) -> None:
+        if self.busy:
+            raise KeyboardInterrupt
+
+    def _read_commands(self) -> None:
+        while True:
+            received = self.commands.receive()
+            if received is None:  # the kernel closed the session (or died: the lifeline ends us too)
+                self.tasks.put(None)
+                return
+            command, fds = received
+            if isinstance(command, BreakGroup):
+                close_fds(fds)
+                if self.group is not None:
+                    self.group.cut_connections(command.peer_pids, command.kernel_pid)
+                continue
+            self.tasks.put((command, fds))
+
+    def serve(self) -> None:
+        """Join the group (task 0: the session is ready once every rank says it is done), then run tasks until
+        ``Shutdown`` or the kernel is gone."""
+        self._task(0, self._start_group if self.group is not None else (lambda: None))
+        while True:
+            item = self.tasks.get()
+            if item is None or isinstance(item[0], Shutdown):
+                return
+            command, fds = item
+            if isinstance(command, RunFunction):
+                self._run_function(command, fds)
+            elif isinstance(command, ExecuteCode):
+                # rank 0 answers None, as a launch's rank 0 returns its function's value
+                self._task(command.task_id, lambda: execute_cell(command.code, command.filename),
+                           send_result=self.sender.rank == 0)
+            elif isinstance(command, NewGroup):
+                close_fds(fds)
+                self._task(command.task_id, lambda: self.group.replace(command.generation) if self.group else None)
+
+    def _start_group(self) -> None:
+        assert self.group is not None
+        self.group.replace(self.spec.group_generation)
+
+    def _run_function(self, command: RunFunction, fds: List[int]) -> None:
+        def load():
+            payload = PickledPayload(command.data, command.storages, command.buffers, shared_fds=fds,
+                                     shared_sizes=command.shared_sizes)
+            function, args, kwargs = payload.load()  # the notebook's functions get the rank's namespace
+            remember_kernel_classes(rank_namespace())
+            return function, args, kwargs
+
+        send_result = command.return_all or self.sender.rank == 0
+        self._task(command.task_id, load, loader=True, send_result=send_result)
+
+    def _task(self, task_id: int, work: Any, *, loader: bool = False, send_result: bool = False) -> None:
+        """Run one task through ``run_rank`` (failure event or result, tqdm capture), then say it is done."""
+        load = work if loader else (lambda: (work, (), {}))
+        reported = False
+        self.busy = True
+        try:
+            run_rank(load, self.sender, send_result=send_result)
+            reported = True
+        except BaseException as late:  # an interrupt that came between run_rank's own steps
+            if not reported:
+                try:
+                    self.sender.send(failure_event(self.sender.rank, late))
+                except Exception:
+                    pass
+        finally:
+            self.busy = False
+            flush_std_streams()  # before TaskDone: the kernel reads the output pipes up to it
+            self.sender.send(TaskDone(rank=self.sender.rank, task_id=task_id,
+                                      group_sequence=self.group.sequence() if self.group else None))
+
+
+# ------------------------------------------------------------------------------------------- the namespace
+
+def rank_namespace() -> Dict[str, Any]:
+    """The rank's one persistent namespace: its ``__main__``, as a notebook's cells share the kernel's."""
+    return sys.modules["__main__"].__dict__
+
+
+def execute_cell(code: str, filename: str) -> None:
+    """Run ``code`` in the rank's namespace as a notebook runs a cell: statements, then the last expression's
+    value printed (its repr) when it is not None. The source is registered so tracebacks show its lines."""
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    tree = ast.parse(code, filename)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    namespace = rank_namespace()
+    exec(compile(tree, filename, "exec"), namespace)
+    if last is not None:
+        value = eval(compile(last, filename, "eval"), namespace)
+        if value is not None:
+            print(repr(value))
+
+
+# --------------------------------------------------------------------------------------- the process group
+
+class GroupKeeper:
+    """The session's default process group: joined at start, replaced after a failure broke it, kept alive
+    across runs. User code written for a fresh process (``init_process_group``, ``destroy_process_group`` at
+    the end of a DDP script) gets the live group instead of an error or a torn-down group."""
+
+    def __init__(self, spec: SessionRankSpec) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.backend = spec.group_backend
+        self.rank = spec.rank
+        self.world_size = spec.world_size
+        self.env = spec.env
+        self._store: Any = None
+        c10d = dist.distributed_c10d
+        self._original_init = c10d.init_process_group
+        self._original_destroy = c10d.destroy_process_group
+        keep_session_group(c10d, self._original_init, self._original_destroy)
+
+    def replace(self, generation: int) -> None:
+        """Join generation ``generation`` of the group (tearing down the one before): every rank does this
+        together, meeting under keys of their own in the kernel's store."""
+        dist = self.dist
+        if dist.is_initialized():
+            self._original_destroy()
+        if self.backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(int(self.env.get("LOCAL_RANK", "0")))
+        if self._store is None:
+            self._store = dist.TCPStore(self.env["MASTER_ADDR"], int(self.env["MASTER_PORT"]), is_master=False)
+        store = dist.PrefixStore(f"{GROUP_PREFIX}{generation}/", self._store)
+        self._original_init(self.backend, store=store, rank=self.rank, world_size=self.world_size)
+
+    def sequence(self) -> Optional[int]:
+        """How many collectives the default group ran; ranks whose counts differ left one half done."""
+        try:
+            if not self.dist.is_initialized():
+                return None
+            return int(self.dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
+        except Exception:
+            return None
+
+    def cut_connections(self, peer_pids: List[int], kernel_pid: int) -> None:
+        """Make collectives in flight fail now. NCCL communicators are aborted; gloo's TCP connections to the
+        session's other ranks (and only those: not the store's, not the user's own) are shut down, which a
+        blocked gloo call sees at once as "Connection closed by peer"."""
+        if self.backend == "nccl":
+            try:
+                self.dist.distributed_c10d._abort_process_group()
+            except Exception:
+                pass
+            return
+        cut_peer_connections(peer_pids, kernel_pid)
+
+
+def _ports(pid: int) -> Set[int]:
+    import psutil
+
+    try:
+        return {connection.laddr.port for connection in psutil.Process(pid).net_connections("tcp")}
+    except psutil.Error:
+        return set()
+
+
+def cut_peer_connections(peer_pids: List[int], kernel_pid: int) -> int:
+    """Shut down this process's TCP connections to ports the processes ``peer_pids`` own; how many were cut.
+
+    Never one whose port the kernel owns: a forked rank inherited the kernel's sockets (the store's server and
+    its accepted connections, Jupyter's), and a shutdown acts on the socket itself, in every process sharing it.
+    """
+    import psutil
+
+    peer_ports: Set[int] = set()
+    for pid in peer_pids:
+        peer_ports |= _ports(pid)
+    kernel_ports = _ports(kernel_pid) if kernel_pid else set()
+    cut = 0
+    for connection in psutil.Process().net_connections("tcp"):
+        if connection.fd < 0 or not connection.raddr or connection.raddr.port not in peer_ports:
+            continue
+        if connection.laddr.port in kernel_ports or connection.raddr.port in kernel_ports:
+            continue
+        try:
+            duplicate = socket.socket(fileno=os.dup(connection.fd))
+        except OSError:
+            continue
+        try:
+            duplicate.shutdown(socket.SHUT_RDWR)  # acts on the socket gloo holds, not only on this duplicate
+            cut += 1
+        except OSError:
+            pass
+        finally:
+            duplicate.close()
+    return cut
+
+
+def keep_session_group(c10d: Any, original_init: Any, original_destroy: Any) -> None:
+    """``init_process_group`` returns at once while the session's group lives (a DDP script's set-up, code
+    written for ``notebook_launcher``), and ``destroy_process_group()`` of the default group leaves it for the
+    next run; other groups are created and destroyed as usual."""
+    import torch.distributed as dist
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        if c10d.is_initialized():
+            return None
+        return original_init(*args, **kwargs)
+
+    def destroy_process_group(group: Any = None) -> None:
+        if group is None or group is c10d.GroupMember.WORLD:
+            return None
+        return original_destroy(group)
+
+    init_process_group.__doc__ = original_init.__doc__
+    destroy_process_group.__doc__ = original_destroy.__doc__
+    destroy_process_group.__wrapped_original__ = original_destroy  # type: ignore[attr-defined]  # leave_group
+    for module in (dist, c10d):
+        module.init_process_group = init_process_group
+        module.destroy_process_group = destroy_process_group
+
+
+def leave_group() -> None:
+    """At the session's end the group is torn down for real (a clean exit, as a script's last line does)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    try:
+        if dist.is_initialized():
+            dist.distributed_c10d.destroy_process_group.__wrapped_original__()  # type: ignore[attr-defined]
+    except Exception:
+        pass

@@ -1,0 +1,427 @@
+"""``Session``: ranks that stay warm across cells.
+
+A launch starts from zero every time — interpreter, imports, data, model, process group — and throws it all away.
+A session starts its ranks once; each ``run`` (or ``%%ranks`` cell) then executes on the live ranks, in each
+rank's one persistent namespace, with the same dashboard, root cause, Stop and timeout as a launch::
+
+    session = Session(num_processes=2)        # the launcher's options: device, start_method, display, ...
+    session.run(load_data_and_model)          # state stays on the ranks
+    session.run(train, args=(3e-4,))          # no start cost
+    session.pull("loss")                      # [0.31, 0.29]: one value per rank
+    session.close()                           # or: with Session(...) as session:
+
+The ranks join the default process group once (gloo on CPU, nccl on CUDA); code that calls
+``init_process_group`` itself gets the live group. A failed run leaves the ranks and their state; a process group
+left half way through a collective is replaced; a rank that dies or does not come back restarts the session,
+and the raised exception says so ("ranks restarted: state lost").
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import sys
+import threading
+import weakref
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from .backends.processes.supervisor import Supervisor
+from .backends.rendezvous import HostedStore
+from .backends.session import SessionProcesses, SessionRunBackend, SessionSupervisor, send_quietly
+from .backends.base import StopPolicy
+from .errors import LaunchConfigError
+from .launcher import Launch
+from .outcome.raising import root_cause_exception
+from .outcome.root_cause import Outcome
+from .plan.config import fill_from_config
+from .plan.options import with_defaults
+from .plan.plan import LaunchPlan, plan_launch
+from .rank.tracebacks import without_launcher_frames
+from .views import make_view
+from .monitor.resources import ResourceSampler
+from .views.session import SessionSummary, SessionView
+from .wire.channel import rank_channel
+from .wire.commands import Command, ExecuteCode, NewGroup, RunFunction, Shutdown
+from .wire.events import OutputLine, OutputLines, RankEvent, RankStarted, ResourceSample, SessionNotice, Status
+from .wire.payload import PickledPayload
+
+DEFAULT_RECOVER_TIMEOUT = 5.0   # s a rank may take to come back to idle after an interrupt before a restart
+START_TIMEOUT = 300.0           # s the ranks may take to start and join the process group
+CLOSE_GRACE = 35.0              # s the ranks may take to end like a program (threads joined: 30 s by default)
+# Launcher options a session cannot take yet, with the value that means "not used".
+_NOT_FOR_SESSIONS = {"num_nodes": 1, "node_rank": None, "rdzv_backend": "static", "rdzv_endpoint": None,
+                     "rdzv_id": None, "rdzv_conf": None, "max_restarts": 0}
+
+_open_sessions: "List[weakref.ref[Session]]" = []
+
+
+class Session:
+    """Ranks that stay up across cells: ``run`` functions and ``%%ranks`` cells on them, keeping their state.
+
+    Args:
+        num_processes: ranks to start, as for ``notebook_launcher`` (None: every GPU; 1 on CPU).
+        recover_timeout: seconds an interrupted rank may take to return to idle (a failed peer, Ctrl-C, a
+            timeout) before the whole session is restarted (its state lost): a rank stuck in a C++ call.
+        **options: the launcher's options (``device``, ``mixed_precision``, ``start_method``, ``display``,
+            ``timeout`` — the default for each run —, ``master_addr``, ``use_port``, ``config``). Several nodes
+            and ``max_restarts`` are refused for now, and so are TPUs (``device="xla"``).
+
+    >>> session = Session(num_processes=2, display="none")        # doctest: +SKIP
+    >>> session.run(lambda: __import__("os").environ["RANK"], return_all=True)   # doctest: +SKIP
+    ['0', '1']
+    """
+
+    def __init__(self, num_processes: Optional[int] = None, *, recover_timeout: float = DEFAULT_RECOVER_TIMEOUT,
+                 **options: Any) -> None:
+        __tracebackhide__ = True  # noqa: F841
+        try:
+            self._plan = _plan_session(num_processes, options)
+        except LaunchConfigError as refused:
+            raise without_launcher_frames(refused) from None
+        if isinstance(recover_timeout, bool) or not isinstance(recover_timeout, (int, float)) or recover_timeout <= 0:
+            raise LaunchConfigError(f"recover_timeout must be a positive number of seconds, got {recover_timeout!r}")
+        self.recover_timeout = float(recover_timeout)
+        self.num_processes = self._plan.world_size
+        self.device = self._plan.device
+        self.start_method = self._plan.start_method
+        self.runs = 0          # tasks run (functions and %%ranks cells)
+        self.restarts = 0      # times the ranks were started afresh (restart(), a lost rank)
+        self._tasks = itertools.count(1)
+        self._generation = 0   # of the process group: each new group meets under its own keys in the store
+        self._lock = threading.Lock()
+        self._state = "starting"
+        self._closed = False
+        self._store = HostedStore(self._plan.master_addr, self._plan.use_port, self._plan.world_size)
+        self._processes: Optional[SessionProcesses] = None
+        self._ranks: List[Any] = []
+        self.view = SessionView(self._plan.display)
+        self._samples: Dict[int, ResourceSample] = {}
+        self._sampler: Optional[ResourceSampler] = None
+        self._notice: Optional[str] = None
+        # Garbage collection of a session ends its ranks (the kernel's exit does too: lifeline and PDEATHSIG).
+        self._finalizer = weakref.finalize(self, lambda: None)  # replaced once the ranks exist
+        try:
+            self._start_ranks()
+        except BaseException:
+            self._shutdown(graceful=False)
+            raise
+        _open_sessions.append(weakref.ref(self))
+
+    # ------------------------------------------------------------------------------------------ public API
+
+    def run(self, function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
+            return_all: bool = False, timeout: Optional[float] = None, display: Optional[str] = None) -> Any:
+        """Run ``function(*args, **kwargs)`` on every rank, in its namespace; return rank 0's value (a list by
+        rank with ``return_all``) or raise the root cause, as ``notebook_launcher`` does.
+
+        The function's globals are the rank's namespace: the names it uses that the kernel has are sent with it,
+        names only the rank has resolve there, and ``global x`` keeps ``x`` on the rank for later runs.
+        """
+        __tracebackhide__ = True  # noqa: F841
+        _check_call(function, args, kwargs)
+        payload = PickledPayload.create(function, args, kwargs or {}, into_rank_namespace=True)
+        try:
+            command = RunFunction(task_id=0, data=payload.data, storages=payload.storages, buffers=payload.buffers,
+                                  shared_sizes=payload.shared_sizes, return_all=return_all)
+            name = getattr(function, "__qualname__", type(function).__name__)
+            return self._task(command, list(payload.shared_fds), name, return_all=return_all, timeout=timeout,
+                              display=display)
+        finally:
+            payload.close()
+
+    def execute(self, code: str, timeout: Optional[float] = None, display: Optional[str] = None) -> None:
+        """Run a cell's source on every rank, in its namespace (what ``%%ranks`` does); a last expression's
+        value is printed by each rank, labelled with its rank."""
+        __tracebackhide__ = True  # noqa: F841
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        try:
+            compile(code, "<%%ranks>", "exec")
+        except SyntaxError as error:  # the user's cell, said before anything is sent
+            raise error.with_traceback(None) from None
+        filename = f"<%%ranks cell {self.runs + 1}>"
+        self._task(ExecuteCode(task_id=0, code=code, filename=filename), [], "%%ranks", return_all=False,
+                   timeout=timeout, display=display)
+
+    def pull(self, name: str) -> List[Any]:
+        """The value of ``name`` in each rank's namespace, as a list by rank."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise TypeError(f"name must be a variable name, got {name!r}")
+        return self.run(_value_on_rank, args=(name,), return_all=True, display="none")
+
+    def push(self, **values: Any) -> None:
+        """Set each ``name=value`` in every rank's namespace (large tensors travel through shared memory)."""
+        if values:
+            self.run(_set_on_rank, args=(values,), display="none")
+
+    def restart(self) -> None:
+        """End every rank and start them afresh (their state is lost; the process group is new)."""
+        self._check_open()
+        with self._exclusive():
+            self._restart_ranks("restart() was called")
+
+    def close(self) -> None:
+        """End the ranks as programs end (threads joined, ``atexit`` handlers run); idempotent."""
+        if self._closed:
+            return
+        with self._lock:
+            self._shutdown(graceful=True)
+
+    @property
+    def status(self) -> str:
+        """"starting", "idle", "busy" (a run or cell is running) or "closed"."""
+        return self._state
+
+    @property
+    def pids(self) -> List[int]:
+        """The rank processes' pids, by rank."""
+        return [handle.pid for handle in self._ranks]
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Session({self.num_processes} ranks, device={self.device!r}, start_method={self.start_method!r}, "
+                f"{self._state}, {self.runs} runs, {self.restarts} restarts)")
+
+    # ------------------------------------------------------------------------------------------- tasks
+
+    def _task(self, command: Command, fds: List[int], name: str, *, return_all: bool, timeout: Optional[float],
+              display: Optional[str]) -> Any:
+        __tracebackhide__ = True  # noqa: F841
+        self._check_open()
+        plan = dataclasses.replace(self._plan, function_name=name, return_all=return_all,
+                                   timeout=self._plan.timeout if timeout is None else _seconds(timeout),
+                                   display=display or self._plan.display)
+        with self._exclusive():
+            task_id = next(self._tasks)
+            command.task_id = task_id  # type: ignore[attr-defined]
+            notices: List[str] = []
+            backend = SessionRunBackend(plan, processes=self._processes, ranks=self._ranks, task_id=task_id,
+                                        command=command, fds=fds, recover_timeout=self.recover_timeout,
+                                        after=lambda supervisor, deliver: notices.extend(
+                                            self._recover(supervisor, deliver)))
+            launch = Launch(plan, view=make_view(plan.display), backend=backend)
+            launch.resources.postpone_sample()  # a warm run may take milliseconds: sample once it lasts a second
+            try:
+                return launch.run()
+            except BaseException as error:
+                if error is not launch.error:
+                    raise
+                for notice in notices:
+                    _add_note(error, f"notebook_accel: {notice}")
+                raise without_launcher_frames(error)
+            finally:
+                self.runs += 1
+
+    def _recover(self, supervisor: SessionSupervisor, deliver: Callable[[RankEvent], None]) -> List[str]:
+        """After a task: restart the ranks if one is gone or stuck; replace the process group if the task left it
+        half way through a collective (ranks' collective counts differ, or it was cut). Returns what was done."""
+        lost = supervisor.lost()
+        if supervisor.gave_up or lost or not supervisor._finished():
+            reason = supervisor.gave_up or f"rank {', '.join(map(str, lost))} died"
+            notice = self._restart_ranks(reason)
+        elif (supervisor.status is not None or supervisor.failures) and (
+                supervisor.broke_group or len(set(supervisor.sequences.values())) > 1):
+            notice = self._replace_group()
+        else:
+            return []
+        self._notice = notice
+        deliver(SessionNotice(rank=-1, text=notice))
+        return [notice]
+
+    def _replace_group(self) -> str:
+        self._generation += 1
+        supervisor, _ = self._quiet_task(NewGroup(task_id=next(self._tasks), generation=self._generation),
+                                         timeout=60.0)
+        if supervisor.failures or supervisor.lost() or supervisor.gave_up or not supervisor._finished():
+            return self._restart_ranks("a new process group could not be formed")
+        return ("the process group was replaced: the run left it half way through a collective. The ranks and "
+                "their state are kept; objects bound to the old group (a DDP-wrapped model) must be made again")
+
+    def _quiet_task(self, command: Optional[Command], timeout: float) -> Tuple[SessionSupervisor, Outcome]:
+        """Run a task of the session's own (start, new group) without a dashboard; output goes to stderr."""
+        assert self._processes is not None
+        task_id = command.task_id if command is not None else 0  # type: ignore[attr-defined]
+        supervisor = SessionSupervisor(
+            self._ranks, _print_output, lambda: None, policy=StopPolicy.starting_now(timeout, threading.Event()),
+            expect_results=lambda rank: False, task_id=task_id, recover_timeout=self.recover_timeout,
+            processes=self._processes)
+        if command is not None:
+            for sender in self._processes.commands.values():
+                send_quietly(sender, command)
+        return supervisor, supervisor.run()
+
+    # ------------------------------------------------------------------------------------------- ranks
+
+    def _start_ranks(self) -> None:
+        """Start the rank processes and wait until each joined the process group (task 0)."""
+        self._state = "starting"
+        processes = SessionProcesses(self._plan, _group_backend(self._plan.device), self._generation)
+        self._ranks = processes.start(self._store.env())
+        self._processes = processes
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, processes.kill)
+        supervisor, outcome = self._quiet_task(None, timeout=START_TIMEOUT)
+        if outcome.status != Status.FINISHED or supervisor.lost() or not supervisor._finished():
+            self._kill_ranks()
+            if outcome.root is not None:
+                raise root_cause_exception(outcome.root, self._plan.world_size, exitcode=outcome.root.exitcode,
+                                           last_output=[], local_exception=None)
+            raise RuntimeError(f"the session's ranks did not start: {outcome.status}")
+        self._state = "idle"
+        self._sampler = ResourceSampler(self._keep_sample, device=self.device)
+        self._samples = {}
+        for handle in self._ranks:
+            self._sampler.observe(RankStarted(rank=handle.rank, pid=handle.pid))
+        self._sampler.tick()
+        self._show()
+
+    def _keep_sample(self, event: RankEvent) -> None:
+        if isinstance(event, ResourceSample):
+            self._samples[event.rank] = event
+
+    def _show(self) -> None:
+        """Update the session's row (memory sampled at most once a second)."""
+        if self._sampler is not None and self._state != "closed":
+            self._sampler.tick()
+        self.view.update(SessionSummary(
+            num_processes=self.num_processes, device=self.device, start_method=str(self.start_method),
+            status=self._state, runs=self.runs, restarts=self.restarts, pids=self.pids,
+            samples=dict(self._samples), notice=self._notice))
+
+    def _restart_ranks(self, reason: str) -> str:
+        self._kill_ranks()
+        self.restarts += 1
+        self._generation += 1
+        self._start_ranks()
+        return f"ranks restarted: state lost ({reason})"
+
+    def _kill_ranks(self) -> None:
+        if self._processes is not None:
+            self._processes.kill()
+            self._processes = None
+        self._ranks = []
+
+    def _shutdown(self, *, graceful: bool) -> None:
+        self._closed = True
+        try:
+            if graceful and self._processes is not None and self._ranks:
+                for sender in self._processes.commands.values():
+                    send_quietly(sender, Shutdown())
+                policy = StopPolicy.starting_now(CLOSE_GRACE, threading.Event())
+                try:  # a launch's supervisor: reads the last output, ends whatever outlives the grace
+                    Supervisor(self._ranks, _print_output, lambda: None, policy=policy,
+                               expect_results=lambda rank: False).run()
+                finally:  # it closed every read end, at EOF or when it gave up
+                    self._processes.closed_fds.update(fd for handle in self._ranks for fd in handle.fds)
+        finally:
+            self._kill_ranks()
+            self._finalizer.detach()
+            if self._sampler is not None:
+                self._sampler.close()
+            self._store.close()
+            self._state = "closed"
+            self._show()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this session is closed; start a new Session")
+        if rank_channel() is not None:
+            raise RuntimeError("a Session cannot be used inside a launched rank")
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One task at a time: the session is "busy" meanwhile, and its row says so."""
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("this session is busy with another run; wait for it (one task at a time)")
+        self._state = "busy"
+        self._show()
+        try:
+            yield
+        finally:
+            self._state = "closed" if self._closed else "idle"
+            self._lock.release()
+            self._show()
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+def _plan_session(num_processes: Optional[int], options: Dict[str, Any]) -> LaunchPlan:
+    config = options.pop("config", None)
+    with_defaults(options, caller="Session")  # names an unknown option
+    for name, unused in _NOT_FOR_SESSIONS.items():
+        if name in options and options[name] != unused:
+            raise LaunchConfigError(
+                f"{name}={options[name]!r}: a Session keeps its ranks on this machine only (several nodes and "
+                f"max_restarts are not supported for sessions yet); use notebook_launcher for them")
+    given = dict(options, **({} if num_processes is None else {"num_processes": num_processes}))
+    given = {name: value for name, value in fill_from_config(config, given).items()
+             if name not in _NOT_FOR_SESSIONS}
+    if "return_all" in given:
+        raise LaunchConfigError("return_all is chosen per run: session.run(fn, return_all=True)")
+    plan = plan_launch(_nothing, (), None, allow_inline=False, **given)
+    if plan.backend != "processes":
+        raise LaunchConfigError(
+            f"device={plan.device!r}: a Session cannot keep {plan.backend} ranks warm yet (TPU sessions are not "
+            f"supported); use notebook_launcher, or a Session with device='cpu' or 'cuda'")
+    return plan
+
+
+def _nothing() -> None:
+    """The function a session's plan carries: its ranks run tasks instead."""
+
+
+def _group_backend(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def _check_call(function: Any, args: Any, kwargs: Any) -> None:
+    if not callable(function):
+        raise TypeError(f"function must be callable, got {type(function).__name__}: {function!r}")
+    if not isinstance(args, tuple):
+        raise TypeError(f"args must be a tuple, got {type(args).__name__}; for one argument write args=(x,)")
+    if kwargs is not None and (not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs)):
+        raise TypeError(f"kwargs must be a dict of str keys or None, got {type(kwargs).__name__}")
+
+
+def _seconds(timeout: Any) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise LaunchConfigError(f"timeout must be None or a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+
+
+def _print_output(event: RankEvent) -> None:
+    """Where a session's own tasks (start, new group, close) send their events: output, labelled, on stderr."""
+    if isinstance(event, (OutputLine, OutputLines)):
+        for text in event.texts:
+            print(f"[rank {event.rank}] {text}", file=sys.stderr)
+
+
+def _value_on_rank(name: str) -> Any:
+    namespace = sys.modules["__main__"].__dict__
+    if name not in namespace:
+        raise NameError(f"name {name!r} is not defined on rank {os.environ.get('RANK', '?')}")
+    return namespace[name]
+
+
+def _set_on_rank(values: Dict[str, Any]) -> None:
+    sys.modules["__main__"].__dict__.update(values)
+
+
+def last_session() -> Optional[Session]:
+    """The most recently opened session that is still open (what ``%%ranks`` uses without a name)."""
+    for reference in reversed(_open_sessions):
+        session = reference()
+        if session is not None and session.status != "closed":
+            return session
+    return None

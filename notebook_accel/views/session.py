@@ -1,0 +1,86 @@
+"""The session's own row: its ranks, idle or busy, memory (and GPU) per rank, runs and restarts.
+
+Shown once, in the cell that made the ``Session`` (each run's bars, plots and output go under the run's own cell,
+as a launch's do). In a notebook it is a widget updated in place; elsewhere a line when the session is ready,
+restarted or closed.
+"""
+from __future__ import annotations
+
+import html
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from ..formatting import format_bytes
+from ..wire.events import ResourceSample
+from . import enable_colab_widgets, in_notebook_kernel
+
+
+@dataclass
+class SessionSummary:
+    """What the row shows (the session fills it in; plain data, so the view stays torch-free)."""
+
+    num_processes: int
+    device: str
+    start_method: str
+    status: str
+    runs: int
+    restarts: int
+    pids: List[int] = field(default_factory=list)
+    samples: Dict[int, ResourceSample] = field(default_factory=dict)
+    notice: Optional[str] = None
+
+    def rank_figures(self) -> List[str]:
+        figures = []
+        for rank in range(self.num_processes):
+            sample = self.samples.get(rank)
+            text = f"rank {rank}: {format_bytes(sample.rss) if sample and sample.rss else '?'}"
+            if sample is not None and sample.device_used is not None:
+                text += f", GPU {format_bytes(sample.device_used)}"
+            figures.append(text)
+        return figures
+
+    def line(self) -> str:
+        return (f"notebook_accel session: {self.num_processes} rank(s), {self.device}, {self.start_method}, "
+                f"{self.status}, {self.runs} run(s), {self.restarts} restart(s); " + "; ".join(self.rank_figures())
+                + (f" — {self.notice}" if self.notice else ""))
+
+
+class SessionView:
+    """``display`` as the launcher takes it: "auto"/"widgets" a widget in a notebook, "text" lines, "none"."""
+
+    def __init__(self, display: str) -> None:
+        self.mode = "none" if display == "none" else "text"
+        if display in ("auto", "widgets") and in_notebook_kernel() and enable_colab_widgets():
+            try:
+                import ipywidgets
+                from IPython.display import display as show
+
+                self.widget = ipywidgets.HTML()
+                show(self.widget)
+                self.mode = "widgets"
+            except ImportError:
+                pass
+        self._said: Optional[tuple] = None
+
+    def update(self, summary: SessionSummary) -> None:
+        if self.mode == "widgets":
+            self.widget.value = self.html(summary)
+        elif self.mode == "text":
+            # A line when something a reader cares about changed: ready, restarted, closed (not every run).
+            key = (summary.status in ("idle", "busy"), summary.restarts, summary.status == "closed")
+            if key != self._said:
+                self._said = key
+                print(summary.line(), file=sys.stderr)
+
+    @staticmethod
+    def html(summary: SessionSummary) -> str:
+        items = [("ranks", str(summary.num_processes)), ("device", summary.device),
+                 ("start method", summary.start_method), ("status", summary.status), ("runs", str(summary.runs)),
+                 ("restarts", str(summary.restarts)), ("memory", " · ".join(summary.rank_figures()))]
+        if summary.notice:
+            items.append(("last", summary.notice))
+        cells = "".join(f'<span style="margin-right:18px">{name}: <b class="na-session-{name.replace(" ", "-")}">'
+                        f"{html.escape(value)}</b></span>" for name, value in items)
+        return (f'<div class="notebook-accel-session" style="font-size:13px;padding:2px 0">'
+                f"<b>notebook_accel session</b> {cells}</div>")

@@ -1,0 +1,155 @@
+"""Kernel → rank commands for a warm session (``notebook_accel.Session``).
+
+A launch's ranks only talk back (``wire.channel``); a session's ranks also listen: each has one end of a Unix
+stream socket whose other end only the kernel holds (like the event pipes: no listening socket, nothing else can
+send a pickle). A command is a pickled dataclass framed with its length; the shared-memory files of a task's
+large tensors and arrays travel beside it as ancillary data (``SCM_RIGHTS``), so a running rank receives them
+as ``PickledPayload`` receives them at a launch — the same object sent again shares the same memory.
+
+Task commands (a function, a cell's code) queue for the rank's main thread; control commands (break the
+process group, shut down) are handled at once by the rank's reader thread, also while the main thread is
+stuck in a collective.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import struct
+import threading
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
+
+_HEADER = struct.Struct("!IH")   # pickle length, number of fds sent with it
+MAX_FDS = 250                    # SCM_RIGHTS takes at most 253 fds per message on Linux
+
+
+@dataclass
+class Command:
+    """Base of everything the kernel tells a session's rank."""
+
+
+@dataclass
+class RunFunction(Command):
+    """Call a function in the rank's namespace: a ``PickledPayload``'s parts, its shared-memory files being the
+    fds received with the command (in order). Rank 0 sends its return value back, every rank with
+    ``return_all``."""
+
+    task_id: int
+    data: bytes
+    storages: List[Any]
+    buffers: List[Any]
+    shared_sizes: List[int]
+    return_all: bool = False
+
+
+@dataclass
+class ExecuteCode(Command):
+    """Run a cell's source in the rank's namespace, as a notebook runs a cell (``%%ranks``)."""
+
+    task_id: int
+    code: str
+    filename: str
+
+
+@dataclass
+class NewGroup(Command):
+    """Replace the default process group by a fresh one (after a failure left the old one unusable)."""
+
+    task_id: int
+    generation: int
+
+
+@dataclass
+class BreakGroup(Command):
+    """Make every collective in flight in this rank fail now: the run failed elsewhere, and a rank blocked in an
+    all-reduce would otherwise wait for a peer that will never come. ``peer_pids``: the session's other ranks,
+    whose connections (and only those) are cut; ``kernel_pid``: sockets the kernel has (a forked rank inherited
+    them all: its store, Jupyter's) are never touched."""
+
+    peer_pids: List[int] = field(default_factory=list)
+    kernel_pid: int = 0
+
+
+@dataclass
+class Shutdown(Command):
+    """End the rank the way a Python program ends (threads joined, atexit handlers run)."""
+
+
+CONTROL_COMMANDS = (BreakGroup,)
+
+
+def session_socketpair() -> Tuple[socket.socket, socket.socket]:
+    """``(kernel end, rank end)``: a connected pair of Unix stream sockets."""
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+
+class CommandSender:
+    """Kernel side: sends commands (and the fds a task's payload needs) to one rank."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._lock = threading.Lock()
+
+    def send(self, command: Command, fds: Optional[List[int]] = None) -> None:
+        fds = list(fds or [])
+        if len(fds) > MAX_FDS:
+            raise ValueError(f"a task may share at most {MAX_FDS} large tensors' files at once, got {len(fds)}")
+        data = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
+        header = _HEADER.pack(len(data), len(fds))
+        with self._lock:
+            if fds:
+                socket.send_fds(self.sock, [header], fds)
+            else:
+                self.sock.sendall(header)
+            self.sock.sendall(data)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class CommandReceiver:
+    """Rank side: blocks for the next command; ``None`` once the kernel closed its end (or died)."""
+
+    def __init__(self, fd: int) -> None:
+        self.sock = socket.socket(fileno=fd)
+
+    def receive(self) -> Optional[Tuple[Command, List[int]]]:
+        try:
+            header, fds, _, _ = socket.recv_fds(self.sock, _HEADER.size, MAX_FDS)
+        except OSError:
+            return None
+        if not header:
+            return None
+        header += self._exactly(_HEADER.size - len(header))
+        length, count = _HEADER.unpack(header)
+        if len(fds) != count:  # never expected: the fds come with the header's first byte
+            raise RuntimeError(f"a session command came with {len(fds)} of its {count} files")
+        return pickle.loads(self._exactly(length)), fds
+
+    def _exactly(self, size: int) -> bytes:
+        chunks = []
+        while size > 0:
+            chunk = self.sock.recv(min(size, 1 << 20))
+            if not chunk:
+                raise EOFError("the kernel closed the session's command socket mid-command")
+            chunks.append(chunk)
+            size -= len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def close_fds(fds: List[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
