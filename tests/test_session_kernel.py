@@ -1,0 +1,123 @@
+"""A warm Session in a real Jupyter kernel (nbclient): %%ranks cells, state across cells, Jupyter's interrupt,
+a rank's error raised in the cell, and no rank left once the kernel is gone."""
+from __future__ import annotations
+
+import time
+
+import nbformat
+import psutil
+import pytest
+from nbclient import NotebookClient
+
+from scripts import script_env
+from test_kernel import cell_text
+
+pytestmark = pytest.mark.timeout(240)
+
+CELLS = [
+    # 0: the set-up a user writes
+    """
+import os, time
+import torch
+from notebook_accel import Session
+%load_ext notebook_accel
+session = Session(num_processes=2, display="text")
+print("PIDS", *session.pids)
+""",
+    # 1: a function from the notebook loads state on every rank
+    """
+def load(size):
+    global model
+    torch.manual_seed(0)
+    model = torch.nn.Linear(size, 1)
+    return "loaded"
+
+print("RUN", session.run(load, args=(3,)))
+""",
+    # 2: a %%ranks cell sees it, sets a name, and its last value is printed per rank
+    """%%ranks
+import torch.distributed as dist
+weight_sum = round(float(model.weight.sum()), 4)
+print("rank", dist.get_rank(), "of", dist.get_world_size())
+weight_sum * 0 + dist.get_rank()
+""",
+    # 3: %%ranks NAME, with a notebook class raised on one rank: the cell raises the rank's own exception
+    """%%ranks session
+class RankProblem(Exception):
+    pass
+if dist.get_rank() == 1:
+    raise RankProblem("rank one is unhappy")
+""",
+    # 4: a long run, interrupted as by the Interrupt button (nbclient's interrupt_on_timeout)
+    """
+def sleepy():
+    global interrupted
+    interrupted = False
+    print("sleeping", flush=True)
+    try:
+        time.sleep(600)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+
+session.run(sleepy)
+""",
+    # 5: the state survived all of it, on the same processes
+    """
+print("PULL", session.pull("interrupted"), session.pull("weight_sum") == [session.pull("weight_sum")[0]] * 2)
+print("PIDS", *session.pids, "STATUS", session.status, "RESTARTS", session.restarts)
+""",
+]
+
+INTERRUPT_AFTER = 25  # seconds: the other cells take a few
+
+
+def test_a_session_in_a_real_kernel(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", script_env()["PYTHONPATH"])  # the notebook_accel under test
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source.strip()) for source in CELLS])
+    client = NotebookClient(notebook, timeout=INTERRUPT_AFTER, interrupt_on_timeout=True, allow_errors=True,
+                            kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    with client.setup_kernel():
+        for index, cell in enumerate(notebook.cells):
+            client.execute_cell(cell, index)
+        outputs = [cell_text(cell) for cell in notebook.cells]
+        pids = [int(pid) for pid in outputs[0].split("PIDS")[1].split()[:2]]
+        assert all(psutil.pid_exists(pid) for pid in pids)
+        kernel_pid = client.km.provisioner.process.pid
+    # The kernel is gone (shut down as a notebook closes): so are its ranks.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in pids):
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(pid) for pid in pids), "a session's rank outlived its kernel"
+    assert not psutil.pid_exists(kernel_pid) or psutil.Process(kernel_pid).status() == psutil.STATUS_ZOMBIE
+
+    assert "RUN loaded" in outputs[1], outputs[1]
+    assert "[rank 0] rank 0 of 2" in outputs[2] and "[rank 1] rank 1 of 2" in outputs[2], outputs[2]
+    assert "[rank 0] 0.0" in outputs[2] and "[rank 1] 1.0" in outputs[2], outputs[2]
+
+    error = [output for output in notebook.cells[3].outputs if output.output_type == "error"]
+    assert error and error[0].ename == "RankProblem" and error[0].evalue == "rank one is unhappy", outputs[3]
+    assert 'raise RankProblem("rank one is unhappy")' in outputs[3]  # the cell's own line, in the rank's traceback
+
+    assert "[rank 0] sleeping" in outputs[4] and "ERROR KeyboardInterrupt" in outputs[4], outputs[4]
+    assert "PULL [True, True] True" in outputs[5], outputs[5]
+    assert f"PIDS {pids[0]} {pids[1]} STATUS idle RESTARTS 0" in outputs[5], outputs[5]
+
+
+def test_a_killed_kernel_ends_its_session_ranks(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", script_env()["PYTHONPATH"])
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from notebook_accel import Session\nsession = Session(num_processes=2, display='none')\n"
+        "print('PIDS', *session.pids)")])
+    client = NotebookClient(notebook, timeout=60, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}})
+    with client.setup_kernel():
+        client.execute_cell(notebook.cells[0], 0)
+        pids = [int(pid) for pid in cell_text(notebook.cells[0]).split("PIDS")[1].split()]
+        kernel = psutil.Process(client.km.provisioner.process.pid)
+        kernel.kill()  # SIGKILL: no atexit, no finalizer runs
+        kernel.wait(10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in pids):
+            time.sleep(0.1)
+        assert not any(psutil.pid_exists(pid) for pid in pids), "ranks outlived a SIGKILLed kernel"
