@@ -56,7 +56,7 @@ def python_blocks():
 def test_every_python_block_says_how_it_is_checked():
     total, marked = python_blocks()
     assert len(marked) == total, "a ```python block in README.md has no <!-- readme-test: ... --> line above it"
-    assert {block["how"] for block in marked} <= {"run", "signature", "names only"}
+    assert {block["how"] for block in marked} <= {"run", "signature", "names only", "kernel cell"}
     assert all(block["why"] for block in marked if block["how"] != "run")
 
 
@@ -136,3 +136,20 @@ def test_the_notebooks_run_top_to_bottom_as_run_all_does():
         skipped = [index for index, cell in enumerate(notebook.cells)
                    if cell.cell_type == "code" and "NBVAL_SKIP" in cell.source]
         assert skipped == [], f"{os.path.basename(path)}: cells {skipped} are skipped by the test run"
+
+
+@pytest.mark.timeout(180)
+def test_kernel_cell_blocks_run_in_a_real_kernel(tmp_path, monkeypatch):
+    """The Session blocks (IPython syntax: ``%%ranks``, ``%load_ext``) run as consecutive cells of a notebook."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    cells = [block["code"] for block in python_blocks()[1] if block["how"] == "kernel cell"]
+    assert cells and any(cell.startswith("%%ranks") for cell in cells)
+    monkeypatch.setenv("PYTHONPATH", script_env()["PYTHONPATH"])  # the notebook_accel under test
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell) for cell in cells])
+    NotebookClient(notebook, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()  # raises on a cell's error
+    ranks_cell = next(cell for cell in notebook.cells if cell.source.startswith("%%ranks"))
+    printed = "".join(output.get("text", "") for output in ranks_cell.outputs)
+    assert "[rank 0] tensor(" in printed and "[rank 1] tensor(" in printed, printed
