@@ -37,6 +37,7 @@ from .outcome.root_cause import Outcome
 from .plan.config import fill_from_config
 from .plan.options import with_defaults
 from .plan.plan import LaunchPlan, plan_launch
+from .rank.session import set_on_rank, value_on_rank
 from .rank.tracebacks import without_launcher_frames
 from .views import make_view
 from .monitor.resources import ResourceSampler
@@ -148,12 +149,12 @@ class Session:
         """The value of ``name`` in each rank's namespace, as a list by rank."""
         if not isinstance(name, str) or not name.isidentifier():
             raise TypeError(f"name must be a variable name, got {name!r}")
-        return self.run(_value_on_rank, args=(name,), return_all=True, display="none")
+        return self.run(value_on_rank, args=(name,), return_all=True, display="none")
 
     def push(self, **values: Any) -> None:
         """Set each ``name=value`` in every rank's namespace (large tensors travel through shared memory)."""
         if values:
-            self.run(_set_on_rank, args=(values,), display="none")
+            self.run(set_on_rank, args=(values,), display="none")
 
     def restart(self) -> None:
         """End every rank and start them afresh (their state is lost; the process group is new)."""
@@ -405,17 +406,6 @@ def _print_output(event: RankEvent) -> None:
     if isinstance(event, (OutputLine, OutputLines)):
         for text in event.texts:
             print(f"[rank {event.rank}] {text}", file=sys.stderr)
-
-
-def _value_on_rank(name: str) -> Any:
-    namespace = sys.modules["__main__"].__dict__
-    if name not in namespace:
-        raise NameError(f"name {name!r} is not defined on rank {os.environ.get('RANK', '?')}")
-    return namespace[name]
-
-
-def _set_on_rank(values: Dict[str, Any]) -> None:
-    sys.modules["__main__"].__dict__.update(values)
 
 
 def last_session() -> Optional[Session]:

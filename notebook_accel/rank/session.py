@@ -13,6 +13,7 @@ so a rank blocked in a collective whose peer failed gets an error instead of wai
 from __future__ import annotations
 
 import ast
+import ctypes
 import linecache
 import os
 import queue
@@ -24,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Set
 
 from ..wire.channel import EventSender
-from ..wire.commands import (BreakGroup, CommandReceiver, ExecuteCode, NewGroup, RunFunction, Shutdown, close_fds)
+from ..wire.commands import (BreakGroup, CommandReceiver, ExecuteCode, Interrupt, NewGroup, RunFunction, Shutdown,
+                             close_fds)
 from ..wire.events import RankStarted, TaskDone
 from ..wire.fds import take_fd
-from ..wire.payload import PickledPayload
+from ..wire.payload import PickledPayload, rank_namespace, set_thread_rank_namespace
 from .device_memory import send_peak_rss
 from .process import (RankSpec, _set_torch_threads, as_launched, capture_output, end_like_python,
                       take_over_process)
@@ -55,7 +57,8 @@ def session_rank_main(spec: SessionRankSpec) -> None:
     capture_output(take_fd(spec.stdout_fd), take_fd(spec.stderr_fd))
     sender = EventSender(take_fd(spec.events_fd), spec.rank)
     sender.send(RankStarted(rank=spec.rank, pid=os.getpid()))
-    SessionRank(spec, sender).serve()
+    group = GroupKeeper(spec) if spec.group_backend else None
+    SessionRank(sender, take_fd(spec.command_fd), group=group, generation=spec.group_generation).serve()
     send_peak_rss(sender)
     end_like_python(spec.rank)
     leave_group()
@@ -64,22 +67,44 @@ def session_rank_main(spec: SessionRankSpec) -> None:
 
 
 class SessionRank:
-    """The task loop of one rank. SIGINT interrupts the task that runs (the kernel's interrupt, or a peer's
-    failure); between tasks it is ignored, so a late one cannot end the rank."""
+    """The task loop of one rank, in the thread that calls ``serve``.
 
-    def __init__(self, spec: SessionRankSpec, sender: EventSender) -> None:
-        self.spec = spec
+    A process rank (``thread_rank=False``) is interrupted by SIGINT (the kernel's interrupt, or a peer's
+    failure), which also cuts a blocking system call short; between tasks SIGINT is ignored, so a late one cannot
+    end the rank. A rank that is a thread of a process shared with others (a TPU device) cannot be signalled: the
+    kernel sends ``Interrupt``, and the reader thread raises ``KeyboardInterrupt`` in the task's thread, which
+    takes effect when it next runs Python code. Such a rank has a namespace of its own, not its process's
+    ``__main__``.
+    """
+
+    def __init__(self, sender: Any, command_fd: int, *, group: Optional["GroupKeeper"] = None,
+                 generation: int = 0, thread_rank: bool = False, thread_only_channel: bool = False) -> None:
         self.sender = sender
-        self.commands = CommandReceiver(take_fd(spec.command_fd))
+        self.commands = CommandReceiver(command_fd)
         self.tasks: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self.busy = False
-        self.group = GroupKeeper(spec) if spec.group_backend else None
-        signal.signal(signal.SIGINT, self._on_interrupt)
+        self.group = group
+        self.generation = generation
+        self.thread_rank = thread_rank
+        self.thread_only_channel = thread_only_channel
+        self.namespace: Optional[Dict[str, Any]] = None
+        self._task_thread = threading.current_thread()
+        if thread_rank:
+            import builtins
+
+            self.namespace = {"__name__": "__main__", "__builtins__": builtins}
+        else:
+            signal.signal(signal.SIGINT, self._on_interrupt)
         threading.Thread(target=self._read_commands, name="notebook_accel-session-commands", daemon=True).start()
 
     def _on_interrupt(self, signum: int, frame: Any) -> None:
         if self.busy:
             raise KeyboardInterrupt
+
+    def _interrupt_task_thread(self) -> None:
+        if self.busy:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._task_thread.ident),
+                                                       ctypes.py_object(KeyboardInterrupt))
 
     def _read_commands(self) -> None:
         while True:
@@ -93,30 +118,39 @@ class SessionRank:
                 if self.group is not None:
                     self.group.cut_connections(command.peer_pids, command.kernel_pid)
                 continue
+            if isinstance(command, Interrupt):
+                close_fds(fds)
+                self._interrupt_task_thread()
+                continue
             self.tasks.put((command, fds))
 
     def serve(self) -> None:
         """Join the group (task 0: the session is ready once every rank says it is done), then run tasks until
         ``Shutdown`` or the kernel is gone."""
-        self._task(0, self._start_group if self.group is not None else (lambda: None))
-        while True:
-            item = self.tasks.get()
-            if item is None or isinstance(item[0], Shutdown):
-                return
-            command, fds = item
-            if isinstance(command, RunFunction):
-                self._run_function(command, fds)
-            elif isinstance(command, ExecuteCode):
-                # rank 0 answers None, as a launch's rank 0 returns its function's value
-                self._task(command.task_id, lambda: execute_cell(command.code, command.filename),
-                           send_result=self.sender.rank == 0)
-            elif isinstance(command, NewGroup):
-                close_fds(fds)
-                self._task(command.task_id, lambda: self.group.replace(command.generation) if self.group else None)
+        set_thread_rank_namespace(self.namespace)
+        try:
+            self._task(0, self._start_group if self.group is not None else (lambda: None))
+            while True:
+                item = self.tasks.get()
+                if item is None or isinstance(item[0], Shutdown):
+                    return
+                command, fds = item
+                if isinstance(command, RunFunction):
+                    self._run_function(command, fds)
+                elif isinstance(command, ExecuteCode):
+                    # rank 0 answers None, as a launch's rank 0 returns its function's value
+                    self._task(command.task_id, lambda: execute_cell(command.code, command.filename),
+                               send_result=self.sender.rank == 0)
+                elif isinstance(command, NewGroup):
+                    close_fds(fds)
+                    self._task(command.task_id,
+                               lambda: self.group.replace(command.generation) if self.group else None)
+        finally:
+            set_thread_rank_namespace(None)
 
     def _start_group(self) -> None:
         assert self.group is not None
-        self.group.replace(self.spec.group_generation)
+        self.group.replace(self.generation)
 
     def _run_function(self, command: RunFunction, fds: List[int]) -> None:
         def load():
@@ -135,7 +169,7 @@ class SessionRank:
         reported = False
         self.busy = True
         try:
-            run_rank(load, self.sender, send_result=send_result)
+            run_rank(load, self.sender, send_result=send_result, thread_only=self.thread_only_channel)
             reported = True
         except BaseException as late:  # an interrupt that came between run_rank's own steps
             if not reported:
@@ -152,9 +186,17 @@ class SessionRank:
 
 # ------------------------------------------------------------------------------------------- the namespace
 
-def rank_namespace() -> Dict[str, Any]:
-    """The rank's one persistent namespace: its ``__main__``, as a notebook's cells share the kernel's."""
-    return sys.modules["__main__"].__dict__
+def value_on_rank(name: str) -> Any:
+    """``Session.pull``'s task: ``name`` in this rank's namespace."""
+    namespace = rank_namespace()
+    if name not in namespace:
+        raise NameError(f"name {name!r} is not defined on rank {os.environ.get('RANK', '?')}")
+    return namespace[name]
+
+
+def set_on_rank(values: Dict[str, Any]) -> None:
+    """``Session.push``'s task: set each name in this rank's namespace."""
+    rank_namespace().update(values)
 
 
 def execute_cell(code: str, filename: str) -> None:

@@ -72,11 +72,18 @@ class BreakGroup(Command):
 
 
 @dataclass
+class Interrupt(Command):
+    """Raise ``KeyboardInterrupt`` in the task that runs (where a rank is a thread, not a process to signal)."""
+
+    task_id: int = 0
+
+
+@dataclass
 class Shutdown(Command):
     """End the rank the way a Python program ends (threads joined, atexit handlers run)."""
 
 
-CONTROL_COMMANDS = (BreakGroup,)
+CONTROL_COMMANDS = (BreakGroup, Interrupt)
 
 
 def session_socketpair() -> Tuple[socket.socket, socket.socket]:

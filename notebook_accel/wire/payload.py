@@ -23,6 +23,7 @@ import mmap
 import os
 import pickle
 import sys
+import threading
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -186,7 +187,7 @@ class _SharedUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         if pid[0] == RANK_NAMESPACE:
-            return sys.modules["__main__"].__dict__
+            return rank_namespace()
         return self._storages[pid[1]]
 
 
@@ -243,6 +244,18 @@ class _SharingPickler(cloudpickle.Pickler):
 
 
 RANK_NAMESPACE = "rank namespace"
+_thread_namespace = threading.local()
+
+
+def rank_namespace() -> Dict[str, Any]:
+    """A warm session's rank namespace: its ``__main__``, or the one its thread was given (TPU ranks are threads
+    of one process, each with a namespace of its own)."""
+    own = getattr(_thread_namespace, "namespace", None)
+    return own if own is not None else sys.modules["__main__"].__dict__
+
+
+def set_thread_rank_namespace(namespace: Optional[Dict[str, Any]]) -> None:
+    _thread_namespace.namespace = namespace
 
 
 class _SessionPickler(_SharingPickler):
