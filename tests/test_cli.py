@@ -133,13 +133,20 @@ def test_bad_options_fail_before_any_process_starts(home):
 
 
 def test_config_questionnaire_and_write_basic_config(home):
-    answers = "cpu\n2\nbf16\n2\n1\nc10d\nnode0.example:29400\n1\n"
+    answers = "cpu\n2\nbf16\n2\n1\nc10d\nnode0.example:29400\n1\nfsdp\nGPT2Block\nyes\n"
     done = cli(home, "config", stdin=answers)
     assert done.returncode == 0, done.stdout + done.stderr
     saved = yaml.safe_load((home / "hf" / "notebook_accel" / "default_config.yaml").read_text())
     assert saved == {"num_processes": 2, "device": "cpu", "mixed_precision": "bf16", "start_method": "auto",
-                     "num_nodes": 2, "node_rank": 1, "rdzv_backend": "c10d",
+                     "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                                     "fsdp_transformer_layer_cls_to_wrap": "GPT2Block",
+                                     "fsdp_activation_checkpointing": True},
+                     "deepspeed_config": None, "num_nodes": 2, "node_rank": 1, "rdzv_backend": "c10d",
                      "rdzv_endpoint": "node0.example:29400", "rdzv_id": None, "max_restarts": 1}
+    zero = cli(home, "config", "--config-file", str(home / "zero.yaml"), stdin="cpu\n1\n\n\n\ndeepspeed\n3\ncpu\n")
+    assert zero.returncode == 0, zero.stdout + zero.stderr
+    assert yaml.safe_load((home / "zero.yaml").read_text())["deepspeed_config"] == {
+        "zero_stage": 3, "offload_optimizer_device": "cpu"}
     retry = cli(home, "config", stdin="gpu\ncpu\n0\n1\n\n\n\n")  # wrong answers are asked again
     assert "please answer one of: cpu" in retry.stdout and "please answer a whole number" in retry.stdout
 
@@ -171,7 +178,7 @@ def test_the_config_tools_refuse_what_every_launch_would_refuse(home):
     (home / "fp16.yaml").write_text("device: cpu\nmixed_precision: fp16\n")  # written by hand: named on reading
     launch = cli(home, "launch", "--config-file", str(home / "fp16.yaml"), "train.py")
     assert launch.returncode == 2 and "fp16.yaml: mixed_precision='fp16' needs CUDA" in launch.stderr
-    questionnaire = cli(home, "config", stdin="cpu\n1\nfp16\nbf16\n1\n0\n")  # fp16 is not offered on CPU
+    questionnaire = cli(home, "config", stdin="cpu\n1\nfp16\nbf16\n1\n0\n\n")  # fp16 is not offered on CPU
     assert questionnaire.returncode == 0 and "please answer one of: no, bf16" in questionnaire.stdout
     twice = cli(home, "config", "default")
     again = cli(home, "config", "default")

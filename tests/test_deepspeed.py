@@ -10,6 +10,7 @@ so the user's torch optimizer runs) and in this process.
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Any, Dict
@@ -42,8 +43,9 @@ def local_parameters(model: torch.nn.Module) -> int:
     return sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
 
 
-def train_zero(stage: int, batch_size: int, shuffle: bool, accumulation: int = 1, clip=None) -> Dict[str, Any]:
-    plugin = DeepSpeedPlugin(zero_stage=stage, gradient_clipping=clip)
+def train_zero(stage: int, batch_size: int, shuffle: bool, accumulation: int = 1, clip=None,
+               **plugin_options: Any) -> Dict[str, Any]:
+    plugin = DeepSpeedPlugin(zero_stage=stage, gradient_clipping=clip, **plugin_options)
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation, deepspeed_plugin=plugin)
     model, optimizer, scheduler = fresh_training_objects()
     loader = DataLoader(regression_data(), batch_size=batch_size, shuffle=shuffle)
@@ -93,22 +95,52 @@ def test_zero_1_2_3_on_two_ranks_train_like_one_process_with_the_whole_batch():
         assert main["lr"] == pytest.approx(0.05 * 0.5 ** (EPOCHS * 64 // (batch * WORLD * steps) // 3))
 
 
-def save_zero3(directory: str) -> Dict[str, torch.Tensor]:
-    accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+def offload_rank() -> Dict[str, Any]:
+    return train_zero(3, 8, False, offload_optimizer_device="cpu", offload_param_device="cpu")
+
+
+def test_zero3_with_optimizer_and_parameter_offload_trains_like_one_process():
+    # the user's torch optimizer, stepped on the CPU partitions (DeepSpeed would refuse it without being told)
+    ranks = launch(offload_rank)
+    assert_same_weights(ranks[0]["weights"], train_plain_pytorch(8 * WORLD, False), "ZeRO-3 with CPU offload")
+
+
+def zero3_training(accelerator: Accelerator):
     model, optimizer, _ = fresh_training_objects()
     loader = DataLoader(regression_data(), batch_size=16)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    return accelerator.prepare(model, optimizer, loader)
+
+
+def save_zero3(directory: str) -> Dict[str, Any]:
+    accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    model, optimizer, loader = zero3_training(accelerator)
     for x, y in loader:
         accelerator.backward(F.mse_loss(model(x), y))
         optimizer.step()
         optimizer.zero_grad()
     accelerator.save_state(directory)
-    return accelerator.get_state_dict(model)
+    saved = accelerator.get_state_dict(model)
+    final = accelerator.save_model(model, os.path.join(directory, "final"))  # one file of the gathered weights
+    # and resumed by a fresh engine on the same 2 ranks (each loads its own partitions and optimizer state)
+    again = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    model_again, optimizer_again, _ = zero3_training(again)
+    fresh = again.get_state_dict(model_again)
+    again.load_state(directory)
+    return {"saved": saved, "final": final, "fresh": fresh, "resumed": again.get_state_dict(model_again),
+            "unwrapped": type(accelerator.unwrap_model(model)).__name__,
+            "optimizer_state": sum(len(state) for state in optimizer_again.optimizer.state.values())}
 
 
 def test_a_zero3_checkpoint_from_two_ranks_loads_in_one_process_without_deepspeed(tmp_path):
-    saved = launch(save_zero3, str(tmp_path))[0]
+    result = launch(save_zero3, str(tmp_path))[0]
+    saved = result["saved"]
     assert os.path.isdir(tmp_path / "model.deepspeed")
+    assert result["unwrapped"] == "Sequential"  # unwrap_model: the user's module inside the engine
+    assert not torch.allclose(result["fresh"]["0.weight"], saved["0.weight"])
+    assert_same_weights(result["resumed"], saved, "ZeRO-3 checkpoint resumed on 2 ranks")
+    assert result["optimizer_state"] > 0  # SGD's momentum came back with the engine's checkpoint
+    safetensors = pytest.importorskip("safetensors.torch")
+    assert_same_weights(safetensors.load_file(result["final"]), saved, "save_model under ZeRO-3")
     with pytest.warns(UserWarning, match="nothing to partition"):
         accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
     model, optimizer, _ = fresh_training_objects()
@@ -175,6 +207,41 @@ def prepare_alone_rank() -> str:
     except ValueError as error:
         return str(error)
     return "no error"
+
+
+def meta_model_rank() -> None:
+    accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    with torch.device("meta"):
+        model = torch.nn.Linear(4, 4)
+    accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(regression_data(), batch_size=4))
+
+
+def test_a_model_on_a_device_it_must_not_be_on_is_refused_at_prepare():
+    with pytest.raises(ValueError, match="DeepSpeed ZeRO-3: the model has tensors on the meta device"):
+        launch(meta_model_rank)
+    # the other places (another rank's GPU, a device_map): tests/test_fsdp.py, decided without a GPU
+
+
+def tutorial_rank() -> Dict[str, Any]:
+    from word_language_model import run_tutorial
+
+    result = run_tutorial(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, gradient_clipping=0.5))
+    engine = result.pop("model")
+    result.pop("accelerator")
+    result["local_parameters"] = local_parameters(engine)
+    return result
+
+
+def test_the_seeds_transformer_language_model_tutorial_trains_under_zero3():
+    from word_language_model import NTOKENS
+
+    ranks = launch(tutorial_rank)
+    main = ranks[0]
+    assert main["losses"][-1] < main["losses"][0] * 0.8, main["losses"]
+    assert ranks[1]["losses"] == main["losses"]
+    total = sum(math.prod(shape) for name, shape in main["weights"].items() if name != "pos_encoder.pe")
+    assert main["local_parameters"] < total * 0.55 and ranks[1]["local_parameters"] < total * 0.55  # ~half each
+    assert main["weights"]["linear.weight"] == (NTOKENS, 32) and ranks[1]["weights"] == {}
 
 
 def test_a_model_prepared_without_its_optimizer_is_refused_with_one_message():

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Any, Dict
@@ -168,6 +169,93 @@ def test_the_seeds_transformer_loop_under_fsdp2_with_bf16_and_activation_checkpo
     assert ranks[1]["weights"] == {}
 
 
+def forward_rank(reshard_after_forward: bool) -> Dict[str, Any]:
+    from torch.distributed.tensor import DTensor
+
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16", fsdp_plugin=FullyShardedDataParallelPlugin(
+        min_num_params=16, reshard_after_forward=reshard_after_forward))
+    model = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)))
+    seen: Dict[str, Any] = {}
+    model[0].register_forward_pre_hook(lambda module, args: seen.update(
+        dtype=module.weight.dtype, gathered=not isinstance(module.weight, DTensor)))
+    output = model(torch.randn(4, 8))
+    seen["sharded_after_forward"] = isinstance(model[0].weight, DTensor)
+    accelerator.backward(output.float().sum())
+    seen["unwrapped"] = accelerator.unwrap_model(model) is model
+    return seen
+
+
+@pytest.mark.parametrize("reshard_after_forward", [True, False])
+def test_reshard_after_forward_mixed_precision_policy_and_unwrap_model(reshard_after_forward):
+    seen = launch(forward_rank, reshard_after_forward)[0]
+    # the block computes with its whole weight, gathered in bf16 (MixedPrecisionPolicy from mixed_precision)
+    assert seen["gathered"] and seen["dtype"] == torch.bfloat16
+    # freed again right after its forward, or kept gathered until backward
+    assert seen["sharded_after_forward"] is reshard_after_forward
+    # fully_shard shards the user's module in place: unwrap_model gives it back as it is
+    assert seen["unwrapped"]
+
+
+def meta_model_rank() -> None:
+    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
+    with torch.device("meta"):
+        model = torch.nn.Linear(4, 4)
+    accelerator.prepare(model)
+
+
+def test_a_model_that_cannot_be_sharded_from_where_it_is_is_refused_at_prepare():
+    with pytest.raises(ValueError, match="FSDP2: the model has tensors on the meta device"):
+        launch(meta_model_rank)
+    # the places a model must not be in, decided without the hardware (no GPU here)
+    from notebook_accel.accelerator.placement import placement_problem
+
+    cuda = torch.device
+    assert "is on cuda:0, but this rank trains on cuda:1" in placement_problem([cuda("cuda:0")], cuda("cuda:1"))
+    assert "spread over cpu, cuda:1" in placement_problem([cuda("cuda:1"), cuda("cpu")], cuda("cuda:1"))
+    assert placement_problem([cuda("cuda:1")], cuda("cuda:1")) is None
+    assert placement_problem([cuda("cpu")], cuda("cuda:1")) is None  # prepare moves it
+
+
+def test_tpu_cores_are_refused_before_any_model_is_built(monkeypatch):
+    # no TPU here: only the process state says XLA (2 cores), which is what the refusal reads
+    from notebook_accel import DeepSpeedPlugin
+    from notebook_accel.accelerator import accelerator as accelerator_module
+    from notebook_accel.accelerator.state import DistributedType, ProcessState
+
+    xla = ProcessState(0, 0, 2, 2, torch.device("cpu"), DistributedType.XLA, None)
+    monkeypatch.setattr(accelerator_module, "resolve_process_state", lambda cpu: xla)
+    with pytest.raises(ValueError, match="FSDP2 shards over a torch.distributed process group, which TPU cores"):
+        Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    with pytest.raises(ValueError, match="DeepSpeed does not run on TPU cores"):
+        Accelerator(deepspeed_plugin=DeepSpeedPlugin())
+
+
+def tutorial_rank() -> Dict[str, Any]:
+    from word_language_model import run_tutorial
+
+    plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap",
+                                            transformer_cls_names_to_wrap=["TransformerEncoderLayer"])
+    result = run_tutorial(fsdp_plugin=plugin)
+    model = result.pop("model")
+    result.pop("accelerator")
+    result["sharded"] = sorted(name for name, module in model.named_modules() if type(module).__name__.startswith("FSDP"))
+    result["local_parameters"] = sum(param.to_local().numel() for param in model.parameters())
+    return result
+
+
+def test_the_seeds_transformer_language_model_tutorial_trains_under_fsdp2():
+    from word_language_model import NTOKENS
+
+    ranks = launch(tutorial_rank)
+    main = ranks[0]
+    assert main["losses"][-1] < main["losses"][0] * 0.8, main["losses"]  # it learns the made-up language
+    assert ranks[1]["losses"] == main["losses"]
+    assert main["sharded"] == ["", "transformer_encoder.layers.0", "transformer_encoder.layers.1"]
+    total = sum(math.prod(shape) for name, shape in main["weights"].items() if name != "pos_encoder.pe")  # a buffer
+    assert main["local_parameters"] + ranks[1]["local_parameters"] == total  # half each: together the whole
+    assert main["weights"]["linear.weight"] == (NTOKENS, 32) and ranks[1]["weights"] == {}
+
+
 def differently_initialised_rank() -> Dict[str, Any]:
     accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
     torch.manual_seed(accelerator.process_index)  # each rank's own init differs, as with a rank-seeded setup
@@ -205,6 +293,14 @@ def test_the_wrap_policies_pick_blocks_inner_first():
     by_name = _blocks(model, FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=[torch.nn.Linear]))
     assert by_name == [model[1], model[0][1], model[0][0]]  # reversed module order: children before parents
     assert _blocks(model, FullyShardedDataParallelPlugin()) == []  # the root only
+    # HF accelerate's policy spellings, and a function of the module
+    spelled = FullyShardedDataParallelPlugin(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=70)
+    assert spelled.auto_wrap_policy == "size_based_wrap" and _blocks(model, spelled) == by_size
+    by_trainer_name = FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap",
+                                                     transformer_layer_cls_to_wrap="Linear")
+    assert _blocks(model, by_trainer_name) == by_name
+    assert _blocks(model, FullyShardedDataParallelPlugin(
+        auto_wrap_policy=lambda module: getattr(module, "out_features", None) == 1)) == [model[1]]
 
 
 def test_hf_accelerates_environment_builds_the_same_plugin():

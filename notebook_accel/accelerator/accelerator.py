@@ -19,6 +19,7 @@ from .fsdp import FullyShardedDataParallelPlugin, full_state_dict, is_sharded, s
 from .gradient_state import GradientState
 from .memory import held_bytes, memory_line
 from .optimizer import AcceleratedOptimizer, move_state_to_params, switch_parameters
+from .placement import check_model_placement
 from .precision import (
     add_autocast_to_forward,
     add_low_precision_forward,
@@ -303,6 +304,8 @@ class Accelerator:
             if model not in self._models:
                 self._models.append(model)
             return model
+        if self.fsdp_plugin is not None:
+            check_model_placement(model, self.device, "FSDP2")
         if self.device_placement:
             before = dict(model.named_parameters())
             model = model.to(self.device)
@@ -341,6 +344,7 @@ class Accelerator:
                 + (" after an engine was already built" if self._deepspeed_engine is not None else "")
             )
         model, optimizer = models[0], optimizers[0]
+        check_model_placement(model, self.device, f"DeepSpeed ZeRO-{self.deepspeed_plugin.zero_stage}")
         loaders = [obj for obj, kind in zip(objects, kinds) if kind == "data_loader"]
         micro_batch = getattr(loaders[0], "batch_size", None) if loaders else None
         if micro_batch is not None and self.split_batches:

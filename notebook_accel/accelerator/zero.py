@@ -156,6 +156,10 @@ def filled_config(
             if value == "auto" and section == "zero_optimization":
                 del config[section][key]  # DeepSpeed's own default (bucket sizes...)
     config["zero_allow_untested_optimizer"] = True  # the user's torch optimizer is the point
+    if config["zero_optimization"].get("offload_optimizer", {}).get("device", "none") != "none":
+        # DeepSpeed refuses a torch optimizer with optimizer offload unless told (it would rather have its own
+        # DeepSpeedCPUAdam, whose ops need building): the user's optimizer, stepped on the CPU, is what is asked
+        config.setdefault("zero_force_ds_cpu_optimizer", False)
     config.setdefault("steps_per_print", 10**9)  # DeepSpeed's own progress lines would fill the cell
     leftovers = _leftover_autos(config)
     if "train_micro_batch_size_per_gpu" in leftovers or "train_micro_batch_size_per_gpu" not in config:

@@ -7,6 +7,7 @@ import sys
 from ..errors import LaunchConfigError
 from ..plan.config import ask_config, default_config_path, save_config, write_basic_config
 from ..wire.choices import MixedPrecision
+from .sharding_flags import add_sharding_arguments, sharding_from_flags
 
 
 def add_config_parser(commands) -> argparse.ArgumentParser:
@@ -21,6 +22,7 @@ def add_config_parser(commands) -> argparse.ArgumentParser:
                         default=MixedPrecision.NO.value,
                         choices=MixedPrecision.values(), help="for `config default`")
     parser.add_argument("--overwrite", action="store_true", help="for `config default`: replace an existing file")
+    add_sharding_arguments(parser)  # for `config default`
     return parser
 
 
@@ -28,7 +30,7 @@ def run_config(options: argparse.Namespace) -> int:
     if options.mode == "default":
         try:
             written = write_basic_config(options.mixed_precision, options.config_file, overwrite=options.overwrite,
-                                         overwrite_hint="add --overwrite")
+                                         overwrite_hint="add --overwrite", **sharding_from_flags(options))
         except LaunchConfigError as refused:
             print(f"notebook-accel config: {refused}; nothing saved", file=sys.stderr)
             return 2

@@ -20,11 +20,14 @@ from ..plan.config import LaunchConfig, load_config
 from ..plan.options import OPTIONS
 from ..rank.tracebacks import without_launcher_frames
 from ..wire.choices import Device, Display, MixedPrecision, RendezvousBackend, StartMethod
+from .sharding_flags import add_sharding_arguments, sharding_from_flags
 
 # Launcher options the command line sets by their own name (others: display, rdzv_conf and accelerate's
-# spellings are translated below; master_addr, use_port, return_all, compile_cache make no sense for a script).
+# spellings and the sharding flags are translated below; master_addr, use_port, return_all, compile_cache make no
+# sense for a script).
 COMMAND_LINE_OPTIONS = tuple(name for name in OPTIONS if name not in (
-    "display", "rdzv_conf", "master_addr", "use_port", "return_all", "compile_cache"))
+    "display", "rdzv_conf", "master_addr", "use_port", "return_all", "compile_cache", "fsdp_config",
+    "deepspeed_config"))
 
 EXIT_BAD_OPTIONS = 2
 EXIT_INTERRUPTED = 130
@@ -66,6 +69,7 @@ def add_launch_parser(commands) -> argparse.ArgumentParser:
     add("--monitor-interval", "--monitor_interval", dest="monitor_interval", type=float, default=None)
     add("--timeout", type=float, default=None, help="seconds before every rank is stopped")
     add("--display", choices=(Display.TEXT.value, Display.NONE.value), default=Display.TEXT.value)
+    add_sharding_arguments(parser)
     add("target", metavar="script.py | module", help="the script to run (or module name with -m)")
     add("target_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return parser
@@ -93,6 +97,7 @@ def launcher_options(options: argparse.Namespace) -> Dict[str, Any]:
         merged["num_processes"] = options.total_processes // nodes
     if options.rdzv_conf:
         merged["rdzv_conf"] = parse_rdzv_conf(options.rdzv_conf)
+    merged.update(sharding_from_flags(options, merged.get("fsdp_config"), merged.get("deepspeed_config")))
     return merged
 
 

@@ -10,6 +10,14 @@ The file is YAML, next to accelerate's in the Hugging Face cache (``$HF_HOME``, 
 accelerate's it is the total over all machines (``accelerate launch`` divides it by ``num_machines``), and
 reading accelerate's file converts it.
 
+``fsdp_config`` / ``deepspeed_config`` hold accelerate's own ``fsdp_config:`` / ``deepspeed_config:`` keys: every
+rank then gets the ``ACCELERATE_USE_FSDP`` / ``FSDP_*`` (or ``ACCELERATE_USE_DEEPSPEED`` / ``ACCELERATE_DEEPSPEED_*``)
+variables accelerate's launcher sets, and ``Accelerator()`` with no plugin (ours or HF accelerate's) shards::
+
+    fsdp_config:
+      fsdp_transformer_layer_cls_to_wrap: GPT2Block
+      fsdp_activation_checkpointing: true
+
 A notebook never reads the file unless asked (``notebook_launcher(..., config=True)``): a shared
 notebook must carry its own settings.
 """
@@ -22,6 +30,7 @@ from typing import Any, Callable, Dict, Optional, Union
 from ..errors import LaunchConfigError
 from ..wire.choices import Device, MixedPrecision, RendezvousBackend, StartMethod
 from .options import SAVED_OPTIONS, check_precision_for_device, precisions_for
+from .sharding import DEEPSPEED_KEYS, FSDP_KEYS, sharding_environment
 
 CONFIG_FILE_VARIABLE = "NOTEBOOK_ACCEL_CONFIG_FILE"
 _OUR_KEYS_HEADER = ("# notebook_accel launch defaults, written by `notebook-accel config`.\n"
@@ -138,8 +147,9 @@ def from_accelerate(data: Dict[str, Any], path: str = "accelerate config") -> La
     >>> from_accelerate({"distributed_type": "MULTI_CPU", "num_processes": 4, "num_machines": 2,
     ...                  "use_cpu": True, "main_process_ip": "10.0.0.1", "main_process_port": 29500})
     ... # doctest: +NORMALIZE_WHITESPACE
-    LaunchConfig(num_processes=2, device='cpu', mixed_precision='no', start_method='auto', num_nodes=2,
-                 node_rank=0, rdzv_backend='static', rdzv_endpoint='10.0.0.1:29500', rdzv_id=None, max_restarts=0)
+    LaunchConfig(num_processes=2, device='cpu', mixed_precision='no', start_method='auto', fsdp_config=None,
+                 deepspeed_config=None, num_nodes=2, node_rank=0, rdzv_backend='static',
+                 rdzv_endpoint='10.0.0.1:29500', rdzv_id=None, max_restarts=0)
     """
     distributed = str(data.get("distributed_type") or "NO").upper()
     num_nodes = int(data.get("num_machines") or 1)
@@ -156,11 +166,19 @@ def from_accelerate(data: Dict[str, Any], path: str = "accelerate config") -> La
     if data.get("main_process_ip"):
         endpoint = f"{data['main_process_ip']}:{data.get('main_process_port') or 29500}"
     precision = str(data.get("mixed_precision") or "no").lower()
+    # its FSDP / DeepSpeed section, minus what only its own launcher uses (deepspeed_multinode_launcher...)
+    sections = {"FSDP": ("fsdp_config", FSDP_KEYS), "DEEPSPEED": ("deepspeed_config", DEEPSPEED_KEYS)}
+    sharding = {}
+    if distributed in sections:
+        option, keys = sections[distributed]
+        given = data.get(option) or {}
+        sharding[option] = {key: value for key, value in given.items() if key in keys} if isinstance(given, dict) \
+            else given
     config = LaunchConfig(
         num_processes=per_node, device=device, mixed_precision="no" if precision == "fp8" else precision,
         num_nodes=num_nodes, node_rank=int(data.get("machine_rank") or 0),
         rdzv_backend=str(data.get("rdzv_backend") or "static"), rdzv_endpoint=endpoint,
-        max_restarts=int(data.get("max_restarts") or 0))
+        max_restarts=int(data.get("max_restarts") or 0), **sharding)
     check_config(config, path)
     return config
 
@@ -194,6 +212,10 @@ def check_config(config: LaunchConfig, where: str) -> None:
     for name in ("rdzv_endpoint", "rdzv_id"):
         if getattr(config, name) is not None and not isinstance(getattr(config, name), str):
             fail(name, "a string or null")
+    try:  # the launcher's own check: a saved bad sharding default would make every later launch refuse
+        sharding_environment(config.fsdp_config, config.deepspeed_config)
+    except LaunchConfigError as refused:
+        raise LaunchConfigError(f"config file {where}: {refused}") from None
 
 
 def _positive_int(value: Any) -> bool:
@@ -223,11 +245,13 @@ def basic_config(mixed_precision: str = "no") -> LaunchConfig:
 
 
 def write_basic_config(mixed_precision: str = "no", save_location: Optional[str] = None,
-                       overwrite: bool = False, overwrite_hint: str = "pass overwrite=True") -> Union[str, bool]:
+                       overwrite: bool = False, overwrite_hint: str = "pass overwrite=True",
+                       **sharding: Any) -> Union[str, bool]:
     """Write a config for this machine without asking anything (Colab cells cannot answer prompts).
 
     Like ``accelerate.utils.write_basic_config``: an existing file is kept (returns ``False``) unless
-    ``overwrite``; otherwise returns the path written.
+    ``overwrite``; otherwise returns the path written. ``fsdp_config=`` or ``deepspeed_config=`` (accelerate's
+    keys) saves a sharding default too.
 
     >>> write_basic_config(mixed_precision="bf16")  # doctest: +SKIP
     '/root/.cache/huggingface/notebook_accel/default_config.yaml'
@@ -237,7 +261,7 @@ def write_basic_config(mixed_precision: str = "no", save_location: Optional[str]
         print(f"Configuration already exists at {path}, will not override. "
               f"Run `notebook-accel config` or {overwrite_hint}.")
         return False
-    return save_config(basic_config(mixed_precision.lower()), path)
+    return save_config(dataclasses.replace(basic_config(mixed_precision.lower()), **sharding), path)
 
 
 def ask_config(ask: Callable[[str], str] = input, say: Callable[[str], None] = print) -> LaunchConfig:
@@ -261,7 +285,33 @@ def ask_config(ask: Callable[[str], str] = input, say: Callable[[str], None] = p
         while not config.rdzv_endpoint:
             config.rdzv_endpoint = ask("rendezvous endpoint host:port (node 0's address for static): ").strip()
     config.max_restarts = _ask_int(ask, say, "restarts after a failure", 0, 0, 1000)
+    _ask_sharding(ask, say, config)
     return config
+
+
+def _ask_sharding(ask, say, config: LaunchConfig) -> None:
+    """FSDP2 or DeepSpeed ZeRO for ``Accelerator()`` in every rank (saved as accelerate's config keys)."""
+    how = _ask_choice(ask, say, "shard the model over the ranks", ["no", "fsdp", "deepspeed"], "no")
+    if how == "fsdp":
+        names = ask("FSDP: class names of the model's blocks to shard one by one, comma-separated "
+                    "(e.g. GPT2Block; empty: none) []: ").strip()
+        section: Dict[str, Any] = {"fsdp_version": 2}
+        if names:
+            section.update(fsdp_auto_wrap_policy="TRANSFORMER_BASED_WRAP", fsdp_transformer_layer_cls_to_wrap=names)
+        else:
+            size = _ask_int(ask, say, "FSDP: shard each submodule of at least this many parameters (0: the whole "
+                                      "model as one unit)", 0, 0, 10**12)
+            section["fsdp_auto_wrap_policy"] = "SIZE_BASED_WRAP" if size else "NO_WRAP"
+            if size:
+                section["fsdp_min_num_params"] = size
+        checkpointing = _ask_choice(ask, say, "FSDP: activation checkpointing", ["no", "yes"], "no")
+        section["fsdp_activation_checkpointing"] = checkpointing == "yes"
+        config.fsdp_config = section
+    elif how == "deepspeed":
+        stage = _ask_int(ask, say, "DeepSpeed: ZeRO stage (1: optimizer state, 2: + gradients, 3: + parameters)",
+                         2, 1, 3)
+        offload = _ask_choice(ask, say, "DeepSpeed: offload the optimizer state to", ["none", "cpu", "nvme"], "none")
+        config.deepspeed_config = {"zero_stage": stage, "offload_optimizer_device": offload}
 
 
 def _ask_choice(ask, say, question: str, choices, default: str) -> str:

@@ -51,6 +51,12 @@ LAUNCHER_OPTIONS: Tuple[Option, ...] = (
            choices=Display),
     Option("compile_cache", None, "XLA only, opt-in: a directory for torch_xla's persistent compilation cache "
            "(one subdirectory per worker process), so relaunching the same program skips recompiling."),
+    Option("fsdp_config", None, "shard with FSDP2 in every rank: accelerate's ``fsdp_config`` keys (e.g. "
+           "``{\"fsdp_transformer_layer_cls_to_wrap\": \"GPT2Block\"}``), set in the ranks as the ``ACCELERATE_USE_FSDP`` "
+           "/ ``FSDP_*`` variables ``Accelerator()`` (ours and HF accelerate's) builds its plugin from.", saved=True),
+    Option("deepspeed_config", None, "train with DeepSpeed ZeRO in every rank: accelerate's ``deepspeed_config`` keys "
+           "(e.g. ``{\"zero_stage\": 3}``), set as ``ACCELERATE_USE_DEEPSPEED`` / ``ACCELERATE_DEEPSPEED_*``.",
+           saved=True),
     Option("num_nodes", 1, "several machines, one notebook (or ``notebook-accel launch``) per node; "
            "``num_processes`` is per node and global ranks follow the node order.", saved=True, nodes=True),
     Option("node_rank", None, "this node's place: 0 on the first machine, 1 on the second, ... Global ranks follow "

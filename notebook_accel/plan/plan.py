@@ -17,6 +17,7 @@ from ..wire.payload import Payload
 from . import devices as environment
 from .nodes import NodeOptions, check_node_options
 from .options import NODE_OPTION_NAMES, check_choice, check_precision_for_device, with_defaults
+from .sharding import check_sharding_for_device, sharding_environment
 
 MIXED_PRECISIONS = MixedPrecision.values()  # kept for callers of the old names
 START_METHODS = StartMethod.values()
@@ -40,6 +41,8 @@ class LaunchPlan:
     return_all: bool
     display: str
     compile_cache: Optional[str] = None  # XLA only: root of the per-rank persistent compilation caches
+    # FSDP / DeepSpeed defaults as the variables HF accelerate's launcher sets (``plan.sharding``)
+    sharding_env: Dict[str, str] = field(default_factory=dict)
     # The kernel as it is when the launch is called: every rank starts from it, whatever its start method.
     kernel_env: Dict[str, str] = field(default_factory=lambda: dict(os.environ))
     kernel_cwd: str = field(default_factory=os.getcwd)
@@ -83,6 +86,7 @@ class LaunchPlan:
         }
         if self.device == "cpu":
             env["ACCELERATE_USE_CPU"] = "true"
+        env.update(self.sharding_env)
         env["OMP_NUM_THREADS"] = str(self.threads_per_rank())
         env.update(rendezvous_env)
         return env
@@ -143,8 +147,10 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
     if compile_cache is not None and not isinstance(compile_cache, (str, os.PathLike)):
         raise TypeError(f"compile_cache must be a directory path or None, got {compile_cache!r}")
     nodes = check_node_options(**{name: options[name] for name in NODE_OPTION_NAMES})
+    sharding_env = sharding_environment(options["fsdp_config"], options["deepspeed_config"])
 
     device = device or environment.best_device()
+    check_sharding_for_device(options["fsdp_config"], options["deepspeed_config"], device)
     if compile_cache is not None and device != "xla":
         raise LaunchConfigError(f"compile_cache is torch_xla's persistent compilation cache: it needs "
                                 f"device='xla', not {device!r}")
@@ -174,6 +180,7 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
         master_addr=master_addr, use_port=use_port, timeout=None if timeout is None else float(timeout),
         return_all=return_all, display=display, nodes=nodes,
         compile_cache=None if compile_cache is None else os.path.abspath(os.path.expanduser(compile_cache)),
+        sharding_env=sharding_env,
     )
 
 
