@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .backends.processes.supervisor import Supervisor
 from .backends.rendezvous import HostedStore
-from .backends.session import SessionProcesses, SessionRunBackend, SessionSupervisor, send_quietly
+from .backends.session import SessionProcesses, SessionRunBackend, SessionSupervisor, SessionXlaHost, send_quietly
 from .backends.base import StopPolicy
 from .errors import LaunchConfigError
 from .launcher import Launch
@@ -55,6 +55,8 @@ _NOT_FOR_SESSIONS = {"num_nodes": 1, "node_rank": None, "rdzv_backend": "static"
                      "rdzv_id": None, "rdzv_conf": None, "max_restarts": 0}
 
 _open_sessions: "List[weakref.ref[Session]]" = []
+# How a session's ranks start, by the backend a launch would use: local processes, or a TPU host's device threads.
+SESSION_RANKS = {"processes": SessionProcesses, "xla": SessionXlaHost}
 
 
 class Session:
@@ -66,7 +68,8 @@ class Session:
             timeout) before the whole session is restarted (its state lost): a rank stuck in a C++ call.
         **options: the launcher's options (``device``, ``mixed_precision``, ``start_method``, ``display``,
             ``timeout`` — the default for each run —, ``master_addr``, ``use_port``, ``config``). Several nodes
-            and ``max_restarts`` are refused for now, and so are TPUs (``device="xla"``).
+            and ``max_restarts`` are refused for now. On TPU (``device="xla"``) the XLA host's device threads
+            are the warm ranks, each with a namespace of its own.
 
     >>> session = Session(num_processes=2, display="none")        # doctest: +SKIP
     >>> session.run(lambda: __import__("os").environ["RANK"], return_all=True)   # doctest: +SKIP
@@ -176,8 +179,10 @@ class Session:
 
     @property
     def pids(self) -> List[int]:
-        """The rank processes' pids, by rank."""
-        return [handle.pid for handle in self._ranks]
+        """The pid each rank runs in, by rank (on TPU: its worker process)."""
+        if self._processes is None:
+            return []
+        return [self._processes.pids[rank] for rank in sorted(self._processes.pids)]
 
     def __enter__(self) -> "Session":
         return self
@@ -262,7 +267,7 @@ class Session:
     def _start_ranks(self) -> None:
         """Start the rank processes and wait until each joined the process group (task 0)."""
         self._state = "starting"
-        processes = SessionProcesses(self._plan, _group_backend(self._plan.device), self._generation)
+        processes = SESSION_RANKS[self._plan.backend](self._plan, _group_backend(self._plan.device), self._generation)
         self._ranks = processes.start(self._store.env())
         self._processes = processes
         self._finalizer.detach()
@@ -278,7 +283,7 @@ class Session:
         self._sampler = ResourceSampler(self._keep_sample, device=self.device)
         self._samples = {}
         for handle in self._ranks:
-            self._sampler.observe(RankStarted(rank=handle.rank, pid=handle.pid))
+            self._sampler.observe(RankStarted(rank=handle.rank, pid=self._processes.pids[handle.rank]))
         self._sampler.tick()
         self._show()
 
@@ -366,10 +371,9 @@ def _plan_session(num_processes: Optional[int], options: Dict[str, Any]) -> Laun
     if "return_all" in given:
         raise LaunchConfigError("return_all is chosen per run: session.run(fn, return_all=True)")
     plan = plan_launch(_nothing, (), None, allow_inline=False, **given)
-    if plan.backend != "processes":
-        raise LaunchConfigError(
-            f"device={plan.device!r}: a Session cannot keep {plan.backend} ranks warm yet (TPU sessions are not "
-            f"supported); use notebook_launcher, or a Session with device='cpu' or 'cuda'")
+    if plan.backend not in SESSION_RANKS:
+        raise LaunchConfigError(f"device={plan.device!r}: a Session cannot keep {plan.backend} ranks warm; use "
+                                f"notebook_launcher")
     return plan
 
 
@@ -377,8 +381,8 @@ def _nothing() -> None:
     """The function a session's plan carries: its ranks run tasks instead."""
 
 
-def _group_backend(device: str) -> str:
-    return "nccl" if device == "cuda" else "gloo"
+def _group_backend(device: str) -> Optional[str]:
+    return "nccl" if device == "cuda" else None if device == "xla" else "gloo"
 
 
 def _check_call(function: Any, args: Any, kwargs: Any) -> None:

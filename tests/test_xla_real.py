@@ -255,3 +255,50 @@ def test_xla_tensors_come_back_to_a_kernel_without_torch_xla(tmp_path):
     assert "TENSOR cpu [0.0, 2.0, 4.0, 6.0]" in out.stdout, out.stdout
     assert "STATE [('bias', 'cpu'), ('weight', 'cpu')]" in out.stdout, out.stdout
     assert "IMPORTED False" in out.stdout, out.stdout
+
+
+# ------------------------------------------------------------------------------------------ a warm session
+
+SESSION_CELL = {"__name__": "__main__", "os": os}
+exec(textwrap.dedent("""
+    def load_model():
+        global model, device
+        import torch
+        import torch_xla
+        device = torch_xla.device()
+        model = torch.nn.Linear(4, 2)
+        with torch.no_grad():  # the same start on every device (device threads share torch's CPU generator)
+            model.weight.fill_(0.1), model.bias.fill_(0.0)
+        model = model.to(device)
+        return str(device)
+
+    def train_step(lr):
+        import torch
+        import torch_xla
+        import torch_xla.core.xla_model as xm
+        import torch_xla.runtime as xr
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        loss = model(torch.ones(3, 4, device=device)).pow(2).sum()
+        loss.backward()
+        xm.optimizer_step(optimizer)
+        torch_xla.sync()
+        return xr.global_ordinal(), float(loss.cpu()), os.getpid()
+"""), SESSION_CELL)
+
+
+def test_a_session_keeps_its_device_threads_and_model_across_runs():
+    """TPU code in a warm session on the real CPU client: the model loaded by one run is trained by the next
+    ones, on the same worker process, and gradients are all-reduced (both devices see the same loss)."""
+    from notebook_accel import Session
+
+    with Session(device="xla", display="none") as session:
+        assert session.num_processes == 2
+        devices = session.run(SESSION_CELL["load_model"], return_all=True)
+        assert len(devices) == 2 and all(device.startswith("xla") for device in devices), devices
+        first = session.run(SESSION_CELL["train_step"], args=(0.01,), return_all=True)
+        second = session.run(SESSION_CELL["train_step"], args=(0.01,), return_all=True)
+        assert [ordinal for ordinal, _, _ in first] == [0, 1]
+        assert first[0][1] == pytest.approx(first[1][1]) and second[0][1] == pytest.approx(second[1][1])
+        assert second[0][1] < first[0][1]  # the same model, trained further
+        assert {pid for *_, pid in first} == {pid for *_, pid in second}  # the same worker took both runs
+        session.execute("import torch_xla.runtime as xr\nxr.global_ordinal() + 100")

@@ -20,49 +20,42 @@ from typing import Any, Callable, Dict, List, Optional, Set
 from ..outcome.root_cause import Outcome
 from ..plan.plan import LaunchPlan
 from ..rank.session import SessionRankSpec, session_rank_main
-from ..wire.commands import BreakGroup, Command, CommandSender, session_socketpair
+from ..wire.commands import BreakGroup, Command, CommandSender, Interrupt, session_socketpair
 from ..wire.events import RankEvent, RankStarted, Status, TaskDone
 from ..wire.fds import PassedFd
 from .base import Backend, LaunchSink, StopPolicy
 from .processes.backend import ProcessBackend, RankProcess
 from .processes.supervisor import TICK_SECONDS, Supervisor
+from .xla.backend import XlaBackend
 
 BREAK_GROUP_AFTER = 0.3   # s an interrupted rank may take to leave Python code before its collectives are cut
 
 
-class SessionProcesses(ProcessBackend):
-    """The session's rank processes: a launch's, plus each rank's end of a command socket."""
+class _SessionRanks:
+    """What a session's ranks have beyond a launch's, whatever starts them: a command socket each (the rank's
+    end handed over as it starts, the kernel's kept), the pid each rank runs in, and ``kill``."""
 
-    name = "session"
-    spec_class = SessionRankSpec
-    rank_target = staticmethod(session_rank_main)
+    ranks_are_threads = False  # TPU ranks are device threads: interrupted by a command, not by SIGINT
+    plan: LaunchPlan
 
-    def __init__(self, plan: LaunchPlan, group_backend: Optional[str], group_generation: int) -> None:
-        super().__init__(plan)
+    def _open_sessions(self, group_backend: Optional[str], group_generation: int) -> None:
         self.group_backend = group_backend
         self.group_generation = group_generation
-        self.sockets = {rank: session_socketpair() for rank in range(plan.world_size)}
+        self.sockets = {rank: session_socketpair() for rank in range(self.plan.world_size)}
         self.commands: Dict[int, CommandSender] = {}
         self.started: List[RankProcess] = []
+        self.pids: Dict[int, int] = {}     # where each rank runs, as its RankStarted said
         self.closed_fds: Set[int] = set()  # kernel read ends a supervisor closed at EOF (a rank that died)
-
-    def _spec_extras(self, rank: int) -> Dict[str, object]:
-        return {"command_fd": PassedFd(self.sockets[rank][1].fileno()), "group_backend": self.group_backend,
-                "group_generation": self.group_generation}
-
-    def _inherited_fds(self, rank: int) -> List[int]:
-        kernel_ends = [kernel.fileno() for kernel, _ in self.sockets.values()]
-        others = [own.fileno() for other, (_, own) in self.sockets.items() if other != rank]
-        return kernel_ends + others
 
     def start(self, rendezvous_env: Dict[str, str]) -> List[RankProcess]:
         try:
-            ranks = super().start(rendezvous_env)
+            ranks = super().start(rendezvous_env)  # type: ignore[misc]
         finally:
             for _, rank_end in self.sockets.values():  # only the ranks hold their ends now
                 rank_end.close()
         self.commands = {rank: CommandSender(kernel) for rank, (kernel, _) in self.sockets.items()}
         self.started = ranks
+        self.pids = {handle.rank: handle.pid for handle in ranks}
         return ranks
 
     def kill(self) -> None:
@@ -83,7 +76,43 @@ class SessionProcesses(ProcessBackend):
             sender.close()
         for kernel, _ in self.sockets.values():
             kernel.close()
-        super().close()
+        super().close()  # type: ignore[misc]
+
+
+class SessionProcesses(_SessionRanks, ProcessBackend):
+    """The session's rank processes: a launch's, plus each rank's end of a command socket."""
+
+    name = "session"
+    spec_class = SessionRankSpec
+    rank_target = staticmethod(session_rank_main)
+
+    def __init__(self, plan: LaunchPlan, group_backend: Optional[str], group_generation: int) -> None:
+        ProcessBackend.__init__(self, plan)
+        self._open_sessions(group_backend, group_generation)
+
+    def _spec_extras(self, rank: int) -> Dict[str, object]:
+        return {"command_fd": PassedFd(self.sockets[rank][1].fileno()), "group_backend": self.group_backend,
+                "group_generation": self.group_generation}
+
+    def _inherited_fds(self, rank: int) -> List[int]:
+        kernel_ends = [kernel.fileno() for kernel, _ in self.sockets.values()]
+        others = [own.fileno() for other, (_, own) in self.sockets.items() if other != rank]
+        return kernel_ends + others
+
+
+class SessionXlaHost(_SessionRanks, XlaBackend):
+    """A TPU session: the launch's XLA host, whose device threads serve tasks from their command sockets
+    instead of running one function — workers, device threads and their compiled graphs stay up."""
+
+    name = "session-xla"
+    ranks_are_threads = True
+
+    def __init__(self, plan: LaunchPlan, group_backend: Optional[str], group_generation: int) -> None:
+        XlaBackend.__init__(self, plan)
+        self._open_sessions(None, group_generation)  # XLA's collectives need no torch.distributed group
+
+    def _host_spec_extras(self) -> Dict[str, object]:
+        return {"command_fds": [PassedFd(rank_end.fileno()) for _, rank_end in self.sockets.values()]}
 
 
 class SessionSupervisor(Supervisor):
@@ -102,7 +131,7 @@ class SessionSupervisor(Supervisor):
 
     def __init__(self, ranks: List[RankProcess], deliver: Callable[[RankEvent], None], tick: Callable[[], None],
                  *, policy: StopPolicy, expect_results: Callable[[int], bool], task_id: int,
-                 recover_timeout: float, processes: SessionProcesses) -> None:
+                 recover_timeout: float, processes: Any) -> None:
         super().__init__(ranks, deliver, tick, policy=policy, expect_results=expect_results)
         self.task_id = task_id
         self.recover_timeout = recover_timeout
@@ -113,8 +142,9 @@ class SessionSupervisor(Supervisor):
         self.broke_group = False
         self.gave_up: Optional[str] = None
         self._interrupted_at: Optional[float] = None
-        for state in self.ranks.values():
+        for rank, state in self.ranks.items():
             state.started = True  # they said so when the session started: their stack dumps are armed
+            state.pid = processes.pids.get(rank, state.pid)  # a TPU rank runs in a worker, not in the host
 
     # ------------------------------------------------------------------------------------------- progress
 
@@ -138,7 +168,7 @@ class SessionSupervisor(Supervisor):
                 self.sequences[event.rank] = event.group_sequence
             return
         if isinstance(event, RankStarted):  # a rank says it once, when the session starts
-            state.pid = event.pid
+            state.pid = self.processes.pids[event.rank] = event.pid
         super()._on_event(state, event)
 
     def _drain(self) -> None:
@@ -160,6 +190,9 @@ class SessionSupervisor(Supervisor):
         self.still_running = self.busy()
         for rank in self.still_running:
             self.ranks[rank].stopped_by_us = True
+            if self.processes.ranks_are_threads:  # a device thread: its reader thread raises in it
+                send_quietly(self.commands[rank], Interrupt(task_id=self.task_id))
+                continue
             try:
                 os.kill(self.ranks[rank].pid, signal.SIGINT)
             except ProcessLookupError:
@@ -230,7 +263,7 @@ class SessionRunBackend(Backend):
 
     name = "session"
 
-    def __init__(self, plan: LaunchPlan, *, processes: SessionProcesses, ranks: List[RankProcess],
+    def __init__(self, plan: LaunchPlan, *, processes: Any, ranks: List[RankProcess],
                  task_id: int, command: Command, fds: List[int], recover_timeout: float,
                  after: Callable[["SessionSupervisor", Callable[[RankEvent], None]], None]) -> None:
         super().__init__(plan)
@@ -250,7 +283,7 @@ class SessionRunBackend(Backend):
     def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
         self._deliver = sink.deliver
         for handle in self.ranks:  # the rows of this run's dashboard: each rank is there, and running
-            sink.deliver(RankStarted(rank=handle.rank, pid=handle.pid))
+            sink.deliver(RankStarted(rank=handle.rank, pid=self.processes.pids.get(handle.rank, handle.pid)))
         for handle in self.ranks:  # a rank already gone is the supervisor's to report
             send_quietly(self.processes.commands[handle.rank], self.command, self.fds)
 

@@ -32,6 +32,13 @@ class XlaBackend(ProcessBackend):
 
     name = "xla"
     _temp_dir: Optional[str] = None
+    # What the host process runs and the spec it gets: a warm session's host (``backends.session``) differs here.
+    host_spec_class = XlaHostSpec
+    host_target = staticmethod(host_main)
+
+    def _host_spec_extras(self) -> Dict[str, object]:
+        """More fields for the host's spec (none for a launch)."""
+        return {}
 
     def start(self, rendezvous_env: Dict[str, str]) -> List[RankProcess]:
         # The launch's own TMPDIR, removed when it ends: workers leave temp files behind (torch.distributed
@@ -42,15 +49,15 @@ class XlaBackend(ProcessBackend):
         inherited: List[int] = []
         if self.plan.start_method == "fork":  # the host must close the kernel's ends it inherited
             inherited = [self._lifeline_w] + [read for rank in pipes for read, _ in rank.values()]
-        spec = XlaHostSpec(
+        spec = self.host_spec_class(
             world_size=world, env=self.host_env(rendezvous_env), cwd=self.plan.kernel_cwd,
             sys_path=self.plan.kernel_sys_path, payload=self.plan.payload.pickled(),
             return_all=self.plan.return_all, nprocs=1 if world == 1 else None,
             pipes=[tuple(PassedFd(rank[name][1]) for name in ("stdout", "stderr", "events", "stacks"))
                    for rank in pipes],
             lifeline_fd=PassedFd(self._lifeline_r), inherited_fds=inherited,
-            compile_cache=getattr(self.plan, "compile_cache", None))
-        process = self.context.Process(target=host_main, args=(spec,), name="notebook_accel-xla-host")
+            compile_cache=getattr(self.plan, "compile_cache", None), **self._host_spec_extras())
+        process = self.context.Process(target=self.host_target, args=(spec,), name="notebook_accel-xla-host")
         try:
             with warnings.catch_warnings(), main_not_rerun():
                 warnings.simplefilter("ignore", DeprecationWarning)  # fork in a multi-threaded kernel (3.12+)

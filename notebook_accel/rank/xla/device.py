@@ -63,6 +63,7 @@ class DeviceLayout:
     registry_fd: int                      # "pid rank" lines for the host's WorkerWatcher
     host_pid: int
     compile_cache: Optional[str] = None
+    command_fds: Optional[List[int]] = None   # a warm session's command sockets, by rank (inherited)
 
 
 def run_device(index: int, layout: DeviceLayout) -> None:
@@ -79,8 +80,12 @@ def run_device(index: int, layout: DeviceLayout) -> None:
         routes = [stream for stream in (sys.stdout, sys.stderr) if isinstance(stream, ThreadRoutedStream)]
         for stream, fd in zip(routes, (stdout_fd, stderr_fd)):
             stream.route_this_thread(fd)
-        exit_code = run_rank(take_call, sender, send_result=layout.return_all or rank == 0,
-                             thread_only=True).exit_code
+        if layout.command_fds is not None:  # a warm session: serve tasks until the kernel says stop
+            serve_session(sender, layout.command_fds[rank])
+            exit_code = 0
+        else:
+            exit_code = run_rank(take_call, sender, send_result=layout.return_all or rank == 0,
+                                 thread_only=True).exit_code
         send_peak_rss(sender)  # the worker process's, as each of its device threads ends
     except BaseException as exc:  # the set-up failed (e.g. the compile cache): this rank's failure, named
         sender.send(failure_event(rank, exc))
@@ -90,6 +95,14 @@ def run_device(index: int, layout: DeviceLayout) -> None:
         # A thread's end is this rank's end, though its process lives on (peers may still run, or hang in a
         # collective after this rank failed): the supervisor then knows it is not among those to stop.
         sender.send(RankExited(rank=rank, exitcode=exit_code))
+
+
+def serve_session(sender: Any, command_fd: int) -> None:
+    """A warm session's device thread: its own namespace, tasks from its own command socket, interrupted by
+    the kernel's ``Interrupt`` (a thread cannot be signalled), and no process group (XLA has its own)."""
+    from ..session import SessionRank
+
+    SessionRank(sender, command_fd, thread_rank=True, thread_only_channel=True).serve()
 
 
 def _set_up_process(layout: DeviceLayout) -> None:

@@ -48,6 +48,9 @@ class XlaHostSpec:
     lifeline_fd: Any
     inherited_fds: List[int] = field(default_factory=list)
     compile_cache: Optional[str] = None
+    # A warm session's: each rank's end of its command socket (``PassedFd``); its device thread then serves
+    # tasks (``rank.session``) instead of running one function.
+    command_fds: Optional[List[Any]] = None
 
 
 def host_main(spec: XlaHostSpec) -> None:
@@ -65,7 +68,8 @@ def host_main(spec: XlaHostSpec) -> None:
     registry_read, registry_write = os.pipe()
     layout = DeviceLayout(world_size=spec.world_size, return_all=spec.return_all,
                           pipes=pipes, registry_fd=registry_write, host_pid=os.getpid(),
-                          compile_cache=spec.compile_cache)
+                          compile_cache=spec.compile_cache,
+                          command_fds=None if spec.command_fds is None else [take_fd(fd) for fd in spec.command_fds])
     watcher = WorkerWatcher(registry_read, pipes)
     watcher.start()
     exit_code = 0
