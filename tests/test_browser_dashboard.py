@@ -377,3 +377,58 @@ def test_debugging_dashboard_is_readable_in_light_and_dark_themes(tmp_path, app,
     assert facts["y_labels"] == ["loss (log)"], facts
     remote = facts["error_text"]
     assert "in user_step" in remote and "notebook_accel/rank.py" not in remote.split("The above exception")[0], remote
+
+
+SESSION_CELLS = [
+    "from notebook_accel import Session, progress\nimport time\nsession = Session(num_processes=2)",
+    """def train(steps):
+    global done
+    for step in progress(range(steps), desc="train"):
+        time.sleep(0.01)
+    done = steps
+    return steps
+
+session.run(train, args=(50,))""",
+    "session.run(train, args=(20,))",
+]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"needs Chromium at {CHROMIUM} (.ci/run installs it)")
+@pytest.mark.timeout(240)
+def test_session_row_and_runs_in_jupyterlab(jupyter_lab, tmp_path):
+    """A warm Session's own row (ranks, status, runs, memory per rank) in the cell that made it, and each run's
+    dashboard under its own cell."""
+    pytest.importorskip("playwright.sync_api")
+    base, token, root = jupyter_lab
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in SESSION_CELLS])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(root / "session.ipynb"))
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    with chromium_page(height=900) as page:
+        page.goto(f"{base}/lab/tree/session.ipynb?token={token}", wait_until="domcontentloaded")
+        try:
+            _run_all_cells(page)
+            page.wait_for_function(  # both runs finished, and the row counts them
+                "() => document.querySelectorAll('.notebook-accel-header .na-status').length === 2 && "
+                "[...document.querySelectorAll('.notebook-accel-header .na-status')]"
+                ".every(e => e.textContent.trim() === 'finished') && "
+                "(document.querySelector('.na-session-runs') || {}).textContent === '2'", timeout=120_000)
+        except Exception:
+            page.screenshot(path=os.path.join(ARTIFACTS, "session-failure.png"))
+            raise
+        page.wait_for_timeout(500)
+        page.locator(".notebook-accel-session").first.scroll_into_view_if_needed()
+        page.screenshot(path=os.path.join(ARTIFACTS, "session.png"), full_page=False)
+        facts = page.evaluate("""() => {
+          const text = cls => (document.querySelector('.' + cls) || {}).textContent;
+          return {rows: document.querySelectorAll('.notebook-accel-session').length,
+                  ranks: text('na-session-ranks'), status: text('na-session-status'),
+                  memory: text('na-session-memory'), dashboards: document.querySelectorAll(
+                    '.notebook-accel-dashboard').length,
+                  bars: [...document.querySelectorAll('.notebook-accel-rank .progress-bar')]
+                          .filter(b => b.offsetParent !== null).map(b => b.style.width)};
+        }""")
+    assert facts["rows"] == 1 and facts["ranks"] == "2" and facts["status"] == "idle", facts
+    assert re.search(r"rank 0: [\d.]+ MiB · rank 1: [\d.]+ MiB", facts["memory"]), facts
+    assert facts["dashboards"] == 2 and facts["bars"] == ["100%"] * 4, facts

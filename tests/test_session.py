@@ -136,7 +136,9 @@ def test_large_tensors_go_through_shared_memory_once():
         assert session.run(lambda tensor: int(tensor.sum()), args=(data,), return_all=True) == \
             [int(data.sum())] * 2
         assert data.is_shared()  # moved into shared memory in place, as torch.multiprocessing does
+        moved_to = data.untyped_storage().data_ptr()
         session.push(big=data)
+        assert data.untyped_storage().data_ptr() == moved_to  # sent again: the same shared memory, no copy
         assert session.pull("big")[1].equal(data)
 
 
