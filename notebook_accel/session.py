@@ -24,7 +24,7 @@ import sys
 import threading
 import weakref
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from .backends.processes.supervisor import Supervisor
 from .backends.rendezvous import HostedStore
@@ -97,7 +97,7 @@ class Session:
         self._state = "starting"
         self._closed = False
         self._store = HostedStore(self._plan.master_addr, self._plan.use_port, self._plan.world_size)
-        self._processes: Optional[SessionProcesses] = None
+        self._processes: Optional[Union[SessionProcesses, SessionXlaHost]] = None
         self._ranks: List[Any] = []
         self.view = SessionView(self._plan.display)
         self._samples: Dict[int, ResourceSample] = {}
@@ -228,7 +228,7 @@ class Session:
         """After a task: restart the ranks if one is gone or stuck; replace the process group if the task left it
         half way through a collective (ranks' collective counts differ, or it was cut). Returns what was done."""
         lost = supervisor.lost()
-        if supervisor.gave_up or lost or not supervisor._finished():
+        if supervisor.gave_up or lost or not supervisor.settled():
             reason = supervisor.gave_up or f"rank {', '.join(map(str, lost))} died"
             notice = self._restart_ranks(reason)
         elif (supervisor.status is not None or supervisor.failures) and (
@@ -244,7 +244,7 @@ class Session:
         self._generation += 1
         supervisor, _ = self._quiet_task(NewGroup(task_id=next(self._tasks), generation=self._generation),
                                          timeout=60.0)
-        if supervisor.failures or supervisor.lost() or supervisor.gave_up or not supervisor._finished():
+        if supervisor.failures or supervisor.lost() or supervisor.gave_up or not supervisor.settled():
             return self._restart_ranks("a new process group could not be formed")
         return ("the process group was replaced: the run left it half way through a collective. The ranks and "
                 "their state are kept; objects bound to the old group (a DDP-wrapped model) must be made again")
@@ -273,7 +273,7 @@ class Session:
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, processes.kill)
         supervisor, outcome = self._quiet_task(None, timeout=START_TIMEOUT)
-        if outcome.status != Status.FINISHED or supervisor.lost() or not supervisor._finished():
+        if outcome.status != Status.FINISHED or supervisor.lost() or not supervisor.settled():
             self._kill_ranks()
             if outcome.root is not None:
                 raise root_cause_exception(outcome.root, self._plan.world_size, exitcode=outcome.root.exitcode,

@@ -155,6 +155,10 @@ class SessionSupervisor(Supervisor):
     def _finished(self) -> bool:
         return all(rank in self.idle or state.exited_at is not None for rank, state in self.ranks.items())
 
+    def settled(self) -> bool:
+        """Every rank is idle again or gone: the task is over."""
+        return self._finished()
+
     def busy(self) -> List[int]:
         return sorted(rank for rank, state in self.ranks.items() if rank not in self.idle and state.exited_at is None)
 
