@@ -287,6 +287,17 @@ def test_options_a_session_cannot_take_are_refused_before_any_rank_starts(option
     assert psutil.Process().children(recursive=True) == before
 
 
+def test_an_unpicklable_capture_is_named_before_anything_is_sent():
+    import threading as threads
+
+    lock = threads.Lock()
+    with Session(num_processes=1, display="none") as session:
+        with pytest.raises(LaunchConfigError, match="captured variable 'lock'") as raised:
+            session.run(lambda: lock.locked())
+        assert "start_method='fork'" not in str(raised.value)  # no advice a session cannot follow
+        assert session.run(lambda: 7) == 7 and session.runs == 1
+
+
 def test_a_closed_session_says_so():
     session = Session(num_processes=1, display="none")
     session.close()

@@ -114,11 +114,13 @@ class PickledPayload:
         except Exception as err:
             culprit = find_unpicklable(function, args, kwargs)
             where = f": {culprit}" if culprit else ""
+            # A session's ranks started before the object existed: forking cannot hand it over either.
+            alternative = ("" if into_rank_namespace else
+                           ", or use start_method='fork', whose ranks inherit them")
             raise LaunchConfigError(
                 f"cannot send the launched function to the ranks, because something it uses cannot be "
                 f"pickled{where} ({type(err).__name__}: {err}). Create such objects (open files, locks, "
-                f"sockets, CUDA streams, generators) inside the function instead of capturing them, or use "
-                f"start_method='fork', whose ranks inherit them."
+                f"sockets, CUDA streams, generators) inside the function instead of capturing them{alternative}."
             ) from err
         payload = cls(out.getvalue(), _cuda_tensors=cuda_tensors)
         payload._share(storages, buffers)
