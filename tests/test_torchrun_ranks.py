@@ -21,6 +21,7 @@ from notebook_accel import LaunchError, LaunchTimeout, notebook_launcher
 from notebook_accel.launcher import start_launch
 from notebook_accel.plan.plan import plan_launch
 from scripts import run_script, script_env
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -398,11 +399,12 @@ def test_dump_stacks_on_demand_shows_every_running_rank(start_method):
     job = start_launch(stuck_in_a_collective_like_wait, num_processes=2, display="none",
                        start_method=start_method)
     try:
-        deadline = time.monotonic() + 60
-        stacks = {}
-        while time.monotonic() < deadline and "in waiting_for_rank_one" not in stacks.get(0, ""):
-            time.sleep(0.5)  # a spawn rank may still be importing torch: ask again
+        def stacks_once_rank_zero_waits():  # a spawn rank may still be importing torch: ask again
             stacks = job.dump_stacks()
+            return stacks if "in waiting_for_rank_one" in stacks.get(0, "") else None
+
+        stacks = wait_until(stacks_once_rank_zero_waits, timeout=60, what="rank 0 in waiting_for_rank_one",
+                            interval=0.5)
         assert sorted(stacks) == [0, 1]
         assert "in waiting_for_rank_one" in stacks[0]
         assert "in stuck_in_a_collective_like_wait" in stacks[1]
