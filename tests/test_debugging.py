@@ -254,38 +254,42 @@ def go_once_memory_is_sampled(job, view, go_file, rank_one_holds=0):
     open(go_file, "w").close()
 
 
-def cuda_oom_on_rank_one(go_file):
+def cuda_oom_on_the_last_rank():
     import time
 
     import torch
-    from waiting import wait_for_file
 
-    if int(os.environ["RANK"]) == 1:
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
-        wait_for_file(go_file)
-        torch.empty(2 ** 50, dtype=torch.uint8, device=device)  # 1 PiB: torch raises its OutOfMemoryError
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if rank == world_size - 1:
+        torch.empty(2 ** 50, dtype=torch.uint8, device=f"cuda:{os.environ['LOCAL_RANK']}")  # 1 PiB: torch's own
     time.sleep(30)
 
 
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
-                    reason="needs a GPU: only a real CUDA allocation raises torch's OutOfMemoryError "
-                           "(test_outcome.py checks the classifier on torch's message)")
-def test_a_cuda_out_of_memory_error_is_explained_in_one_line(tmp_path):
+def gpus_here() -> int:
+    """CUDA devices, asked through NVML as the launcher does (torch.cuda.is_available() would load the CUDA
+    driver into pytest's process, and later tests asking for start_method='fork' would be refused)."""
+    from notebook_accel.plan.devices import cuda_device_count
+
+    return cuda_device_count()
+
+
+@pytest.mark.skipif(gpus_here() == 0, reason="needs a GPU: only a real CUDA allocation raises torch's "
+                                              "OutOfMemoryError (test_outcome.py checks the classifier on its message)")
+def test_a_cuda_out_of_memory_error_is_explained_in_one_line():
     import torch
 
     from notebook_accel.wire.events import LaunchFinished
     from notebook_accel.launcher import start_launch
 
     view = RecordingView()
-    go_file = str(tmp_path / "go")
-    job = start_launch(cuda_oom_on_rank_one, args=(go_file,), num_processes=2, view=view)
-    go_once_memory_is_sampled(job, view, go_file)
+    ranks = min(2, gpus_here())
+    job = start_launch(cuda_oom_on_the_last_rank, num_processes=ranks, device="cuda", view=view)
     with pytest.raises(torch.OutOfMemoryError) as caught:
         job.wait(120)
     note = [note for note in caught.value.__notes__ if "ran out of GPU memory" in note]
     assert note and "try a smaller batch size, gradient accumulation" in note[0] and "mixed_precision" in note[0]
     finished = view.of_type(LaunchFinished)[0]
-    assert finished.error.startswith("rank 1 ran out of GPU memory (CUDA out of memory)")
+    assert finished.error.startswith(f"rank {ranks - 1} ran out of GPU memory (CUDA out of memory)")
     assert "\n" not in finished.error
 
 
