@@ -21,6 +21,7 @@ import ipywidgets as widgets
 from .errors import one_line
 from .plan.config import load_config
 from .plan.devices import available_devices
+from .plan.options import check_precision_for_device, precisions_for
 from .views.widgets import WidgetView
 from .wire.choices import MixedPrecision
 from .wire.events import LaunchFinished, Status
@@ -55,6 +56,9 @@ class LaunchPanel(widgets.VBox):
         device = wanted_device if wanted_device in by_kind else self.devices[0].kind
         wanted_processes = self._options.pop("num_processes", None)
         wanted_precision = self._options.pop("mixed_precision", MixedPrecision.NO.value)
+        if wanted_precision not in MixedPrecision.values():
+            raise ValueError(f"mixed_precision must be one of {MixedPrecision.values()}, got {wanted_precision!r}")
+        check_precision_for_device(wanted_precision, device)  # what the launcher would refuse, refused now
 
         self.devices_html = widgets.HTML(value=self._devices_html())
         self.device_picker = widgets.Dropdown(
@@ -63,7 +67,7 @@ class LaunchPanel(widgets.VBox):
         self.processes_picker = widgets.IntSlider(
             value=1, min=1, max=max(1, by_kind[device].count), step=1, description="processes",
             style={"description_width": "110px"}, continuous_update=False)
-        self.precision_picker = widgets.Dropdown(options=list(MixedPrecision.values()), value=wanted_precision,
+        self.precision_picker = widgets.Dropdown(options=precisions_for(device), value=wanted_precision,
                                                  description="mixed precision",
                                                  style={"description_width": "110px"})
         self.launch_button = widgets.Button(description="Launch", button_style="primary", icon="play",
@@ -118,6 +122,7 @@ class LaunchPanel(widgets.VBox):
     def mixed_precision(self, value: str) -> None:
         if value not in MixedPrecision.values():
             raise ValueError(f"mixed_precision must be one of {MixedPrecision.values()}, got {value!r}")
+        check_precision_for_device(value, self.device)  # e.g. fp16 on CPU: the launcher's own message
         self.precision_picker.value = value
 
     # ------------------------------------------------------------------------------------ the launch
@@ -248,6 +253,14 @@ class LaunchPanel(widgets.VBox):
 
     def _on_device_change(self, change) -> None:
         self._set_processes_range(change["new"], None)
+        self._set_precisions(change["new"])
+
+    def _set_precisions(self, kind: str) -> None:
+        """Offer only what ``kind`` can train in (no fp16 off CUDA); a choice it cannot keep becomes "no"."""
+        allowed = precisions_for(kind)
+        keep = self.precision_picker.value if self.precision_picker.value in allowed else MixedPrecision.NO.value
+        self.precision_picker.options = allowed  # resets the value to the first option
+        self.precision_picker.value = keep
 
     def _set_processes_range(self, kind: str, wanted: Optional[int]) -> None:
         info = next(info for info in self.devices if info.kind == kind)

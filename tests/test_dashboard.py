@@ -1,6 +1,7 @@
 """The views fed with synthetic events (no kernel, no ranks): throttling, slots, failure, summaries, plots."""
 from __future__ import annotations
 
+import html
 import io
 import math
 import re
@@ -66,6 +67,19 @@ def start(view, world_size=2):
                               function_name="train"))
     for rank in range(world_size):
         view.handle(RankStarted(rank=rank, pid=4000 + rank))
+
+
+def header_fields(view):
+    """The header's labelled facts as text, e.g. {"device": "cuda", "world size": "4", "status": "running"}.
+
+    Read field by field: the header's HTML also holds CSS numbers (``padding:2px 0 4px 0``), so a bare
+    ``"4" in header`` would match whatever the world size is.
+    """
+    fields = {label.strip(): html.unescape(re.sub(r"<[^>]+>", "", value))
+              for label, value in re.findall(r'([\w ]+): <b class="na-[\w-]+">(.*?)</b>', view.header.value)}
+    title = re.search(r'<b>notebook_accel</b> <span[^>]*>(.*?)</span>', view.header.value)
+    fields["function"] = html.unescape(title.group(1)) if title else ""
+    return fields
 
 
 def bar_rows(view, rank):
@@ -250,7 +264,7 @@ def test_widget_view_displays_itself_and_republishes_the_summary(clock, monkeypa
     start(view, 1)
     view.handle(update(0, 1, 3, total=3, closed=True))
     view.handle(LaunchFinished(rank=-1, status="finished", elapsed=1.0))
-    assert published[0][0] == "display" and "starting" in published[0][1] or "running" in published[0][1]
+    assert published[0][0] == "display" and ("starting" in published[0][1] or "running" in published[0][1])
     assert published[-1][0] == "update" and "3/3" in published[-1][1] and "finished" in published[-1][1]
 
 
@@ -267,17 +281,16 @@ def test_stopped_launch_marks_running_ranks_stopped(clock):
 
 def test_header_shows_device_world_size_status_and_elapsed(clock):
     view = WidgetView(display=False)
-    assert "starting" in view.header.value
+    assert header_fields(view)["status"] == "starting"
     view.handle(LaunchStarted(rank=-1, world_size=4, device="cuda", start_method="forkserver",
                               mixed_precision="bf16", function_name="fit"))
     clock.now += 75
     view.tick()
-    header = view.header.value
-    for fact in ("cuda", "4", "starting", "01:15", "bf16", "fit()"):
-        assert fact in header
+    assert header_fields(view) == {"function": "fit()", "device": "cuda", "world size": "4", "status": "starting",
+                                   "elapsed": "01:15", "precision": "bf16"}
     for rank in range(4):
         view.handle(RankStarted(rank=rank, pid=rank + 1))
-    assert "running" in view.header.value
+    assert header_fields(view)["status"] == "running"
 
 
 # ------------------------------------------------------------------------------------------------ text view

@@ -229,19 +229,52 @@ def test_gpu_figures_come_from_nvml_mapped_through_local_rank_and_cuda_visible_d
 
 # ----------------------------------------------------------------------------------------- out of memory
 
-def cuda_oom_on_rank_one():
+def memory_sampled(view, rank_one_holds):
+    """True once the kernel sampled rank 0 and sampled rank 1 holding ``rank_one_holds`` bytes or more."""
+    from notebook_accel.wire.events import ResourceSample
+
+    return (view.of_type(ResourceSample, 0)
+            and any(sample.rss >= rank_one_holds for sample in view.of_type(ResourceSample, 1)))
+
+
+def go_once_memory_is_sampled(job, view, go_file, rank_one_holds=0):
+    """Let rank 1 fail (it waits for ``go_file``) once the kernel has sampled both ranks' memory, so the
+    explanation has every rank's peak: polled, as a fixed sleep is too short on a busy machine."""
+    from waiting import wait_until
+
+    try:
+        wait_until(lambda: memory_sampled(view, rank_one_holds) or job.status not in ("starting", "running"),
+                   timeout=90, what="both ranks' memory to be sampled")
+    except AssertionError:
+        job.stop()
+        with pytest.raises(KeyboardInterrupt):
+            job.wait(60)
+        raise
+    assert job.status == "running", job.status  # the ranks waited for the go-ahead
+    open(go_file, "w").close()
+
+
+def cuda_oom_on_the_last_rank():
     import time
 
     import torch
 
-    if int(os.environ["RANK"]) == 1:
-        time.sleep(2.5)  # let the kernel sample both ranks' memory
-        # Stand-in for a real CUDA allocation failure (no GPU on the test machine): torch's own exception type
-        # with the message torch's caching allocator writes.
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 1; 79.1 GiB total)")
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if rank == world_size - 1:
+        torch.empty(2 ** 50, dtype=torch.uint8, device=f"cuda:{os.environ['LOCAL_RANK']}")  # 1 PiB: torch's own
     time.sleep(30)
 
 
+def gpus_here() -> int:
+    """CUDA devices, asked through NVML as the launcher does (torch.cuda.is_available() would load the CUDA
+    driver into pytest's process, and later tests asking for start_method='fork' would be refused)."""
+    from notebook_accel.plan.devices import cuda_device_count
+
+    return cuda_device_count()
+
+
+@pytest.mark.skipif(gpus_here() == 0, reason="needs a GPU: only a real CUDA allocation raises torch's "
+                                              "OutOfMemoryError (test_outcome.py checks the classifier on its message)")
 def test_a_cuda_out_of_memory_error_is_explained_in_one_line():
     import torch
 
@@ -249,25 +282,62 @@ def test_a_cuda_out_of_memory_error_is_explained_in_one_line():
     from notebook_accel.launcher import start_launch
 
     view = RecordingView()
-    job = start_launch(cuda_oom_on_rank_one, num_processes=2, view=view)
+    ranks = min(2, gpus_here())
+    job = start_launch(cuda_oom_on_the_last_rank, num_processes=ranks, device="cuda", view=view)
     with pytest.raises(torch.OutOfMemoryError) as caught:
         job.wait(120)
     note = [note for note in caught.value.__notes__ if "ran out of GPU memory" in note]
     assert note and "try a smaller batch size, gradient accumulation" in note[0] and "mixed_precision" in note[0]
     finished = view.of_type(LaunchFinished)[0]
-    assert finished.error.startswith("rank 1 ran out of GPU memory (CUDA out of memory)")
+    assert finished.error.startswith(f"rank {ranks - 1} ran out of GPU memory (CUDA out of memory)")
     assert "\n" not in finished.error
 
 
-def host_memory_error_on_rank_one():
+def torch_cpu_allocation_fails_on_rank_one(go_file):
+    import time
+
+    import torch
+    from waiting import wait_for_file
+
+    if int(os.environ["RANK"]) == 1:
+        block = torch.ones(200 * 2 ** 20 // 4)  # 200 MiB, written (resident): shows in the peak
+        wait_for_file(go_file)
+        torch.empty(2 ** 62, dtype=torch.uint8)  # 4 EiB: torch's CPU allocator fails (a RuntimeError)
+        return block.numel()
+    time.sleep(30)
+
+
+def test_a_torch_cpu_allocation_failure_is_explained_with_every_ranks_peak(tmp_path):
+    import re
+
+    from notebook_accel.launcher import start_launch
+    from notebook_accel.wire.events import LaunchFinished
+
+    view = RecordingView()
+    go_file = str(tmp_path / "go")
+    job = start_launch(torch_cpu_allocation_fails_on_rank_one, args=(go_file,), num_processes=2, view=view)
+    go_once_memory_is_sampled(job, view, go_file, rank_one_holds=200 * 2 ** 20)
+    with pytest.raises(RuntimeError, match="DefaultCPUAllocator: can't allocate memory") as caught:
+        job.wait(120)
+    line = job.out_of_memory
+    assert line.startswith("rank 1 ran out of host memory (torch's CPU allocator could not allocate); "
+                           "peak host memory (RSS) per rank: rank 0: "), line
+    value, unit = re.search(r"rank 1: ([\d.]+) (MiB|GiB)", line).groups()
+    assert unit == "GiB" or float(value) >= 200, line
+    assert any("fewer DataLoader workers" in note for note in caught.value.__notes__)
+    assert view.of_type(LaunchFinished)[0].error == line
+
+
+def host_memory_error_on_rank_one(go_file):
     import resource
     import time
 
     import psutil
+    from waiting import wait_for_file
 
     if int(os.environ["RANK"]) == 1:
         block = bytearray(b"x" * (200 * 2 ** 20))  # 200 MiB held: shows in the peak
-        time.sleep(2.5)
+        wait_for_file(go_file)
         # A real allocation failure: cap this rank's address space just above what it uses now.
         limit = psutil.Process().memory_info().vms + 100 * 2 ** 20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -276,10 +346,13 @@ def host_memory_error_on_rank_one():
     time.sleep(30)
 
 
-def test_a_host_memory_error_under_rlimit_is_explained_with_every_ranks_peak():
+def test_a_host_memory_error_under_rlimit_is_explained_with_every_ranks_peak(tmp_path):
     from notebook_accel.launcher import start_launch
 
-    job = start_launch(host_memory_error_on_rank_one, num_processes=2, display="none")
+    view = RecordingView()
+    go_file = str(tmp_path / "go")
+    job = start_launch(host_memory_error_on_rank_one, args=(go_file,), num_processes=2, view=view)
+    go_once_memory_is_sampled(job, view, go_file, rank_one_holds=200 * 2 ** 20)
     with pytest.raises(MemoryError) as caught:
         job.wait(120)
     line = job.out_of_memory
@@ -291,13 +364,15 @@ def test_a_host_memory_error_under_rlimit_is_explained_with_every_ranks_peak():
     assert any("fewer DataLoader workers" in note for note in caught.value.__notes__)
 
 
-def killed_like_the_oom_killer(counter_file, bump):
+def killed_like_the_oom_killer(counter_file, bump, go_file):
     import signal
     import time
 
+    from waiting import wait_for_file
+
     if int(os.environ["RANK"]) == 1:
         block = bytearray(b"x" * (300 * 2 ** 20))
-        time.sleep(2.5)
+        wait_for_file(go_file)
         if bump:  # what the kernel's OOM killer does: count the kill in the cgroup, then SIGKILL
             with open(counter_file, "w") as handle:
                 handle.write("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
@@ -319,7 +394,10 @@ def test_a_sigkill_with_the_cgroup_oom_counter_raised_is_explained(tmp_path, mon
     counter = tmp_path / "memory.events"
     counter.write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
     monkeypatch.setattr(oom, "COUNTER_FILES", [str(counter)])
-    job = start_launch(killed_like_the_oom_killer, args=(str(counter), bump), num_processes=2, display="none")
+    view = RecordingView()
+    go_file = str(tmp_path / "go")
+    job = start_launch(killed_like_the_oom_killer, args=(str(counter), bump, go_file), num_processes=2, view=view)
+    go_once_memory_is_sampled(job, view, go_file, rank_one_holds=300 * 2 ** 20)
     with pytest.raises(LaunchError) as caught:
         job.wait(120)
     first_line = str(caught.value).splitlines()[0]
@@ -351,21 +429,24 @@ def sleeps_in_a_named_function(seconds):
 
 
 def test_the_stacks_button_shows_where_each_running_rank_is():
-    import time
+    from waiting import wait_until
 
     from notebook_accel.launcher import start_launch
     from notebook_accel.views.widgets import WidgetView
 
     view = WidgetView(display=False)
-    job = start_launch(sleeps_in_a_named_function, args=(8.0,), num_processes=2, view=view)
+    job = start_launch(sleeps_in_a_named_function, args=(60.0,), num_processes=2, view=view)
     try:
-        deadline = time.monotonic() + 60
-        while not all(state.status == "running" for state in view.state.ranks.values()) or not view.state.ranks:
-            assert time.monotonic() < deadline, "the ranks did not start"
-            time.sleep(0.1)
-        time.sleep(1.0)  # inside the function
+        wait_until(lambda: view.state.ranks and all(state.status == "running" for state in view.state.ranks.values()),
+                   timeout=60, what="the ranks to start")
         assert view.stacks_button.layout.display is None  # Launch wired it to dump_stacks
-        view.stacks_button.click()
+
+        def stacks_show_the_function():  # a rank may still be entering it: click again
+            view.stacks_button.click()
+            return all("waiting_for_a_peer" in view._rank_rows[rank].stacks.value for rank in (0, 1))
+
+        wait_until(stacks_show_the_function, timeout=60, what="both stacks to show waiting_for_a_peer",
+                   interval=0.5)
         for rank in (0, 1):
             stack = view._rank_rows[rank].stacks.value
             assert "waiting_for_a_peer" in stack and "sleeps_in_a_named_function" in stack, stack

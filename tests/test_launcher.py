@@ -325,11 +325,34 @@ def test_forked_ranks_work_after_the_kernel_used_torch_threads():
     (big @ big).sum()
     assert notebook_launcher(threaded_matmul, num_processes=2, start_method="fork", display="none",
                              return_all=True) == [1.0, 1.0]
-    # A fork-server rank has a fresh pool: the cores are shared between the ranks.
-    explicit = os.environ.get("OMP_NUM_THREADS")
-    expected = float(explicit) if explicit else float(max(1, len(os.sched_getaffinity(0)) // 2))
-    assert notebook_launcher(threaded_matmul, num_processes=2, start_method="forkserver", display="none",
-                             return_all=True) == [expected, expected]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores for 2 threads to differ from fork's 1")
+@pytest.mark.parametrize("start_method, omp_num_threads, cores, expected", [
+    ("fork", "2", None, 1),       # always 1 after fork, whatever the user set
+    ("forkserver", "2", None, 2), # a fresh pool: the user's OMP_NUM_THREADS
+    ("spawn", "2", None, 2),
+    ("forkserver", None, 4, 2),   # none set: the cores shared between the ranks, 4 // 2
+    ("spawn", None, 4, 2),
+])
+def test_each_start_method_gives_its_ranks_the_thread_policys_count(monkeypatch, start_method, omp_num_threads,
+                                                                       cores, expected):
+    # Counts that differ from fork's 1 even on 2 cores (where a share of the cores would be 1 too):
+    # OMP_NUM_THREADS is set, or the core count the plan reads is raised to 4. Never above the real cores:
+    # a spawned rank's OpenMP caps OMP_NUM_THREADS at them when torch is imported (torch's own behaviour).
+    from notebook_accel.plan import devices
+
+    if omp_num_threads is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp_num_threads)
+    if cores is not None:
+        monkeypatch.setattr(devices, "cpu_count", lambda: cores)
+    big = torch.randn(600, 600)
+    (big @ big).sum()  # the kernel used torch threads first (what makes fork need 1)
+    assert notebook_launcher(threaded_matmul, num_processes=2, start_method=start_method, display="none",
+                             return_all=True) == [float(expected)] * 2
 
 
 def test_a_background_launch_is_a_future_and_awaitable():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import socket
 import os
+import sys
 import threading
 
 import psutil
@@ -10,8 +11,12 @@ import pytest
 
 from notebook_accel import notebook_launcher, start_launch
 from notebook_accel.errors import LaunchConfigError
+from notebook_accel.plan import devices
 
 pytestmark = pytest.mark.timeout(60)
+
+# What the launcher sees (a GPU hidden by CUDA_VISIBLE_DEVICES is not here): device='cuda' is valid then.
+CUDA_HERE = devices.cuda_device_count() > 0
 
 
 def ok():
@@ -32,10 +37,14 @@ def no_children_started():
     (lambda: notebook_launcher(ok, num_processes=-2), LaunchConfigError, "positive int"),
     (lambda: notebook_launcher(ok, num_processes=1.5), LaunchConfigError, "positive int"),
     (lambda: notebook_launcher(ok, num_processes=True), LaunchConfigError, "positive int"),
-    (lambda: notebook_launcher(ok, num_processes=10_000), LaunchConfigError, "more than the .* CPU ranks this"),
+    (lambda: notebook_launcher(ok, num_processes=10_000, device="cpu"), LaunchConfigError,
+     "more than the .* CPU ranks this"),
     (lambda: notebook_launcher(ok, device="tpu"), LaunchConfigError,
      "device='tpu' is not one of 'cuda', 'cpu', 'xla', 'mps'"),
-    (lambda: notebook_launcher(ok, device="cuda"), LaunchConfigError, "none is available"),
+    pytest.param(lambda: notebook_launcher(ok, device="cuda"), LaunchConfigError, "device='cuda' .* none is available",
+                 marks=pytest.mark.skipif(CUDA_HERE, reason="a GPU is here: device='cuda' is valid")),
+    pytest.param(lambda: notebook_launcher(ok, device="mps"), LaunchConfigError, "device='mps' .* none is available",
+                 marks=pytest.mark.skipif(sys.platform == "darwin", reason="macOS may have MPS")),
     (lambda: notebook_launcher(ok, mixed_precision="fp8"), LaunchConfigError,
      "mixed_precision='fp8' is not one of 'no', 'fp16', 'bf16'"),
     (lambda: notebook_launcher(ok, mixed_precision="fp16", device="cpu"), LaunchConfigError, "on CPU use 'bf16'"),

@@ -4,6 +4,7 @@ and c10d rendezvous, real gloo ranks and real signals."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -11,22 +12,24 @@ import sys
 import textwrap
 import time
 
-import psutil
 import pytest
 
 from scripts import script_env
+from waiting import wait_until
 
 NODE = """
 import json, os, sys, time
 from notebook_accel import notebook_launcher
 
-def train(fail_rank, fail_attempts, sleep):
+def train(fail_rank, fail_attempts, sleep, ready_dir):
     import torch, torch.distributed as dist
     dist.init_process_group("gloo")
     total = torch.tensor([float(dist.get_rank())])
     dist.all_reduce(total)   # across both nodes: the fresh store of this attempt must work
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     print(f"rank {dist.get_rank()} attempt {attempt} sum {total.item():g}", flush=True)
+    if ready_dir:  # the test waits for every rank to get here (past init_process_group) before acting
+        open(os.path.join(ready_dir, f"rank-{dist.get_rank()}-attempt-{attempt}"), "w").close()
     if dist.get_rank() == fail_rank and attempt < fail_attempts:
         raise ValueError(f"bad batch on rank {fail_rank} in attempt {attempt}")
     time.sleep(sleep)
@@ -38,12 +41,14 @@ def train(fail_rank, fail_attempts, sleep):
 options = json.loads(sys.argv[1])
 job = options.pop("job")
 try:
-    call = dict(args=(job["fail_rank"], job["fail_attempts"], job["sleep"]), num_processes=2, display="text",
-                return_all=True, **options)
-    if job.get("stop_after"):  # the panel's Stop button: a background launch, stopped from this thread
+    call = dict(args=(job["fail_rank"], job["fail_attempts"], job["sleep"], job["ready_dir"]), num_processes=2,
+                display="text", return_all=True, **options)
+    if job.get("stop_when_ready"):  # the panel's Stop button: a background launch, stopped from this thread
         from notebook_accel.launcher import start_launch
         launch = start_launch(train, **call)
-        time.sleep(job["stop_after"])
+        deadline = time.monotonic() + 120
+        while len(os.listdir(job["ready_dir"])) < 4 and time.monotonic() < deadline:  # every rank in train()
+            time.sleep(0.1)
         launch.stop()
         value = launch.wait(120)
     else:
@@ -70,11 +75,13 @@ def node_env():
 
 
 def start_node(node_rank, backend: str, port: int, *, fail_rank=-1, fail_attempts=0, sleep=0.0,
-               num_nodes=2, stop_after=None, launches=1, **options) -> subprocess.Popen:
+               num_nodes=2, ready_dir=None, stop_when_ready=False, launches=1, **options) -> subprocess.Popen:
+    """``ready_dir``: each rank creates ``rank-R-attempt-A`` there once past init_process_group;
+    ``stop_when_ready``: the node stops its launch (as the panel's Stop button would) once 4 such files exist."""
     config = dict(num_nodes=num_nodes, node_rank=node_rank, rdzv_backend=backend,
                   rdzv_endpoint=f"127.0.0.1:{port}", rdzv_conf={"join_timeout": 60},
-                  job=dict(fail_rank=fail_rank, fail_attempts=fail_attempts, sleep=sleep, stop_after=stop_after,
-                           launches=launches))
+                  job=dict(fail_rank=fail_rank, fail_attempts=fail_attempts, sleep=sleep, ready_dir=ready_dir,
+                           stop_when_ready=stop_when_ready, launches=launches))
     config.update(options)
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(NODE), json.dumps(config)], env=node_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -187,16 +194,23 @@ def test_a_node_that_never_joins_gives_a_clear_error():
     assert "within 3 s" in outcome["message"]
 
 
-def test_ctrl_c_on_one_node_stops_both():
+def all_four_ranks_ready(ready_dir, nodes):
+    """Wait until every rank is past init_process_group (sleeping in train()); fail early if a node ended."""
+    try:
+        wait_until(lambda: len(os.listdir(ready_dir)) >= 4 or any(node.poll() is not None for node in nodes),
+                   timeout=120, what="all four ranks to reach train()")
+        assert all(node.poll() is None for node in nodes), "a node ended before all four ranks ran"
+    except AssertionError as failure:
+        for node in nodes:
+            node.kill()  # its ranks die with it (PR_SET_PDEATHSIG)
+        raise AssertionError(f"{failure}: {[node.communicate() for node in nodes]}") from None
+
+
+def test_ctrl_c_on_one_node_stops_both(tmp_path):
     port = free_port()
-    nodes = [start_node(rank, "c10d", port, sleep=120) for rank in (0, 1)]
+    nodes = [start_node(rank, "c10d", port, sleep=120, ready_dir=str(tmp_path)) for rank in (0, 1)]
     started = time.monotonic()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # until all four ranks run (forked children of the two nodes)
-        if sum(len(psutil.Process(node.pid).children()) for node in nodes) >= 4:
-            break
-        time.sleep(0.2)
-    time.sleep(3)  # past init_process_group: the ranks sleep in train()
+    all_four_ranks_ready(str(tmp_path), nodes)
     nodes[0].send_signal(signal.SIGINT)
     (first, _), (second, _) = finish(nodes[0]), finish(nodes[1])
     assert first["error"] == "KeyboardInterrupt"
@@ -204,10 +218,10 @@ def test_ctrl_c_on_one_node_stops_both():
     assert time.monotonic() - started < 100  # not the ranks' 120 s sleep
 
 
-def test_stop_on_one_node_stops_both_and_is_never_restarted():
+def test_stop_on_one_node_stops_both_and_is_never_restarted(tmp_path):
     port = free_port()
-    nodes = [start_node(0, "static", port, sleep=120, max_restarts=2),
-             start_node(1, "static", port, sleep=120, max_restarts=2, stop_after=12)]
+    nodes = [start_node(0, "static", port, sleep=120, max_restarts=2, ready_dir=str(tmp_path)),
+             start_node(1, "static", port, sleep=120, max_restarts=2, ready_dir=str(tmp_path), stop_when_ready=True)]
     started = time.monotonic()
     (first, out0), (second, out1) = finish(nodes[0]), finish(nodes[1])
     assert first["error"] == "KeyboardInterrupt" and "stopped on node 1" in first["message"], first
@@ -284,16 +298,12 @@ def test_the_cli_runs_a_script_over_two_nodes_with_accelerates_flags(tmp_path):
     assert "[rank 0] hello from 0 of 4" in outputs[0][0] and "[rank 3] hello from 3 of 4" in outputs[1][0]
 
 
-def test_a_node_whose_launcher_dies_is_named_and_not_waited_for():
+def test_a_node_whose_launcher_dies_is_named_and_not_waited_for(tmp_path):
     port = free_port()
-    nodes = [start_node(rank, "static", port, sleep=120, rdzv_conf={"join_timeout": 60, "node_timeout": 5})
+    nodes = [start_node(rank, "static", port, sleep=120, rdzv_conf={"join_timeout": 60, "node_timeout": 5},
+                        ready_dir=str(tmp_path))
              for rank in (0, 1)]
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # until all four ranks run
-        if sum(len(psutil.Process(node.pid).children()) for node in nodes) >= 4:
-            break
-        time.sleep(0.2)
-    time.sleep(2)
+    all_four_ranks_ready(str(tmp_path), nodes)
     nodes[1].kill()  # node 1's kernel dies; its ranks die with it (PR_SET_PDEATHSIG)
     nodes[1].communicate()
     started = time.monotonic()

@@ -79,3 +79,30 @@ def test_a_rebuilt_exception_keeps_its_type_and_names_its_node():
 def test_statuses_are_strings_that_read_as_their_value():
     assert Status.FAILED == "failed" and f"{Status.TIMEOUT}" == "timeout" and str(Status.STOPPED) == "stopped"
     assert pickle.loads(pickle.dumps(Status.FINISHED)) is Status.FINISHED
+
+
+def raised_by(action) -> BaseException:
+    try:
+        action()
+    except BaseException as exc:  # noqa: B902 - whatever torch or Python raise is what the rank would send
+        return exc
+    raise AssertionError("expected an exception")
+
+
+def test_out_of_memory_is_recognised_from_what_torch_and_python_raise():
+    import torch
+
+    from notebook_accel.outcome.oom import kind_of_failure
+
+    # Raised here for real: torch's CPU allocator failing (a plain RuntimeError in torch 2.13), Python's
+    # MemoryError; an unrelated RuntimeError is no memory story.
+    cpu = raised_by(lambda: torch.empty(2 ** 62, dtype=torch.uint8))
+    assert type(cpu) is RuntimeError
+    assert kind_of_failure(failed(1, cpu), None, None) == "host-allocator"
+    assert kind_of_failure(failed(1, raised_by(lambda: bytearray(2 ** 62))), None, None) == "host"
+    assert kind_of_failure(failed(1, raised_by(lambda: torch.ones(2) @ torch.ones(3))), None, None) is None
+    # No GPU here, so torch's CUDA error is built by hand: its type (what the classifier keys on) and the
+    # caching allocator's message; test_debugging raises the real one where CUDA is available.
+    gpu = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity "
+                                 "of 79.10 GiB of which 1.06 GiB is free.")
+    assert kind_of_failure(failed(1, gpu), None, None) == "gpu"

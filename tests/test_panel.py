@@ -127,6 +127,47 @@ def test_panel_settings_are_checked():
         launch_panel(print, display="text")
 
 
-def test_panel_presets_come_from_launcher_options():
-    panel = launch_panel(print, num_processes=1, mixed_precision="fp16", device="cpu")
-    assert (panel.num_processes, panel.mixed_precision, panel.device) == (1, "fp16", "cpu")
+def launched_settings():
+    import os
+
+    return {name: os.environ[name] for name in ("WORLD_SIZE", "NOTEBOOK_ACCEL_DEVICE", "ACCELERATE_MIXED_PRECISION")}
+
+
+def test_panel_presets_come_from_launcher_options_and_reach_the_launch():
+    panel = launch_panel(launched_settings, num_processes=1, mixed_precision="bf16", device="cpu")
+    assert (panel.processes_picker.value, panel.precision_picker.value, panel.device_picker.value) == (1, "bf16", "cpu")
+    panel.launch()
+    # what the ranks were launched with, not what the panel says
+    assert panel.wait(60) == {"WORLD_SIZE": "1", "NOTEBOOK_ACCEL_DEVICE": "cpu", "ACCELERATE_MIXED_PRECISION": "bf16"}
+
+
+def test_the_panel_neither_offers_nor_accepts_fp16_on_cpu_as_the_launcher_refuses_it():
+    from notebook_accel.errors import LaunchConfigError
+    from notebook_accel.plan.options import precisions_for
+
+    refused = "mixed_precision='fp16' needs CUDA; on CPU use 'bf16'"  # the launcher's own message
+    with pytest.raises(LaunchConfigError, match=re.escape(refused)):
+        launch_panel(print, device="cpu", mixed_precision="fp16")
+    panel = launch_panel(print, device="cpu")
+    assert "fp16" not in panel.precision_picker.options
+    assert tuple(panel.precision_picker.options) == precisions_for("cpu") == ("no", "bf16")
+    with pytest.raises(LaunchConfigError, match=re.escape(refused)):
+        panel.mixed_precision = "fp16"
+    assert panel.mixed_precision == "no"
+
+
+def test_switching_the_device_offers_what_it_can_train_in(monkeypatch):
+    # No GPU here: the panel is shown a CUDA device next to the CPU (it is never launched on).
+    import notebook_accel.panel as panel_module
+    from notebook_accel.plan.devices import DeviceInfo
+
+    monkeypatch.setattr(panel_module, "available_devices",
+                        lambda: [DeviceInfo("cuda", 2, "2 × a stand-in GPU"), DeviceInfo("cpu", 2, "2 cores")])
+    panel = launch_panel(print, mixed_precision="fp16")
+    assert panel.device == "cuda" and "fp16" in panel.precision_picker.options
+    panel.device = "cpu"
+    assert "fp16" not in panel.precision_picker.options and panel.mixed_precision == "no"
+    panel.device = "cuda"
+    panel.mixed_precision = "bf16"
+    panel.device = "cpu"
+    assert panel.mixed_precision == "bf16"  # a choice the new device can keep is kept

@@ -21,6 +21,7 @@ from notebook_accel import LaunchError, LaunchTimeout, notebook_launcher
 from notebook_accel.launcher import start_launch
 from notebook_accel.plan.plan import plan_launch
 from scripts import run_script, script_env
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -343,21 +344,33 @@ def writes_at_every_level():
     return "done"
 
 
-def test_the_in_kernel_rank_captures_c_and_subprocess_output_and_restores_the_fds():
-    job_outputs = {}
+def open_file_identity(fd):
+    status = os.fstat(fd)
+    return status.st_dev, status.st_ino
+
+
+def test_the_in_kernel_rank_captures_c_and_subprocess_output_and_restores_the_fds(capfd):
     from notebook_accel.launcher import Launch
 
     plan = plan_launch(writes_at_every_level, num_processes=1, display="none")
     assert plan.backend == "inline"
+    kernel_fds = {fd: open_file_identity(fd) for fd in (1, 2)}  # capfd's files, as a kernel's would be its own
     launch = Launch(plan)
     assert launch.run() == "done"
     job_outputs = launch.outputs[0]
     for line in ("python print", "raw fd write", "from a subprocess", "from C printf"):
         assert line in job_outputs, job_outputs
-    # The kernel's fds are its own again: a write now is not captured by the finished launch.
-    os.write(1, b"")
-    print("after the launch")
-    assert "after the launch" not in launch.outputs[0]
+    # The kernel's fds are its own again: the same files as before, and bytes written to them land there,
+    # not in the finished launch's capture.
+    assert {fd: open_file_identity(fd) for fd in (1, 2)} == kernel_fds
+    capfd.readouterr()
+    os.write(1, b"raw after the launch\n")
+    os.write(2, b"raw stderr after the launch\n")
+    print("printed after the launch", flush=True)
+    after = capfd.readouterr()
+    assert "raw after the launch" in after.out and "printed after the launch" in after.out
+    assert "raw stderr after the launch" in after.err
+    assert not any("after the launch" in line for line in launch.outputs[0])
 
 
 # ------------------------------------------------------------------------ 11: where is each rank?
@@ -386,11 +399,12 @@ def test_dump_stacks_on_demand_shows_every_running_rank(start_method):
     job = start_launch(stuck_in_a_collective_like_wait, num_processes=2, display="none",
                        start_method=start_method)
     try:
-        deadline = time.monotonic() + 60
-        stacks = {}
-        while time.monotonic() < deadline and "in waiting_for_rank_one" not in stacks.get(0, ""):
-            time.sleep(0.5)  # a spawn rank may still be importing torch: ask again
+        def stacks_once_rank_zero_waits():  # a spawn rank may still be importing torch: ask again
             stacks = job.dump_stacks()
+            return stacks if "in waiting_for_rank_one" in stacks.get(0, "") else None
+
+        stacks = wait_until(stacks_once_rank_zero_waits, timeout=60, what="rank 0 in waiting_for_rank_one",
+                            interval=0.5)
         assert sorted(stacks) == [0, 1]
         assert "in waiting_for_rank_one" in stacks[0]
         assert "in stuck_in_a_collective_like_wait" in stacks[1]

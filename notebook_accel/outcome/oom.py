@@ -3,7 +3,9 @@
 Three ways a rank runs out of memory, and how each is recognised:
 
 * GPU: the rank raised torch's ``OutOfMemoryError`` ("CUDA out of memory. Tried to allocate ...").
-* Host, gracefully: the rank raised ``MemoryError`` (an allocation failed, e.g. under ``RLIMIT_AS``).
+* Host, gracefully: the rank raised ``MemoryError`` (an allocation failed, e.g. under ``RLIMIT_AS``), or
+  torch's CPU allocator failed: a plain ``RuntimeError`` "DefaultCPUAllocator: can't allocate memory: you
+  tried to allocate N bytes" (what ``torch.empty`` raises on CPU; torch 2.13 has no CPU OutOfMemoryError).
 * Host, brutally: the kernel's OOM killer sent SIGKILL. A SIGKILL alone could be anything (a user's
   ``kill -9``), so it counts as OOM only when an OOM-kill counter went up during the launch: the cgroup's
   ``memory.events`` ``oom_kill`` (cgroup v2), ``memory.oom_control`` ``oom_kill`` (v1), else the machine's
@@ -22,6 +24,9 @@ from typing import Dict, List, Optional, Tuple
 
 from ..formatting import format_bytes
 from ..wire.events import RankFailed
+
+# torch's CPU allocator (c10/core/impl/alloc_cpu.cpp) when malloc fails; raised as a plain RuntimeError.
+CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"
 
 # Where an OOM-kill counter may be read, most specific first (a test replaces this list with a fake file).
 COUNTER_FILES: List[str] = []
@@ -69,12 +74,14 @@ def oom_kill_count() -> Optional[int]:
 
 def kind_of_failure(event: Optional[RankFailed], exitcode: Optional[int],
                     oom_kills_before: Optional[int]) -> Optional[str]:
-    """"gpu", "host", "host-killed" when the failure was running out of memory, else None."""
+    """"gpu", "host", "host-allocator", "host-killed" when the failure was running out of memory, else None."""
     if event is not None:
         if event.exc_type.endswith("OutOfMemoryError") or "CUDA out of memory" in event.message:
             return "gpu"
         if event.exc_type == "builtins.MemoryError":
             return "host"
+        if CPU_ALLOCATOR_FAILURE in event.message:
+            return "host-allocator"
         return None
     if exitcode == -signal.SIGKILL and oom_kills_before is not None:
         now = oom_kill_count()
@@ -89,6 +96,7 @@ def explain(kind: str, rank: int, peaks: Dict[int, Tuple[int, Optional[int]]]) -
     device = kind == "gpu"
     what = {"gpu": "ran out of GPU memory (CUDA out of memory)",
             "host": "ran out of host memory (MemoryError)",
+            "host-allocator": "ran out of host memory (torch's CPU allocator could not allocate)",
             "host-killed": "was killed by the out-of-memory killer (SIGKILL, the memory cgroup's oom_kill "
                            "count went up)"}[kind]
     figures = ", ".join(f"rank {r}: {format_bytes(dev if device else rss)}"
