@@ -19,6 +19,7 @@ import torch
 from notebook_accel import LaunchTimeout, Session
 from notebook_accel.errors import LaunchConfigError, LaunchError
 from scripts import run_script
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -69,15 +70,6 @@ CELL = notebook_cell("""
 """)
 load_model, model_shape, all_reduce_rank = CELL["load_model"], CELL["model_shape"], CELL["all_reduce_rank"]
 rank_zero_fails_while_one_waits, add_kernel_value = CELL["rank_zero_fails_while_one_waits"], CELL["add_kernel_value"]
-
-
-def wait_until(predicate, timeout=20.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 # ------------------------------------------------------------------------------------------------- state
@@ -254,7 +246,7 @@ def test_garbage_collection_ends_the_ranks():
     pids = session.pids
     del session
     gc.collect()
-    assert wait_until(lambda: not any(psutil.pid_exists(pid) for pid in pids))
+    wait_until(lambda: not any(psutil.pid_exists(pid) for pid in pids), 20, "the collected session's ranks to end")
 
 
 def test_a_killed_kernel_takes_its_ranks_along():
@@ -267,8 +259,8 @@ def test_a_killed_kernel_takes_its_ranks_along():
     """)
     pids = [int(pid) for pid in started.stdout.split()]
     assert len(pids) == 2, started.stderr
-    assert wait_until(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
-                                      for pid in pids))
+    wait_until(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+                               for pid in pids), 20, "the killed kernel's ranks to end")
 
 
 # ------------------------------------------------------------------------------------------- bad input

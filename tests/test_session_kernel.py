@@ -2,8 +2,6 @@
 a rank's error raised in the cell, and no rank left once the kernel is gone."""
 from __future__ import annotations
 
-import time
-
 import nbformat
 import psutil
 import pytest
@@ -11,6 +9,7 @@ from nbclient import NotebookClient
 
 from scripts import script_env
 from test_kernel import cell_text
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -85,10 +84,7 @@ def test_a_session_in_a_real_kernel(tmp_path, monkeypatch):
         assert all(psutil.pid_exists(pid) for pid in pids)
         kernel_pid = client.km.provisioner.process.pid
     # The kernel is gone (shut down as a notebook closes): so are its ranks.
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in pids):
-        time.sleep(0.1)
-    assert not any(psutil.pid_exists(pid) for pid in pids), "a session's rank outlived its kernel"
+    wait_until(lambda: not any(psutil.pid_exists(pid) for pid in pids), 20, "the closed kernel's ranks to end")
     assert not psutil.pid_exists(kernel_pid) or psutil.Process(kernel_pid).status() == psutil.STATUS_ZOMBIE
 
     assert "RUN loaded" in outputs[1], outputs[1]
@@ -117,7 +113,4 @@ def test_a_killed_kernel_ends_its_session_ranks(tmp_path, monkeypatch):
         kernel = psutil.Process(client.km.provisioner.process.pid)
         kernel.kill()  # SIGKILL: no atexit, no finalizer runs
         kernel.wait(10)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in pids):
-            time.sleep(0.1)
-        assert not any(psutil.pid_exists(pid) for pid in pids), "ranks outlived a SIGKILLed kernel"
+        wait_until(lambda: not any(psutil.pid_exists(pid) for pid in pids), 20, "a SIGKILLed kernel's ranks to end")
