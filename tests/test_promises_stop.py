@@ -55,7 +55,10 @@ def assert_gone(pids, within: float = 10.0):
     deadline = time.monotonic() + within
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not alive(pids), f"still running: {[(pid, psutil.Process(pid).cmdline()) for pid in alive(pids)]}"
+    left = alive(pids)
+    for pid in left:  # orphans now (re-parented away from this process): the leftover check cannot see them
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"still running: {left} of {pids}"
 
 
 # ------------------------------------------------------------------------- 1. SIGTERM, then SIGKILL after 1 s
