@@ -125,10 +125,12 @@ def test_every_node_raises_the_root_cause_with_its_node_rank_and_host(how, error
         assert first["exitcode"] == second["exitcode"] == 3
 
 
-def test_local_addr_is_where_the_other_nodes_reach_this_node():
-    # c10d: the node the rendezvous makes first hosts each attempt's store for every rank (MASTER_ADDR). Its
-    # own default address is its hostname's; 127.0.0.2 (loopback too, so reachable here) is told apart from it.
-    (first, out0), (second, out1) = run_two_nodes(backend="c10d", return_all=True,
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_local_addr_is_where_the_other_nodes_reach_this_node(backend):
+    # The node the rendezvous makes first hosts each attempt's store for every rank (MASTER_ADDR). Without
+    # local_addr its address is the endpoint's host (static) or its hostname's (c10d); 127.0.0.2 (loopback
+    # too, so reachable here) is told apart from both.
+    (first, out0), (second, out1) = run_two_nodes(backend=backend, return_all=True,
                                                   rdzv_conf={"local_addr": "127.0.0.2"})
     assert "result" in first and "result" in second, (first, second, out0, out1)
     assert {value["MASTER_ADDR"] for value in first["result"] + second["result"]} == {"127.0.0.2"}
@@ -146,7 +148,7 @@ def test_no_restart_after_a_timeout_and_the_timeout_counts_over_every_attempt(tm
         assert outcome.get("error") == "LaunchTimeout", (outcome, out0, out1)
     lived = {path.name: float(path.read_text() or 0) for path in tmp_path.iterdir()}
     assert sorted(lived) == [f"attempt{a}-rank{r}" for a in (0, 1) for r in range(4)], lived  # no attempt 2
-    assert min(lived[f"attempt0-rank{r}"] for r in range(4)) > 11, lived  # attempt 0 did run its 12 s
+    assert min(lived[f"attempt0-rank{r}"] for r in range(4)) > 10, lived  # attempt 0 used up 12 s of the 20
     assert max(lived[f"attempt1-rank{r}"] for r in range(4)) < 16, lived  # not a fresh 20 s
     assert "attempt 3/3" not in out0 + out1
 
