@@ -6,12 +6,20 @@
   DataLoader workers (``num_workers > 0``) end when the rank is stopped (``Launch.stop``, a timeout) or fails
   (it raises, or a peer does). Killed grandchildren are re-parented away from the test process, so the
   autouse leftover check cannot see them: these tests look them up by pid.
+
+Known and left alone: a DataLoader worker killed this way leaves its multiprocessing temp dir (``pymp-*``, made
+when it first passes a tensor by fd), as it does under torchrun or a plain script stopped by a signal. Giving
+the ranks a launcher-owned dir instead would leave one behind whenever the kernel itself is SIGKILLed (nothing
+survives it to remove the dir): test_launcher_signals.py checks that case. The test removes those dirs.
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 import psutil
@@ -133,6 +141,7 @@ def rank_with_children(ending: str, go_path: str):
     ("stop", "forkserver"), ("peer raises", "spawn"),
 ])
 def test_a_ranks_subprocess_and_dataloader_workers_end_with_it(ending, start_method, tmp_path):
+    dirs_before = multiprocessing_dirs()
     go = tmp_path / "go"
     job = start_launch(rank_with_children, args=(ending, str(go)), num_processes=2, display="none",
                        start_method=start_method, timeout=20 if ending == "timeout" else None)
@@ -146,3 +155,13 @@ def test_a_ranks_subprocess_and_dataloader_workers_end_with_it(ending, start_met
     with pytest.raises(expected):
         job.wait(HANG_BOUND + 30)
     assert_gone(children)
+    for path in multiprocessing_dirs() - dirs_before:  # the killed workers' (see the module's docstring)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def multiprocessing_dirs():
+    """``pymp-*`` dirs in the session's temp dir, except this process's own (kept: the fork server's)."""
+    kept = multiprocessing.process.current_process()._config.get("tempdir")
+    folder = tempfile.gettempdir()
+    return {os.path.join(folder, name) for name in os.listdir(folder)
+            if name.startswith("pymp-") and os.path.join(folder, name) != kept}

@@ -53,9 +53,6 @@ class RankSpec:
     lifeline_fd: Any
     # fork only: kernel-side fds the child inherited and must close (read ends, the lifeline's write end).
     inherited_fds: List[int] = field(default_factory=list)
-    # multiprocessing's temp dir for the rank and its workers: the launcher's, removed when the launch ends even
-    # if the rank was killed (its own ``pymp-*`` dir would be left behind). "" = multiprocessing's own.
-    multiprocessing_tempdir: str = ""
 
 
 def rank_main(spec: RankSpec) -> None:
@@ -114,8 +111,6 @@ def as_launched(spec: RankSpec) -> None:
         pass
     sys.path[:] = spec.sys_path
     multiprocessing.set_start_method(None, force=True)
-    if spec.multiprocessing_tempdir:  # inherited by the rank's DataLoader workers: no pymp-* dir of their own
-        multiprocessing.process.current_process()._config["tempdir"] = spec.multiprocessing_tempdir
 
 
 def register_in_main(call):

@@ -8,9 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.util
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import warnings
 from contextlib import contextmanager
@@ -77,7 +75,6 @@ class ProcessBackend(Backend):
         self._lifeline_r, self._lifeline_w = os.pipe()
         self._supervisor = None
         self._ranks: List[RankProcess] = []
-        self._rank_tempdir = ""  # multiprocessing's temp dir for the ranks and their workers (see ``start``)
 
     def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
         self._ranks = self.start(rendezvous_env)
@@ -96,11 +93,6 @@ class ProcessBackend(Backend):
         return supervisor.request_stacks(timeout) if supervisor is not None else {}
 
     def start(self, rendezvous_env: Dict[str, str]) -> List[RankProcess]:
-        # A rank's multiprocessing (DataLoader workers passing tensors by fd, queues) makes a ``pymp-*`` dir
-        # in $TMPDIR that only a clean exit removes: a stopped or SIGKILLed rank would leave one per process.
-        # The ranks use this one instead (inside the kernel's own, which goes when the kernel does), removed
-        # by ``close`` once every rank and its process group is gone.
-        self._rank_tempdir = tempfile.mkdtemp(prefix="ranks-", dir=multiprocessing.util.get_temp_dir())
         ranks: List[RankProcess] = []
         try:
             for rank in range(self.plan.world_size):
@@ -122,9 +114,6 @@ class ProcessBackend(Backend):
             os.close(self._lifeline_w)
             self._lifeline_w = -1
         self.plan.payload.close()
-        if self._rank_tempdir:
-            shutil.rmtree(self._rank_tempdir, ignore_errors=True)
-            self._rank_tempdir = ""
 
     def _start_rank(self, rank: int, rendezvous_env: Dict[str, str], started: List[RankProcess]) -> RankProcess:
         pipes = {name: make_pipe() for name in ("stdout", "stderr", "events", "stacks")}
@@ -149,7 +138,6 @@ class ProcessBackend(Backend):
             stacks_fd=PassedFd(pipes["stacks"][1]),
             lifeline_fd=PassedFd(self._lifeline_r),
             inherited_fds=inherited,
-            multiprocessing_tempdir=self._rank_tempdir,
         )
         process = self.context.Process(target=rank_main, args=(spec,), name=f"notebook_accel-rank-{rank}")
         try:
