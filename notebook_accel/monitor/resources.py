@@ -7,7 +7,11 @@ the one that cannot report about itself, and the kernel already knows every rank
   CPU use as a percentage of one core from the difference of CPU times between two samples.
 * GPU: NVML (``nvidia-ml-py``, optional, imported lazily). NVML talks to the driver, not to CUDA, so the
   kernel never initializes CUDA (which would make fork unsafe). A rank's GPU is the one torchrun's
-  convention gives it: ``LOCAL_RANK``, through ``CUDA_VISIBLE_DEVICES`` when set (indexes or UUIDs).
+  convention gives it: ``LOCAL_RANK`` (the rank's place on this node, not its global rank), through
+  ``CUDA_VISIBLE_DEVICES`` when set (indexes or UUIDs). CUDA's indexes follow ``CUDA_DEVICE_ORDER``
+  (``FASTEST_FIRST`` by default) while NVML's follow the PCI bus: they agree under ``PCI_BUS_ID`` or when every
+  GPU is the same model; otherwise an index names no GPU NVML could tell, and no GPU figures are shown for it
+  (rather than another GPU's).
 * The rank's own framework figure (``torch.cuda.max_memory_allocated``, torch_xla's memory info) arrives
   as ``DeviceMemoryReport`` events and is folded into the next sample.
 
@@ -29,7 +33,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import psutil
 
 from ..formatting import format_bytes
-from ..wire.events import DeviceMemoryReport, PeakMemoryReport, RankEvent, RankExited, RankStarted, ResourceSample
+from ..wire.events import (DeviceMemoryReport, LaunchStarted, PeakMemoryReport, RankEvent, RankExited, RankStarted,
+                           ResourceSample)
 
 SAMPLE_INTERVAL = 1.0  # seconds between two samples of all ranks
 
@@ -53,13 +58,14 @@ class ResourceSampler:
 
     def __init__(self, deliver: Callable[[RankEvent], None], *, device: str = "cpu",
                  interval: float = SAMPLE_INTERVAL, nvml: Any = None,
-                 visible_devices: Optional[str] = None) -> None:
+                 visible_devices: Optional[str] = None, device_order: Optional[str] = None) -> None:
         self.deliver = deliver
         self.device = device
         self.interval = interval
         self._ranks: Dict[int, _Tracked] = {}
         self._last_sample = 0.0
-        self._gpu = GpuMonitor(nvml, visible_devices) if device == "cuda" else None
+        self._gpu = GpuMonitor(nvml, visible_devices, device_order) if device == "cuda" else None
+        self._first_rank = 0  # this node's lowest global rank: a rank's LOCAL_RANK is its rank minus this
         self.samples = 0
 
     def postpone_sample(self) -> None:
@@ -69,7 +75,9 @@ class ResourceSampler:
 
     def observe(self, event: RankEvent) -> None:
         """Learn pids from ``RankStarted``, forget exited ranks, keep the ranks' framework memory figures."""
-        if isinstance(event, RankStarted):
+        if isinstance(event, LaunchStarted):  # on node 1 of 2 (2 ranks each) ranks 2 and 3 use local GPUs 0 and 1
+            self._first_rank = min(event.ranks) if event.ranks else 0
+        elif isinstance(event, RankStarted):
             try:
                 process = psutil.Process(event.pid)
             except psutil.Error:
@@ -117,7 +125,7 @@ class ResourceSampler:
         tracked.peak_rss = max(tracked.peak_rss, rss)
         sample = ResourceSample(rank=tracked.rank, rss=rss, peak_rss=tracked.peak_rss, cpu_percent=cpu_percent)
         if self._gpu is not None:
-            used, total, util = self._gpu.usage(tracked.rank)
+            used, total, util = self._gpu.usage(tracked.rank - self._first_rank)
             if used is not None:
                 tracked.device_peak = max(tracked.device_peak, used)
                 sample.device_used, sample.device_total, sample.device_peak = used, total, tracked.device_peak
@@ -182,9 +190,14 @@ class GpuMonitor:
     ``nvml`` is the ``pynvml`` module of nvidia-ml-py (imported on first use when None; tests pass a fake).
     """
 
-    def __init__(self, nvml: Any = None, visible_devices: Optional[str] = None) -> None:
+    def __init__(self, nvml: Any = None, visible_devices: Optional[str] = None,
+                 device_order: Optional[str] = None) -> None:
         self._nvml = nvml
         self._visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible_devices is None else visible_devices
+        # CUDA numbers devices fastest first unless told PCI_BUS_ID (NVML's order); read as the ranks read it.
+        order = os.environ.get("CUDA_DEVICE_ORDER", "") if device_order is None else device_order
+        self._pci_order = order.strip().upper() == "PCI_BUS_ID"
+        self._indexes_agree: Optional[bool] = None  # do CUDA's indexes name the same GPUs as NVML's?
         self._handles: Dict[int, Any] = {}
         self._ready: Optional[bool] = None
 
@@ -208,6 +221,27 @@ class GpuMonitor:
         entries = [entry.strip() for entry in self._visible.split(",") if entry.strip()]
         return entries[local_rank] if local_rank < len(entries) else None
 
+    def _nvml_index(self, cuda_index: int) -> Optional[int]:
+        """NVML's index of the GPU CUDA numbers ``cuda_index``, or None when that cannot be known.
+
+        NVML numbers GPUs by PCI bus id. CUDA does so only under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; by default
+        (``FASTEST_FIRST``) it puts the fastest first by a heuristic it does not document; among GPUs of one model
+        that is the PCI order in practice. With several models the two orders can differ, and a guess would show
+        another GPU's memory as this rank's: no figures then (set ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or use UUIDs in
+        ``CUDA_VISIBLE_DEVICES`` to get them).
+        """
+        if self._pci_order:
+            return cuda_index
+        if self._indexes_agree is None:
+            try:
+                nvml = self._nvml
+                names = {nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(index))
+                         for index in range(nvml.nvmlDeviceGetCount())}
+                self._indexes_agree = len(names) <= 1
+            except Exception:  # an NVML without these queries: assume one model, as almost every machine has
+                self._indexes_agree = True
+        return cuda_index if self._indexes_agree else None
+
     def usage(self, local_rank: int) -> Tuple[Optional[int], Optional[int], Optional[float]]:
         """(used bytes, total bytes, utilization %) of ``local_rank``'s GPU."""
         if not self._start():
@@ -219,8 +253,13 @@ class GpuMonitor:
                 if identity is None:
                     return None, None, None
                 nvml = self._nvml
-                handle = (nvml.nvmlDeviceGetHandleByUUID(identity) if not identity.isdigit()
-                          else nvml.nvmlDeviceGetHandleByIndex(int(identity)))
+                if identity.isdigit():  # an index in CUDA's order
+                    index = self._nvml_index(int(identity))
+                    if index is None:
+                        return None, None, None
+                    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                else:
+                    handle = nvml.nvmlDeviceGetHandleByUUID(identity)
                 self._handles[local_rank] = handle
             memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
             try:
