@@ -78,7 +78,7 @@ class SessionRank:
     """
 
     def __init__(self, sender: Any, command_fd: int, *, group: Optional["GroupKeeper"] = None,
-                 generation: int = 0, thread_rank: bool = False, thread_only_channel: bool = False) -> None:
+                 generation: int = 0, thread_rank: bool = False) -> None:
         self.sender = sender
         self.commands = CommandReceiver(command_fd)
         self.tasks: "queue.Queue[Optional[tuple]]" = queue.Queue()
@@ -86,7 +86,6 @@ class SessionRank:
         self.group = group
         self.generation = generation
         self.thread_rank = thread_rank
-        self.thread_only_channel = thread_only_channel
         self.namespace: Optional[Dict[str, Any]] = None
         self._task_thread = threading.current_thread()
         if thread_rank:
@@ -131,7 +130,10 @@ class SessionRank:
         try:
             self._task(0, self._start_group if self.group is not None else (lambda: None))
             while True:
-                item = self.tasks.get()
+                try:
+                    item = self.tasks.get()
+                except KeyboardInterrupt:  # a thread rank's Interrupt that arrived as its task ended: too late
+                    continue
                 if item is None or isinstance(item[0], Shutdown):
                     return
                 command, fds = item
@@ -169,7 +171,7 @@ class SessionRank:
         reported = False
         self.busy = True
         try:
-            run_rank(load, self.sender, send_result=send_result, thread_only=self.thread_only_channel)
+            run_rank(load, self.sender, send_result=send_result, thread_only=self.thread_rank)
             reported = True
         except BaseException as late:  # an interrupt that came between run_rank's own steps
             if not reported:

@@ -102,7 +102,7 @@ def serve_session(sender: Any, command_fd: int) -> None:
     the kernel's ``Interrupt`` (a thread cannot be signalled), and no process group (XLA has its own)."""
     from ..session import SessionRank
 
-    SessionRank(sender, command_fd, thread_rank=True, thread_only_channel=True).serve()
+    SessionRank(sender, command_fd, thread_rank=True).serve()
 
 
 def _set_up_process(layout: DeviceLayout) -> None:
