@@ -40,6 +40,7 @@ from .rank.session import set_on_rank, value_on_rank
 from .rank.tracebacks import without_launcher_frames
 from .views import make_view
 from .monitor.resources import ResourceSampler
+from .views.model import label_lines
 from .views.session import SessionSummary, SessionView
 from .wire.channel import rank_channel
 from .wire.commands import Command, ExecuteCode, NewGroup, RunFunction, Shutdown
@@ -296,7 +297,7 @@ class Session:
             self._sampler.tick()
         self.view.update(SessionSummary(
             num_processes=self.num_processes, device=self.device, start_method=str(self.start_method),
-            status=self._state, runs=self.runs, restarts=self.restarts, pids=self.pids,
+            status=self._state, runs=self.runs, restarts=self.restarts,
             samples=dict(self._samples), notice=self._notice))
 
     def _restart_ranks(self, reason: str) -> str:
@@ -407,8 +408,7 @@ def _add_note(error: BaseException, note: str) -> None:
 def _print_output(event: RankEvent) -> None:
     """Where a session's own tasks (start, new group, close) send their events: output, labelled, on stderr."""
     if isinstance(event, (OutputLine, OutputLines)):
-        for text in event.texts:
-            print(f"[rank {event.rank}] {text}", file=sys.stderr)
+        sys.stderr.write(label_lines(event.rank, event.texts))
 
 
 def last_session() -> Optional[Session]:

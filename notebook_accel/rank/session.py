@@ -168,17 +168,14 @@ class SessionRank:
     def _task(self, task_id: int, work: Any, *, loader: bool = False, send_result: bool = False) -> None:
         """Run one task through ``run_rank`` (failure event or result, tqdm capture), then say it is done."""
         load = work if loader else (lambda: (work, (), {}))
-        reported = False
         self.busy = True
         try:
             run_rank(load, self.sender, send_result=send_result, thread_only=self.thread_rank)
-            reported = True
-        except BaseException as late:  # an interrupt that came between run_rank's own steps
-            if not reported:
-                try:
-                    self.sender.send(failure_event(self.sender.rank, late))
-                except Exception:
-                    pass
+        except BaseException as late:  # an interrupt that came between run_rank's own steps: still a failure
+            try:
+                self.sender.send(failure_event(self.sender.rank, late))
+            except Exception:
+                pass
         finally:
             self.busy = False
             flush_std_streams()  # before TaskDone: the kernel reads the output pipes up to it

@@ -26,7 +26,6 @@ class SessionSummary:
     status: str
     runs: int
     restarts: int
-    pids: List[int] = field(default_factory=list)
     samples: Dict[int, ResourceSample] = field(default_factory=dict)
     notice: Optional[str] = None
 

@@ -83,8 +83,6 @@ class Shutdown(Command):
     """End the rank the way a Python program ends (threads joined, atexit handlers run)."""
 
 
-CONTROL_COMMANDS = (BreakGroup, Interrupt)
-
 
 def session_socketpair() -> Tuple[socket.socket, socket.socket]:
     """``(kernel end, rank end)``: a connected pair of Unix stream sockets."""
