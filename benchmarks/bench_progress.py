@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import statistics
@@ -210,5 +211,6 @@ def bench_traffic():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     bench_cost()
     bench_traffic()

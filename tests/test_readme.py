@@ -8,28 +8,41 @@ import sys
 
 import pytest
 
+import doc_blocks
 from scripts import REPO, script_env
 
 
-def readme_blocks():
-    with open(os.path.join(REPO, "README.md")) as readme:
-        return re.findall(r"```bash\n(.*?)```", readme.read(), re.S)
+README = os.path.join(REPO, "README.md")
 
 
-def test_ci_runs_the_readme_test_commands():
-    test_block = next(block for block in readme_blocks() if "pytest" in block)
+def test_every_block_says_how_it_is_checked():
+    hows = {"python": doc_blocks.PYTHON_HOWS, "bash": doc_blocks.BASH_HOWS, "": doc_blocks.PLAIN_HOWS}
+    for block in doc_blocks.blocks(README):
+        assert block.how is not None, f"{block}: no <!-- readme-test: ... --> line above it"
+        assert block.how in hows.get(block.lang, ()), f"{block}: not a way to check a {block.lang or 'plain'} block"
+        assert block.how in {"run", "kernel cell"} or block.why, f"{block}: say why in (...)"
+
+
+def test_ci_runs_the_readme_set_up_and_test_commands():
+    """The README's first commands are what a fresh machine runs: .ci/run runs each line, in the same order."""
     with open(os.path.join(REPO, ".ci", "run")) as ci:
         ci_lines = [line.strip() for line in ci]
-    commands = [line.strip() for line in test_block.splitlines() if line.strip() and not line.startswith("#")]
-    assert commands, "the README has no test commands"
-    for command in commands:
-        assert command in ci_lines, f"README command not in .ci/run: {command}"
+    blocks = doc_blocks.of(README, "ci", "bash")
+    assert [block.line for block in blocks] == [block.line for block in doc_blocks.blocks(README)[1:3]], \
+        "the set-up and test commands must be the README's first shell blocks"
+    for block in blocks:
+        commands = doc_blocks.command_lines(block.code)
+        assert commands, f"{block}: no commands"
+        where = [ci_lines.index(command) if command in ci_lines else -1 for command in commands]
+        assert -1 not in where, f"{block}: not in .ci/run: {commands[where.index(-1)]}"
+        assert where == sorted(where), f"{block}: .ci/run runs these in another order"
+    assert any("pytest" in block.code for block in blocks) and any("notebook_accel.demo" in block.code
+                                                                  for block in blocks)
 
 
 @pytest.mark.timeout(180)
 def test_demo_trains_over_two_cpu_processes(tmp_path):
-    demo_block = readme_blocks()[0]
-    assert "python -m notebook_accel.demo" in demo_block
+    assert "python -m notebook_accel.demo" in doc_blocks.of(README, "ci", "bash")[0].code
     done = subprocess.run([sys.executable, "-m", "notebook_accel.demo", "--epochs", "4"], cwd=tmp_path,
                           env=script_env(), capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -42,24 +55,6 @@ def test_demo_trains_over_two_cpu_processes(tmp_path):
 
 # ------------------------------------------------------------------------------------- the README's Python
 
-PYTHON_BLOCK = re.compile(r"<!-- readme-test: (?P<how>[a-z ]+?)(?: \((?P<why>[^)]*)\))? -->\n```python\n(?P<code>.*?)```",
-                          re.S)
-
-
-def python_blocks():
-    with open(os.path.join(REPO, "README.md")) as readme:
-        text = readme.read()
-    marked = [match.groupdict() for match in PYTHON_BLOCK.finditer(text)]
-    return text.count("```python"), marked
-
-
-def test_every_python_block_says_how_it_is_checked():
-    total, marked = python_blocks()
-    assert len(marked) == total, "a ```python block in README.md has no <!-- readme-test: ... --> line above it"
-    assert {block["how"] for block in marked} <= {"run", "signature", "names only", "kernel cell"}
-    assert all(block["why"] for block in marked if block["how"] != "run")
-
-
 def _launcher_keywords(code: str):
     import ast
 
@@ -70,7 +65,7 @@ def _launcher_keywords(code: str):
 def test_blocks_that_cannot_run_here_name_only_real_options():
     from notebook_accel.plan.options import OPTIONS
 
-    blocks = [block["code"] for block in python_blocks()[1] if block["how"] == "names only"]
+    blocks = [block.code for block in doc_blocks.of(README, "names only", "python")]
     assert blocks and all(_launcher_keywords(code) for code in blocks)
     for code in blocks:
         assert set(_launcher_keywords(code)) <= set(OPTIONS) | {"args", "kwargs", "config"}, code
@@ -82,7 +77,7 @@ def test_the_signature_block_is_the_launchers_signature():
 
     from notebook_accel import notebook_launcher
 
-    code = next(block["code"] for block in python_blocks()[1] if block["how"] == "signature")
+    code = doc_blocks.of(README, "signature", "python")[0].code
     without_comments = "\n".join(line.split("#")[0].rstrip() for line in code.strip().splitlines())
     definition = ast.parse("def " + without_comments + ": pass").body[0]
     arguments = definition.args
@@ -109,19 +104,37 @@ def make_loader():
 
 loss_fn = torch.nn.functional.cross_entropy
 '''
+RUN_BLOCKS = doc_blocks.of(README, "run", "python")
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("index", range(sum(1 for block in python_blocks()[1] if block["how"] == "run")))
-def test_runnable_blocks_run_as_written(index, tmp_path):
-    code = [block["code"] for block in python_blocks()[1] if block["how"] == "run"][index]
+@pytest.mark.parametrize("block", RUN_BLOCKS, ids=[f"line{block.line}" for block in RUN_BLOCKS])
+def test_runnable_blocks_run_as_written(block, tmp_path):
     check = "\nprint('STATE', sorted(state), all(isinstance(v, torch.Tensor) for v in state.values()))\n"
     script = tmp_path / "readme_block.py"
-    script.write_text(STAND_INS + code + check)
+    script.write_text(STAND_INS + block.code + check)
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=script_env(), capture_output=True,
                           text=True, timeout=170)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "STATE ['0.bias', '0.weight', '2.bias', '2.weight'] True" in done.stdout
+
+
+@pytest.mark.timeout(240)
+def test_the_tpu_block_runs_on_a_fake_tpu_host(tmp_path):
+    """No TPU here: the block runs on a fake v5e-2 host (fake sysfs and the fake torch_xla, tests/fake_tpu.py)."""
+    from fake_tpu import tpu_host_env
+
+    (block,) = doc_blocks.of(README, "fake tpu", "python")
+    stand_in = ("from notebook_accel import notebook_launcher\n"
+                "def train():\n    import torch_xla.runtime as xr\n    return xr.global_ordinal()\n")
+    script = tmp_path / "tpu_block.py"
+    script.write_text(stand_in + block.code + "\nprint('STATE', state)\n")
+    env = {**tpu_host_env(str(tmp_path / "sysfs"), "v5e-2"), "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=220)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "STATE 0" in done.stdout  # rank 0's value, from the last assignment (one core)
+    assert os.listdir(tmp_path / "xla_cache"), "compile_cache='~/xla_cache' made no cache"
 
 
 def test_the_notebooks_run_top_to_bottom_as_run_all_does():
@@ -138,18 +151,81 @@ def test_the_notebooks_run_top_to_bottom_as_run_all_does():
         assert skipped == [], f"{os.path.basename(path)}: cells {skipped} are skipped by the test run"
 
 
+def _shown(cell) -> str:
+    """What a kernel cell shows as its value (its last expression's repr)."""
+    return "".join(output["data"]["text/plain"] for output in cell.outputs if output["output_type"] == "execute_result")
+
+
 @pytest.mark.timeout(180)
 def test_kernel_cell_blocks_run_in_a_real_kernel(tmp_path, monkeypatch):
-    """The Session blocks (IPython syntax: ``%%ranks``, ``%load_ext``) run as consecutive cells of a notebook."""
+    """The Session blocks (IPython syntax: ``%%ranks``, ``%load_ext``) run as consecutive cells of a notebook,
+    and each ``output`` block is what the cell above it shows."""
     import nbformat
     from nbclient import NotebookClient
 
-    cells = [block["code"] for block in python_blocks()[1] if block["how"] == "kernel cell"]
-    assert cells and any(cell.startswith("%%ranks") for cell in cells)
+    page = doc_blocks.blocks(README)
+    cells = [block for block in page if block.how == "kernel cell"]
+    expected = {page[index - 1].line: block.code.strip() for index, block in enumerate(page)
+                if block.how == "output" and page[index - 1].how == "kernel cell"}
+    assert len(expected) == len(doc_blocks.of(README, "output")), "an output block not right after a kernel cell"
+    assert cells and any(cell.code.startswith("%%ranks") for cell in cells) and expected
     monkeypatch.setenv("PYTHONPATH", script_env()["PYTHONPATH"])  # the notebook_accel under test
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell) for cell in cells])
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell.code) for cell in cells])
     NotebookClient(notebook, timeout=120, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()  # raises on a cell's error
     ranks_cell = next(cell for cell in notebook.cells if cell.source.startswith("%%ranks"))
     printed = "".join(output.get("text", "") for output in ranks_cell.outputs)
     assert "[rank 0] tensor(" in printed and "[rank 1] tensor(" in printed, printed
+    for block, cell in zip(cells, notebook.cells):
+        if block.line in expected:
+            assert _shown(cell) == expected[block.line], f"{block}: shows {_shown(cell)!r}"
+
+
+# ------------------------------------------------------------------------------------- the README's shell
+
+def _stand_in_scripts(folder) -> None:
+    script = ("import os, sys\n"
+              "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'args', sys.argv[1:])\n")
+    (folder / "train.py").write_text(script)
+    (folder / "my_package").mkdir()
+    (folder / "my_package" / "__init__.py").write_text("")
+    (folder / "my_package" / "train.py").write_text(script)
+
+
+@pytest.mark.timeout(300)
+def test_shell_blocks_run_line_by_line(tmp_path):
+    blocks = doc_blocks.of(README, "shell", "bash")
+    assert blocks
+    _stand_in_scripts(tmp_path)
+    env = {**script_env(), "HF_HOME": str(tmp_path / "hf"), "HOME": str(tmp_path)}
+    env.pop("NOTEBOOK_ACCEL_CONFIG_FILE", None)
+    for block in blocks:
+        for command in doc_blocks.command_lines(block.code):
+            done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, input="\n" * 40, capture_output=True,
+                                  text=True, timeout=240)
+            output = done.stdout + done.stderr
+            assert done.returncode == 0, f"{block}: `{command}` exited {done.returncode}:\n{output[-3000:]}"
+            if " launch " in f" {command} ":
+                assert "args ['--epochs', '3']" in output or "args ['--lr', '3e-4']" in output, output[-2000:]
+    assert (tmp_path / "hf" / "notebook_accel" / "default_config.yaml").exists()
+
+
+def test_files_blocks_name_scripts_that_exist_and_extras_that_exist():
+    import configparser
+
+    setup = configparser.ConfigParser()
+    setup.read(os.path.join(REPO, "setup.cfg"))
+    extras = set(setup["options.extras_require"])
+    blocks = doc_blocks.of(README, "files", "bash")
+    assert blocks
+    for block in blocks:
+        for command in doc_blocks.command_lines(block.code):
+            for extra in re.findall(r'pip install "\.\[([\w,]+)\]"', command):
+                assert set(extra.split(",")) <= extras, f"{block}: no extra {extra}"
+            for script in re.findall(r"((?:benchmarks|scripts)/[\w./]+)", command):
+                path = os.path.join(REPO, script)
+                assert os.path.isfile(path), f"{block}: {script} does not exist"
+                if script.endswith(".py"):
+                    done = subprocess.run([sys.executable, path, "--help"], env=script_env(), capture_output=True,
+                                          text=True, timeout=120)
+                    assert done.returncode == 0 and "usage" in done.stdout, f"{script} --help: {done.stderr[-2000:]}"

@@ -1,0 +1,72 @@
+"""The fenced code blocks of a Markdown page, each with the ``<!-- readme-test: HOW (WHY) -->`` line above it that
+says how the tests check it. Every block must have one: a block nobody runs is a block that can lie.
+
+HOW, for ``python`` blocks:
+  run           executed as a script (with small stand-ins for the user's own ``make_model``, ...)
+  kernel cell   executed as one cell of a real Jupyter kernel, the page's kernel cells in order
+  fake tpu      executed as a script on a fake TPU host (tests/fake_tpu.py: no TPU here)
+  signature     compared with the function's real signature
+  names only    only the names are checked (WHY says what it needs that the test machine lacks)
+and for ``bash`` blocks:
+  ci            the set-up and test commands: ``.ci/run`` runs them (checked line by line)
+  shell         executed line by line in a temporary directory (WHY says with which stand-ins)
+  files         the scripts it names exist and answer ``--help``, the extras it installs exist (WHY says why it
+                is not run whole)
+and for plain blocks (no language):
+  output        what the ``kernel cell`` block above it shows (its last expression's value), compared
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import List, Optional
+
+PYTHON_HOWS = {"run", "kernel cell", "fake tpu", "signature", "names only"}
+BASH_HOWS = {"ci", "shell", "files"}
+PLAIN_HOWS = {"output"}
+
+_FENCE = re.compile(r"^```(?P<lang>\w*)\n(?P<code>.*?)^```", re.S | re.M)
+_MARKER = re.compile(r"<!-- readme-test: (?P<how>[a-z ]+?)(?: \((?P<why>[^)]*)\))? -->\n$")
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int          # of the opening fence, 1-based
+    lang: str
+    code: str
+    how: Optional[str]  # None: no marker above the fence
+    why: Optional[str]
+
+    def __str__(self) -> str:
+        return f"{os.path.basename(self.page)}:{self.line} ({self.lang}, {self.how})"
+
+
+def blocks(page: str) -> List[Block]:
+    """Every fenced block of ``page`` with its marker (``how`` None where there is none)."""
+    with open(page) as handle:
+        text = handle.read()
+    found = []
+    for fence in _FENCE.finditer(text):
+        before = text[:fence.start()]
+        previous_line = before[before.rstrip("\n").rfind("\n") + 1:] if before.endswith("\n") else ""
+        marker = _MARKER.match(previous_line)
+        found.append(Block(page=page, line=before.count("\n") + 1, lang=fence.group("lang"), code=fence.group("code"),
+                           how=marker.group("how") if marker else None, why=marker.group("why") if marker else None))
+    return found
+
+
+def of(page: str, how: str, lang: Optional[str] = None) -> List[Block]:
+    """The blocks of ``page`` checked ``how``."""
+    return [block for block in blocks(page) if block.how == how and (lang is None or block.lang == lang)]
+
+
+def command_lines(code: str) -> List[str]:
+    """A bash block's commands: its lines without comments (a trailing ``# ...`` too) and blank lines."""
+    commands = []
+    for line in code.splitlines():
+        command = re.sub(r"\s+#.*$", "", line).strip()
+        if command and not command.startswith("#"):
+            commands.append(command)
+    return commands
