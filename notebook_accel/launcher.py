@@ -197,7 +197,9 @@ class Launch:
                 outcome = self._run_backend(store)
             except KeyboardInterrupt as interrupt:
                 outcome = Outcome(Status.STOPPED)
-                self.error = interrupt
+                # Ctrl-C landed in the kernel's own waiting (the supervisor's poll, selectors): those frames say
+                # nothing to the user; raised, the interrupt starts at the call in their cell, as a rank's error does.
+                self.error = interrupt.with_traceback(None)
             self._finish(outcome, time.monotonic() - started)
         finally:
             self.resources.close()
@@ -228,11 +230,11 @@ class Launch:
             where = "".join(f"\n[rank {rank}] {fold_stack_dump(text)}"
                             for rank, text in sorted(outcome.stacks.items()))
             self.error = LaunchTimeout(
-                f"the launch ran past timeout={self.plan.timeout:g} s and was stopped; ranks still running: "
-                f"{ranks}" + (f". Where they were:{where}" if where else ""),
+                f"the {self.backend.job} ran past timeout={self.plan.timeout:g} s and was stopped; ranks still "
+                f"running: {ranks}" + (f". Where they were:{where}" if where else ""),
                 still_running=outcome.still_running, stacks=outcome.stacks)
         elif outcome.status == Status.STOPPED and self.error is None:
-            self.error = outcome.local_exception or KeyboardInterrupt("the launch was stopped")
+            self.error = outcome.local_exception or KeyboardInterrupt(f"the {self.backend.job} was stopped")
         failure = root.event if root is not None else None
         self._deliver(LaunchFinished(
             rank=-1, status=self.status, elapsed=elapsed, root_rank=root.rank if root else None,

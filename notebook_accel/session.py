@@ -23,7 +23,7 @@ import sys
 import threading
 import weakref
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
 
 from .backends.processes.supervisor import Supervisor
 from .backends.rendezvous import HostedStore
@@ -38,7 +38,7 @@ from .plan.options import with_defaults
 from .plan.plan import LaunchPlan, plan_launch
 from .rank.session import set_on_rank, value_on_rank
 from .rank.tracebacks import without_launcher_frames
-from .views import make_view
+from .views import OutputView, make_view
 from .monitor.resources import ResourceSampler
 from .views.model import label_lines
 from .views.session import SessionSummary, SessionView
@@ -69,7 +69,13 @@ class Session:
         **options: the launcher's options (``device``, ``mixed_precision``, ``start_method``, ``display``,
             ``timeout`` — the default for each run —, ``master_addr``, ``use_port``, ``config``). Several nodes
             and ``max_restarts`` are refused for now. On TPU (``device="xla"``) the XLA host's device threads
-            are the warm ranks, each with a namespace of its own.
+            are the warm ranks, each with a namespace of its own. ``display="none"`` turns the session's row and
+            the runs' dashboards off; a ``%%ranks`` cell still shows what the ranks printed, labelled.
+
+    Each rank keeps one namespace. A name the rank set itself (``global x`` in a run, a ``%%ranks`` cell,
+    ``push``) is its own: a run's function sees it, and the kernel's same-named global never replaces it (a
+    one-line note says so the first time). The kernel's other globals a function uses travel with each run,
+    as they are in the kernel then.
 
     >>> session = Session(num_processes=2, display="none")        # doctest: +SKIP
     >>> session.run(lambda: __import__("os").environ["RANK"], return_all=True)   # doctest: +SKIP
@@ -102,7 +108,8 @@ class Session:
         self.view = SessionView(self._plan.display)
         self._samples: Dict[int, ResourceSample] = {}
         self._sampler: Optional[ResourceSampler] = None
-        self._notice: Optional[str] = None
+        self._notice: Optional[str] = None  # what the session last did on its own, until the next task
+        self._noted_shadowed: Set[str] = set()  # kernel names already said to be the ranks' own
         # Garbage collection of a session ends its ranks (the kernel's exit does too: lifeline and PDEATHSIG).
         self._finalizer = weakref.finalize(self, lambda: None)  # replaced once the ranks exist
         try:
@@ -119,8 +126,9 @@ class Session:
         """Run ``function(*args, **kwargs)`` on every rank, in its namespace; return rank 0's value (a list by
         rank with ``return_all``) or raise the root cause, as ``notebook_launcher`` does.
 
-        The function's globals are the rank's namespace: the names it uses that the kernel has are sent with it,
-        names only the rank has resolve there, and ``global x`` keeps ``x`` on the rank for later runs.
+        The function's globals are the rank's namespace: names only the rank has resolve there, ``global x``
+        keeps ``x`` on the rank for later runs, and the names it uses that the kernel has are sent with it —
+        except those the rank set itself (``global``, ``%%ranks``, ``push``): the rank's own value wins.
         """
         __tracebackhide__ = True  # noqa: F841
         _check_call(function, args, kwargs)
@@ -136,7 +144,8 @@ class Session:
 
     def execute(self, code: str, timeout: Optional[float] = None, display: Optional[str] = None) -> None:
         """Run a cell's source on every rank, in its namespace (what ``%%ranks`` does); a last expression's
-        value is printed by each rank, labelled with its rank."""
+        value is printed by each rank, labelled with its rank. With ``display="none"`` the ranks' output is
+        still shown (a cell the user typed shows what it printed), without a dashboard."""
         __tracebackhide__ = True  # noqa: F841
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
@@ -146,7 +155,7 @@ class Session:
             raise error.with_traceback(None) from None
         filename = f"<%%ranks cell {self.runs + 1}>"
         self._task(ExecuteCode(task_id=0, code=code, filename=filename), [], "%%ranks", return_all=False,
-                   timeout=timeout, display=display)
+                   timeout=timeout, display=display, typed_cell=True)
 
     def pull(self, name: str) -> List[Any]:
         """The value of ``name`` in each rank's namespace, as a list by rank."""
@@ -197,12 +206,14 @@ class Session:
     # ------------------------------------------------------------------------------------------- tasks
 
     def _task(self, command: Command, fds: List[int], name: str, *, return_all: bool, timeout: Optional[float],
-              display: Optional[str]) -> Any:
+              display: Optional[str], typed_cell: bool = False) -> Any:
         __tracebackhide__ = True  # noqa: F841
         self._check_open()
         plan = dataclasses.replace(self._plan, function_name=name, return_all=return_all,
                                    timeout=self._plan.timeout if timeout is None else _seconds(timeout),
                                    display=display or self._plan.display)
+        # No dashboard is no dashboard; but a cell the user typed shows what it printed.
+        view = OutputView() if typed_cell and plan.display == "none" else make_view(plan.display)
         with self._exclusive():
             task_id = next(self._tasks)
             command.task_id = task_id  # type: ignore[attr-defined]
@@ -211,7 +222,7 @@ class Session:
                                         command=command, fds=fds, recover_timeout=self.recover_timeout,
                                         after=lambda supervisor, deliver: notices.extend(
                                             self._recover(supervisor, deliver)))
-            launch = Launch(plan, view=make_view(plan.display), backend=backend)
+            launch = Launch(plan, view=view, backend=backend)
             launch.resources.postpone_sample()  # a warm run may take milliseconds: sample once it lasts a second
             try:
                 return launch.run()
@@ -223,6 +234,17 @@ class Session:
                 raise without_launcher_frames(error)
             finally:
                 self.runs += 1
+                if backend.supervisor is not None:
+                    self._note_shadowed(backend.supervisor.shadowed)
+
+    def _note_shadowed(self, names: Iterable[str]) -> None:
+        """Say once per name that a run used the ranks' own value of a name the kernel has too."""
+        new = sorted(set(names) - self._noted_shadowed)
+        if new:
+            self._noted_shadowed.update(new)
+            listed = ", ".join(f"`{name}`" for name in new)
+            print(f"notebook_accel: runs use the ranks' own {listed} (set there by `global`, %%ranks or push), "
+                  f"not the kernel's (said once per name)", file=sys.stderr)
 
     def _recover(self, supervisor: SessionSupervisor, deliver: Callable[[RankEvent], None]) -> List[str]:
         """After a task: restart the ranks if one is gone or stuck; replace the process group if the task left it
@@ -304,8 +326,9 @@ class Session:
         self._kill_ranks()
         self.restarts += 1
         self._generation += 1
+        self._notice = f"ranks restarted: state lost ({reason})"  # what the row says once they are up again
         self._start_ranks()
-        return f"ranks restarted: state lost ({reason})"
+        return self._notice
 
     def _kill_ranks(self) -> None:
         if self._processes is not None:
@@ -332,6 +355,7 @@ class Session:
                 self._sampler.close()
             self._store.close()
             self._state = "closed"
+            self._notice = None
             self._show()
 
     def _check_open(self) -> None:
@@ -346,6 +370,7 @@ class Session:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this session is busy with another run; wait for it (one task at a time)")
         self._state = "busy"
+        self._notice = None  # the row's "last: ..." told of the task before this one
         self._show()
         try:
             yield

@@ -6,11 +6,14 @@ rank behind. Bounds on time are generous (they catch a hang, not a slow machine)
 from __future__ import annotations
 
 import gc
+import itertools
+import linecache
 import os
 import signal
 import textwrap
 import threading
 import time
+import traceback
 
 import psutil
 import pytest
@@ -28,11 +31,18 @@ START_METHODS = ["fork", "forkserver", "spawn"]
 
 # ------------------------------------------------------------------------------- functions the tests run
 
+_cells = itertools.count(1)
+
+
 def notebook_cell(source: str) -> dict:
     """Run ``source`` as a notebook cell runs: in a namespace named ``__main__``, so that its functions travel
-    by value with the notebook's globals, as they do from a Jupyter kernel."""
+    by value with the notebook's globals, as they do from a Jupyter kernel; its source is in ``linecache``
+    under a name of its own, as IPython keeps a cell's (no file on disk holds it)."""
+    source = textwrap.dedent(source)
+    filename = f"/notebook/cell-{next(_cells)}.py"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     namespace = {"__name__": "__main__", "os": os, "time": time, "torch": torch, "signal": signal}
-    exec(compile(textwrap.dedent(source), "<notebook cell>", "exec"), namespace)
+    exec(compile(source, filename, "exec"), namespace)
     return namespace
 
 
@@ -140,6 +150,106 @@ def test_one_rank_session_runs_in_its_own_process():
         assert session.run(all_reduce_rank) == 1.0
 
 
+# ------------------------------------------------------------------------- whose names: the rank's or the kernel's
+
+OWN_STATE = notebook_cell("""
+    def load():
+        global model
+        model = torch.nn.Linear(8, 1)
+        torch.nn.init.constant_(model.weight, 1.0)
+
+    def peek():
+        return model.weight.sum().item()
+""")
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_a_kernel_name_never_replaces_what_a_rank_set(start_method, capsys):
+    kernel = OWN_STATE
+    with Session(num_processes=2, start_method=start_method, display="none") as session:
+        session.run(kernel["load"])
+        kernel["model"] = torch.nn.Linear(8, 1)  # the kernel has a `model` too: very common
+        try:
+            assert session.run(kernel["peek"], return_all=True) == [8.0, 8.0]  # the rank's, not the kernel's
+            first = capsys.readouterr().err
+            assert session.run(kernel["peek"]) == 8.0
+            again = capsys.readouterr().err
+        finally:
+            del kernel["model"]
+        assert session.run(kernel["peek"]) == 8.0  # ... and it is still there once the kernel's is gone
+        assert [model.weight.sum().item() for model in session.pull("model")] == [8.0, 8.0]
+        session.execute("model.weight.sum().item()")
+        assert "[rank 0] 8.0" in capsys.readouterr().out
+    assert "`model`" in first and "kernel" in first and len(first.strip().splitlines()) == 1, first
+    assert "`model`" not in again  # said once
+
+
+KERNEL_NAMES = notebook_cell("""
+    lr = 0.1
+
+    def current_lr():
+        return lr
+
+    def scaled(x):          # a helper in the kernel ...
+        return x * factor   # ... using a name only the ranks have
+
+    def use_helper():
+        return scaled(2)
+
+    def activation(x):
+        return torch.relu(x) + offset
+
+    offset = 1.0
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(2, 1)
+            torch.nn.init.constant_(self.fc.weight, 1.0)
+            torch.nn.init.constant_(self.fc.bias, 0.0)
+
+        def forward(self, x):
+            return activation(self.fc(x))   # a kernel helper, called later from a %%ranks cell
+
+    def build():
+        global net
+        net = Net()
+""")
+
+
+def test_the_kernels_names_fill_what_a_rank_lacks_and_follow_the_kernel(capsys):
+    kernel, said = KERNEL_NAMES, []
+
+    def printed() -> str:
+        shown = capsys.readouterr()
+        said.append(shown.err)
+        return shown.out
+
+    with Session(num_processes=2, display="none") as session:
+        session.execute("import torch")  # the rank's own `torch`: the very module the kernel's is, no note
+        assert session.run(kernel["current_lr"]) == 0.1
+        kernel["lr"] = 0.5
+        try:
+            assert session.run(kernel["current_lr"], return_all=True) == [0.5, 0.5]  # never the rank's own
+        finally:
+            kernel["lr"] = 0.1
+        session.push(factor=3)
+        assert session.run(kernel["use_helper"]) == 6
+        build = kernel["build"]
+        session.run(build)
+        session.execute("net(torch.ones(1, 2)).item()")  # Net.forward's helper is on the rank
+        assert "[rank 0] 3.0" in printed()
+        kernel["offset"] = 10.0
+        try:
+            session.run(build)  # the kernel's helpers and values, as they are now
+            session.execute("net(torch.ones(1, 2)).item()")
+            assert "[rank 1] 12.0" in printed()
+        finally:
+            kernel["offset"] = 1.0
+    printed()
+    assert "kernel" not in "".join(said), said  # nothing of the rank's was shadowed
+
+
 # --------------------------------------------------------------------------------------- failure, recovery
 
 def test_a_failure_while_a_peer_blocks_in_all_reduce_keeps_the_ranks_and_replaces_the_group():
@@ -168,16 +278,20 @@ def test_a_plain_failure_on_every_rank_keeps_the_group():
         assert session.run(all_reduce_rank, return_all=True) == [3.0, 3.0]
 
 
-def test_a_timeout_interrupts_the_run_and_keeps_the_state():
-    with Session(num_processes=2, display="none") as session:
+def test_a_timeout_interrupts_the_run_and_keeps_the_state(capsys):
+    with Session(num_processes=2, display="text") as session:
         session.run(load_model, args=(2,))
-        with pytest.raises(LaunchTimeout):
+        capsys.readouterr()
+        with pytest.raises(LaunchTimeout, match=r"^the run ran past timeout=1 s"):  # a run, not a launch
             session.run(time.sleep, args=(60,), timeout=1)
+        summary = capsys.readouterr().out
+        assert "[rank 0] stopped" in summary and "[rank 1] stopped" in summary, summary  # as a launch's ranks
+        assert "failed" not in summary, summary
         assert session.run(model_shape, return_all=True) == [((1, 2), 1)] * 2
         assert session.restarts == 0
 
 
-def test_kernel_interrupt_stops_the_run_on_every_rank_and_keeps_the_state():
+def test_kernel_interrupt_stops_the_run_on_every_rank_and_keeps_the_state(capsys):
     sleep_and_mark = notebook_cell("""
         def sleep_and_mark():
             global interrupted
@@ -188,18 +302,25 @@ def test_kernel_interrupt_stops_the_run_on_every_rank_and_keeps_the_state():
                 interrupted = True
                 raise
     """)["sleep_and_mark"]
-    with Session(num_processes=2, display="none") as session:
+    with Session(num_processes=2, display="text") as session:
         session.run(load_model, args=(5,))
+        capsys.readouterr()
 
         timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))  # Jupyter's interrupt button
         timer.start()
         started = time.monotonic()
         try:
-            with pytest.raises(KeyboardInterrupt):
+            with pytest.raises(KeyboardInterrupt) as raised:
                 session.run(sleep_and_mark)
         finally:
             timer.cancel()
         assert time.monotonic() - started < 30
+        summary = capsys.readouterr().out
+        assert "[rank 0] stopped" in summary and "[rank 1] stopped" in summary, summary
+        # The traceback ends at the session call: no frame of the kernel's waiting (selectors, threading).
+        frames = traceback.extract_tb(raised.value.__traceback__)
+        assert [frame.filename for frame in frames
+                if frame.filename != __file__ and "notebook_accel" not in frame.filename] == [], frames
         assert session.pull("interrupted") == [True, True]
         assert session.run(model_shape) == ((1, 5), 1)
 
@@ -237,6 +358,79 @@ def test_a_rank_stuck_past_recover_timeout_restarts_the_session():
         notes = " ".join(raised.value.__notes__)
         assert "ranks restarted: state lost" in notes and "rank 1 did not stop within 1 s" in notes
         assert session.run(all_reduce_rank, return_all=True) == [3.0, 3.0]
+
+
+def test_the_session_row_says_what_happened_last_and_only_until_the_next_run(capsys):
+    def rank_one_dies():
+        if os.environ["RANK"] == "1":
+            os._exit(3)
+
+    def rank_one_is_stuck():
+        if os.environ["RANK"] == "1":
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as if stuck in C++ code
+            time.sleep(120)
+        raise RuntimeError("rank 0 failed")
+
+    with Session(num_processes=2, display="text", recover_timeout=1) as session:
+        summaries = []
+        show = session.view.update
+        session.view.update = lambda summary: (summaries.append(summary), show(summary))
+        with pytest.raises(ValueError):
+            session.run(rank_zero_fails_while_one_waits)
+        assert "the process group was replaced" in (summaries[-1].notice or ""), summaries[-1]
+        assert session.run(all_reduce_rank) == 3.0
+        assert summaries[-1].notice is None, summaries[-1]  # a later run: the row no longer says "last: ..."
+        capsys.readouterr()
+        with pytest.raises(LaunchError):
+            session.run(rank_one_dies)
+        restarted = capsys.readouterr().err
+        with pytest.raises(RuntimeError):
+            session.run(rank_one_is_stuck)
+        restarted_again = capsys.readouterr().err
+    closed = capsys.readouterr().err
+    assert "ranks restarted: state lost (rank 1 died)" in restarted, restarted  # this restart's reason
+    assert "did not stop within 1 s" in restarted_again and "rank 1 died" not in restarted_again, restarted_again
+    assert "closed" in closed and "restarted:" not in closed, closed
+
+
+# ------------------------------------------------------------------------------------ what a user sees
+
+def test_a_ranks_cell_shows_what_it_printed_when_the_dashboard_is_off(capsys):
+    with Session(num_processes=2, display="none") as session:
+        session.execute("import os, sys\nprint('hello from', os.environ['RANK'])\n"
+                        "print('careful', file=sys.stderr)\nint(os.environ['RANK']) * 10")
+        shown = capsys.readouterr()
+        assert "[rank 0] hello from 0" in shown.out and "[rank 1] hello from 1" in shown.out, shown
+        assert "[rank 0] 0" in shown.out and "[rank 1] 10" in shown.out, shown  # the last expression's value
+        assert "[rank 1] careful" in shown.err, shown
+        assert "notebook_accel" not in shown.out + shown.err  # and nothing else: the dashboard is off
+        session.run(print, args=("from a run",))  # a function's prints follow `display`, as a launch's do
+        assert "from a run" not in capsys.readouterr().out
+
+
+FAILS = notebook_cell("""
+    def fails(step):
+        loss = step * 2
+        raise ValueError(f"loss {loss} at step {step}")
+""")["fails"]
+
+
+def test_a_run_traceback_shows_the_users_source_lines():
+    with Session(num_processes=2, display="none") as session:
+        with pytest.raises(ValueError, match="loss 6 at step 3") as raised:
+            session.run(FAILS, args=(3,))
+    remote = str(raised.value.__cause__)
+    assert 'raise ValueError(f"loss {loss} at step {step}")' in remote, remote
+    assert "/notebook/cell-" in remote and "<dynamic-code>" not in remote, remote
+
+
+def test_a_fork_server_launch_traceback_shows_the_users_source_lines_too():
+    from notebook_accel import notebook_launcher
+
+    with pytest.raises(ValueError, match="loss 2 at step 1") as raised:
+        notebook_launcher(FAILS, args=(1,), num_processes=2, start_method="forkserver", display="none")
+    remote = str(raised.value.__cause__)
+    assert 'raise ValueError(f"loss {loss} at step {step}")' in remote and "<dynamic-code>" not in remote, remote
 
 
 # --------------------------------------------------------------------------------------- nothing left behind

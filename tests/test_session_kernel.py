@@ -14,13 +14,14 @@ from waiting import wait_until
 pytestmark = pytest.mark.timeout(240)
 
 CELLS = [
-    # 0: the set-up a user writes
+    # 0: the set-up a user writes (the session's row: a widget, with a text summary for a saved notebook)
     """
 import os, time
 import torch
 from notebook_accel import Session
 %load_ext notebook_accel
-session = Session(num_processes=2, display="text")
+threshold = 1               # a kernel name the forked ranks inherit: still the kernel's
+session = Session(num_processes=2)
 print("PIDS", *session.pids)
 """,
     # 1: a function from the notebook loads state on every rank
@@ -47,7 +48,32 @@ class RankProblem(Exception):
 if dist.get_rank() == 1:
     raise RankProblem("rank one is unhappy")
 """,
-    # 4: a long run, interrupted as by the Interrupt button (nbclient's interrupt_on_timeout)
+    # 4: the kernel has a `model` too: the ranks' own is what runs use, and it stays theirs
+    """
+model = torch.nn.Linear(3, 1)
+threshold = 2
+
+def peek():
+    return round(model.weight.sum().item(), 4)
+
+print("OWN", session.run(peek, return_all=True) == [weight for weight in session.pull("weight_sum")],
+      session.run(peek) != peek())
+print("THRESHOLD", session.run(lambda: threshold))
+del model
+""",
+    # 5: ... also for a %%ranks cell, once the kernel's is gone
+    """%%ranks
+round(model.weight.sum().item(), 4) == weight_sum
+""",
+    # 6: a run's error shows the cell's own lines
+    """
+def fails(step):
+    loss = step * 2
+    raise ValueError(f"loss {loss} at step {step}")
+
+session.run(fails, args=(3,))
+""",
+    # 7: a long run, interrupted as by the Interrupt button (nbclient's interrupt_on_timeout)
     """
 def sleepy():
     global interrupted
@@ -61,14 +87,33 @@ def sleepy():
 
 session.run(sleepy)
 """,
-    # 5: the state survived all of it, on the same processes
+    # 8: the state survived all of it, on the same processes
     """
 print("PULL", session.pull("interrupted"), session.pull("weight_sum") == [session.pull("weight_sum")[0]] * 2)
 print("PIDS", *session.pids, "STATUS", session.status, "RESTARTS", session.restarts)
 """,
+    # 9: a session without a dashboard: a %%ranks cell still shows what it printed
+    """
+quiet = Session(num_processes=1, display="none")
+""",
+    """%%ranks quiet
+print("quiet hello")
+6 * 7
+""",
+    # 11: closed: the saved notebook's text says so
+    """
+quiet.close()
+session.close()
+""",
 ]
 
 INTERRUPT_AFTER = 15  # seconds: the other cells take a few (under a 2-core load, 4 s for all of them)
+
+
+def plain_text(cell) -> str:
+    """What a saved notebook shows for the cell's displays where widgets do not render (GitHub, nbconvert)."""
+    return "".join(output.get("data", {}).get("text/plain", "") for output in cell.outputs
+                   if output.output_type in ("display_data", "execute_result"))
 
 
 def test_a_session_in_a_real_kernel(tmp_path, monkeypatch):
@@ -77,11 +122,13 @@ def test_a_session_in_a_real_kernel(tmp_path, monkeypatch):
     client = NotebookClient(notebook, timeout=INTERRUPT_AFTER, interrupt_on_timeout=True, allow_errors=True,
                             kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     with client.setup_kernel():
-        for index, cell in enumerate(notebook.cells):
+        for index, cell in enumerate(notebook.cells[:-1]):
             client.execute_cell(cell, index)
         outputs = [cell_text(cell) for cell in notebook.cells]
         pids = [int(pid) for pid in outputs[0].split("PIDS")[1].split()[:2]]
         assert all(psutil.pid_exists(pid) for pid in pids)
+        row_while_open = plain_text(notebook.cells[0])
+        client.execute_cell(notebook.cells[-1], len(notebook.cells) - 1)
         kernel_pid = client.km.provisioner.process.pid
     # The kernel is gone (shut down as a notebook closes): so are its ranks.
     wait_until(lambda: not any(psutil.pid_exists(pid) for pid in pids), 20, "the closed kernel's ranks to end")
@@ -95,9 +142,27 @@ def test_a_session_in_a_real_kernel(tmp_path, monkeypatch):
     assert error and error[0].ename == "RankProblem" and error[0].evalue == "rank one is unhappy", outputs[3]
     assert 'raise RankProblem("rank one is unhappy")' in outputs[3]  # the cell's own line, in the rank's traceback
 
-    assert "[rank 0] sleeping" in outputs[4] and "ERROR KeyboardInterrupt" in outputs[4], outputs[4]
-    assert "PULL [True, True] True" in outputs[5], outputs[5]
-    assert f"PIDS {pids[0]} {pids[1]} STATUS idle RESTARTS 0" in outputs[5], outputs[5]
+    assert "OWN True True" in outputs[4] and "THRESHOLD 2" in outputs[4], outputs[4]
+    notes = [line for line in outputs[4].splitlines() if "`model`" in line]
+    assert len(notes) == 1 and "kernel" in notes[0], outputs[4]  # one line, said once
+    assert "[rank 0] True" in outputs[5] and "[rank 1] True" in outputs[5], outputs[5]
+
+    assert 'raise ValueError(f"loss {loss} at step {step}")' in outputs[6], outputs[6]
+    assert "<dynamic-code>" not in outputs[6], outputs[6]
+
+    assert "[rank 0] sleeping" in outputs[7] and "ERROR KeyboardInterrupt" in outputs[7], outputs[7]
+    assert "selectors.py" not in outputs[7], outputs[7]  # the traceback ends at the session call
+    dashboard = plain_text(notebook.cells[7])
+    assert "stopped" in dashboard and "failed" not in dashboard, dashboard
+    assert "PULL [True, True] True" in outputs[8], outputs[8]
+    assert f"PIDS {pids[0]} {pids[1]} STATUS idle RESTARTS 0" in outputs[8], outputs[8]
+
+    assert "[rank 0] quiet hello" in outputs[10] and "[rank 0] 42" in outputs[10], outputs[10]
+
+    assert row_while_open.startswith("notebook_accel session: 2 rank(s)"), row_while_open
+    assert "HTML(" not in row_while_open and "idle" in row_while_open, row_while_open
+    row = plain_text(notebook.cells[0])
+    assert "closed" in row and "HTML(" not in row, row
 
 
 def test_a_killed_kernel_ends_its_session_ranks(tmp_path, monkeypatch):

@@ -59,6 +59,13 @@ def test_device_threads_stay_up_and_keep_their_state(tpu_host, capsys):
         out = capsys.readouterr().out
         assert "[rank 0] 0" in out and "[rank 1] 10" in out
         assert [float(value[0]) for value in session.pull("weight")] == [0.0, 1.5]  # each rank's own namespace
+        CELL["weight"] = "the kernel's weight"  # the kernel has one too: each core's own wins
+        try:
+            assert [total for _, total, _ in session.run(CELL["summed"], return_all=True)] == [[1.5, 1.5]] * 2
+        finally:
+            del CELL["weight"]
+        assert "`weight`" in capsys.readouterr().err  # said once
+        assert [float(value[0]) for value in session.pull("weight")] == [0.0, 1.5]
 
 
 def test_a_failed_core_is_raised_and_the_session_goes_on(tpu_host):

@@ -88,6 +88,7 @@ class Backend(ABC):
     """
 
     name: ClassVar[str]
+    job: ClassVar[str] = "launch"  # what the user started, in messages: "the launch ran past timeout=..."
 
     def __init__(self, plan: "LaunchPlan") -> None:
         self.plan = plan

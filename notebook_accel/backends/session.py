@@ -17,11 +17,11 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Set
 
-from ..outcome.root_cause import Outcome
+from ..outcome.root_cause import Outcome, is_interrupt
 from ..plan.plan import LaunchPlan
 from ..rank.session import SessionRankSpec, session_rank_main
 from ..wire.commands import BreakGroup, Command, CommandSender, Interrupt, session_socketpair
-from ..wire.events import RankEvent, RankStarted, Status, TaskDone
+from ..wire.events import RankEvent, RankFailed, RankStarted, Status, TaskDone
 from ..wire.fds import PassedFd
 from .base import Backend, LaunchSink, StopPolicy
 from .processes.backend import ProcessBackend, RankProcess
@@ -122,7 +122,8 @@ class SessionSupervisor(Supervisor):
     ``KeyboardInterrupt`` in the task, the rank stays), and after ``BREAK_GROUP_AFTER`` seconds cuts the process
     group's connections, so a rank blocked in a collective its peer left gets an error. A rank still busy
     ``recover_timeout`` seconds after that is beyond reach: every rank is killed and ``gave_up`` says why (the
-    session then starts afresh).
+    session then starts afresh). A rank this supervisor interrupted is stopped, as a launch's ranks it ends are:
+    its ``KeyboardInterrupt`` is not a failure of its own.
     """
 
     # A supervisor per task, over the same fds: poll(2) registers them without a system call each (epoll's
@@ -141,6 +142,7 @@ class SessionSupervisor(Supervisor):
         self.sequences: Dict[int, Optional[int]] = {}
         self.broke_group = False
         self.gave_up: Optional[str] = None
+        self.shadowed: Set[str] = set()  # kernel names the ranks have their own of (``TaskDone.shadowed``)
         self._interrupted_at: Optional[float] = None
         for rank, state in self.ranks.items():
             state.started = True  # they said so when the session started: their stack dumps are armed
@@ -170,6 +172,10 @@ class SessionSupervisor(Supervisor):
             if event.task_id == self.task_id:
                 self.idle.add(event.rank)
                 self.sequences[event.rank] = event.group_sequence
+                self.shadowed.update(event.shadowed)
+            return
+        if isinstance(event, RankFailed) and is_interrupt(event) and state.stopped_by_us:
+            state.failed = event  # our own interrupt: the view shows the rank stopped when the run ends
             return
         if isinstance(event, RankStarted):  # a rank says it once, when the session starts
             state.pid = self.processes.pids[event.rank] = event.pid
@@ -266,6 +272,7 @@ class SessionRunBackend(Backend):
     then let the session mend what the task left broken (``after``)."""
 
     name = "session"
+    job = "run"
 
     def __init__(self, plan: LaunchPlan, *, processes: Any, ranks: List[RankProcess],
                  task_id: int, command: Command, fds: List[int], recover_timeout: float,

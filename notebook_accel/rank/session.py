@@ -5,7 +5,8 @@ fd-level output, the kernel's environment), joins the default process group, and
 kernel says stop: a function (``Session.run``), a cell's code (``%%ranks``), a fresh process group. Every task
 runs through ``rank.run_rank`` — the same failure events, results and tqdm capture as a launch — in the rank's
 one persistent namespace, its ``__main__``: a function the kernel sends gets that namespace as its globals
-(``rank_namespace``), so names only the rank has resolve and ``global x`` sets ``x`` for later runs and cells.
+(``rank_namespace``), so names only the rank has resolve and ``global x`` sets ``x`` for later runs and cells;
+the kernel's values it brings never replace a name the rank set itself (``wire.payload.RankNames``).
 
 A reader thread takes commands off the socket: tasks queue for the main thread; ``BreakGroup`` is done at once,
 so a rank blocked in a collective whose peer failed gets an error instead of waiting for ever.
@@ -29,7 +30,7 @@ from ..wire.commands import (BreakGroup, CommandReceiver, ExecuteCode, Interrupt
                              close_fds)
 from ..wire.events import RankStarted, TaskDone
 from ..wire.fds import take_fd
-from ..wire.payload import PickledPayload, rank_namespace, set_thread_rank_namespace
+from ..wire.payload import PickledPayload, RankNames, rank_namespace, set_thread_rank_names
 from .device_memory import send_peak_rss
 from .process import (RankSpec, _set_torch_threads, as_launched, capture_output, end_like_python,
                       take_over_process)
@@ -74,7 +75,7 @@ class SessionRank:
     end the rank. A rank that is a thread of a process shared with others (a TPU device) cannot be signalled: the
     kernel sends ``Interrupt``, and the reader thread raises ``KeyboardInterrupt`` in the task's thread, which
     takes effect when it next runs Python code. Such a rank has a namespace of its own, not its process's
-    ``__main__``.
+    ``__main__``. ``names`` keeps whose each name of the namespace is (the rank's own, or the kernel's).
     """
 
     def __init__(self, sender: Any, command_fd: int, *, group: Optional["GroupKeeper"] = None,
@@ -86,13 +87,13 @@ class SessionRank:
         self.group = group
         self.generation = generation
         self.thread_rank = thread_rank
-        self.namespace: Optional[Dict[str, Any]] = None
         self._task_thread = threading.current_thread()
         if thread_rank:
             import builtins
 
-            self.namespace = {"__name__": "__main__", "__builtins__": builtins}
+            self.names = RankNames({"__name__": "__main__", "__builtins__": builtins})
         else:
+            self.names = RankNames(sys.modules["__main__"].__dict__)  # a forked rank's: the kernel's names
             signal.signal(signal.SIGINT, self._on_interrupt)
         threading.Thread(target=self._read_commands, name="notebook_accel-session-commands", daemon=True).start()
 
@@ -126,7 +127,7 @@ class SessionRank:
     def serve(self) -> None:
         """Join the group (task 0: the session is ready once every rank says it is done), then run tasks until
         ``Shutdown`` or the kernel is gone."""
-        set_thread_rank_namespace(self.namespace)
+        set_thread_rank_names(self.names)
         try:
             self._task(0, self._start_group if self.group is not None else (lambda: None))
             while True:
@@ -148,7 +149,7 @@ class SessionRank:
                     self._task(command.task_id,
                                lambda: self.group.replace(command.generation) if self.group else None)
         finally:
-            set_thread_rank_namespace(None)
+            set_thread_rank_names(None)
 
     def _start_group(self) -> None:
         assert self.group is not None
@@ -180,7 +181,8 @@ class SessionRank:
             self.busy = False
             flush_std_streams()  # before TaskDone: the kernel reads the output pipes up to it
             self.sender.send(TaskDone(rank=self.sender.rank, task_id=task_id,
-                                      group_sequence=self.group.sequence() if self.group else None))
+                                      group_sequence=self.group.sequence() if self.group else None,
+                                      shadowed=self.names.settle()))
 
 
 # ------------------------------------------------------------------------------------------- the namespace

@@ -5,7 +5,7 @@ import sys
 
 from ..wire.choices import Display
 from .base import NullView, View
-from .text import TextView
+from .text import OutputView, TextView
 
 DISPLAYS = Display.values()
 
@@ -68,4 +68,5 @@ def _widgets_available() -> bool:
     return True
 
 
-__all__ = ["View", "NullView", "TextView", "make_view", "DISPLAYS", "in_notebook_kernel", "enable_colab_widgets"]
+__all__ = ["View", "NullView", "TextView", "OutputView", "make_view", "DISPLAYS", "in_notebook_kernel",
+           "enable_colab_widgets"]

@@ -1,8 +1,9 @@
 """The session's own row: its ranks, idle or busy, memory (and GPU) per rank, runs and restarts.
 
 Shown once, in the cell that made the ``Session`` (each run's bars, plots and output go under the run's own cell,
-as a launch's do). In a notebook it is a widget updated in place; elsewhere a line when the session is ready,
-restarted or closed.
+as a launch's do). In a notebook it is a widget updated in place, whose ``text/plain`` (what a saved notebook
+shows on GitHub or after nbconvert, where widgets do not render) is the summary line, published again whenever the
+session is idle after a change; elsewhere a line when the session is ready, restarted or closed.
 """
 from __future__ import annotations
 
@@ -50,13 +51,17 @@ class SessionView:
 
     def __init__(self, display: str) -> None:
         self.mode = "none" if display == "none" else "text"
+        self._line = "notebook_accel session: starting"
         if display in ("auto", "widgets") and in_notebook_kernel() and enable_colab_widgets():
             try:
                 import ipywidgets
                 from IPython.display import display as show
 
+                from .widgets import DashboardBox
+
                 self.widget = ipywidgets.HTML()
-                show(self.widget)
+                self.box = DashboardBox(lambda: self._line, children=[self.widget])
+                self._handle = show(self.box, display_id=True)
                 self.mode = "widgets"
             except ImportError:
                 pass
@@ -65,6 +70,15 @@ class SessionView:
     def update(self, summary: SessionSummary) -> None:
         if self.mode == "widgets":
             self.widget.value = self.html(summary)
+            self._line = summary.line()
+            # The saved text follows too, once per change a reader cares about (not on every memory sample).
+            key = (summary.status, summary.runs, summary.restarts, summary.notice)
+            if summary.status != "busy" and key != self._said:
+                self._said = key
+                try:
+                    self._handle.update(self.box)
+                except Exception:  # a front end gone: the widget itself is up to date
+                    pass
         elif self.mode == "text":
             # A line when something a reader cares about changed: ready, restarted, closed (not every run).
             key = (summary.status in ("idle", "busy"), summary.restarts, summary.status == "closed")

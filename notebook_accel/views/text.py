@@ -114,3 +114,22 @@ class TextView:
         state = self.state.rank(bar.rank)
         extra = state.metrics_postfix() if bar is state.metrics_bar() else ""
         self._out("stdout").write(f"[rank {bar.rank}] {bar.meter(extra, ascii=True, ncols=None)}\n")
+
+
+class OutputView:
+    """``display="none"`` for a cell the user typed (``%%ranks``): the dashboard is off, but what the ranks printed
+    is shown as a cell's prints are, labelled ``[rank N]`` on the stream it was written to — nothing else (no
+    progress lines, no summary).
+
+    Example::
+
+        session = Session(num_processes=2, display="none")
+        session.execute("print('hi')")     # [rank 0] hi / [rank 1] hi
+    """
+
+    def handle(self, event: RankEvent) -> None:
+        if isinstance(event, (OutputLine, OutputLines)):
+            (sys.stderr if event.stream == "stderr" else sys.stdout).write(label_lines(event.rank, event.texts))
+
+    def tick(self) -> None:
+        pass

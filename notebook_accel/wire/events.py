@@ -246,10 +246,12 @@ class AttemptStarted(RankEvent):
 class TaskDone(RankEvent):
     """A session's rank finished one task (a run, a ``%%ranks`` cell, a new group) and is idle again; sent after
     its result or failure. ``group_sequence``: how many collectives its default process group has run (ranks
-    that disagree left a collective half done), None without a group."""
+    that disagree left a collective half done), None without a group. ``shadowed``: names the run brought from
+    the kernel that the rank has its own of (the rank's were used)."""
 
     task_id: int
     group_sequence: Optional[int] = None
+    shadowed: List[str] = field(default_factory=list)
 
 
 @dataclass

@@ -9,6 +9,10 @@
   kernel holds no second copy); buffers are copied into one shared-memory file. Each rank receives the
   descriptors as it starts and maps them *copy-on-write* (``MAP_PRIVATE``): it reads the kernel's data
   without a private copy and, as under fork, what it writes stays its own.
+- **Source lines** travel with the code: cloudpickle names every function's file ``<dynamic-code>``; here each
+  code object keeps its own file name, and the lines of those the rank cannot read from disk (a notebook's
+  cells, which IPython keeps in ``linecache`` only) travel beside the call, so a rank's traceback shows the
+  user's lines as under fork.
 - **CUDA tensors** (a model a cell put on ``cuda:0``, then a launch on every GPU) travel as
   ``torch.multiprocessing`` sends them: as CUDA IPC handles. No copy is made: every rank sees the kernel's
   tensor on its GPU, and ``prepare`` / ``.to(device)`` copies it to the rank's own GPU. (Pickled the default
@@ -19,17 +23,20 @@
 from __future__ import annotations
 
 import io
+import linecache
 import mmap
 import os
 import pickle
 import sys
 import threading
+import types
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import cloudpickle
+from cloudpickle import cloudpickle as _cloudpickle_internals
 
 from ..errors import LaunchConfigError
 from .fds import PassedFd  # fds travel as multiprocessing duplicates them
@@ -108,9 +115,9 @@ class PickledPayload:
         buffers: List[pickle.PickleBuffer] = []
         cuda_tensors: List[Any] = []
         out = io.BytesIO()
-        pickler = _SessionPickler if into_rank_namespace else _SharingPickler
+        pickler = (_SessionPickler if into_rank_namespace else _SharingPickler)(out, storages, buffers, cuda_tensors)
         try:
-            pickler(out, storages, buffers, cuda_tensors).dump((function, args, kwargs))
+            pickler.dump((function, args, kwargs))
         except Exception as err:
             culprit = find_unpicklable(function, args, kwargs)
             where = f": {culprit}" if culprit else ""
@@ -122,6 +129,7 @@ class PickledPayload:
                 f"pickled{where} ({type(err).__name__}: {err}). Create such objects (open files, locks, "
                 f"sockets, CUDA streams, generators) inside the function instead of capturing them{alternative}."
             ) from err
+        pickler.dump(pickler.sources())  # a second pickle in the same bytes: what the rank's linecache lacks
         payload = cls(out.getvalue(), _cuda_tensors=cuda_tensors)
         payload._share(storages, buffers)
         if len(payload.data) >= LARGE_PAYLOAD_BYTES:
@@ -179,7 +187,10 @@ class PickledPayload:
         storages = [_storage_view(mappings[piece.file], piece) for piece in self.storages]
         buffers = [memoryview(mappings[piece.file])[piece.offset:piece.offset + piece.nbytes]
                    for piece in self.buffers]
-        return _SharedUnpickler(io.BytesIO(self.data), storages, buffers).load()
+        unpickler = _SharedUnpickler(io.BytesIO(self.data), storages, buffers)
+        call = unpickler.load()
+        _remember_sources(unpickler.load())
+        return call
 
 
 class _SharedUnpickler(pickle.Unpickler):
@@ -191,6 +202,12 @@ class _SharedUnpickler(pickle.Unpickler):
         if pid[0] == RANK_NAMESPACE:
             return rank_namespace()
         return self._storages[pid[1]]
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = super().find_class(module, name)
+        # cloudpickle writes a function's globals into its namespace with this; in a session's rank namespace
+        # the rank's own names must win (``RankNames``).
+        return _function_setstate_in_rank if found is _cloudpickle_function_setstate else found
 
 
 class _SharingPickler(cloudpickle.Pickler):
@@ -204,6 +221,7 @@ class _SharingPickler(cloudpickle.Pickler):
         self._buffers = buffers
         self._cuda_tensors = cuda_tensors if cuda_tensors is not None else []
         self._storage_index: Dict[int, int] = {}
+        self._source_files: Set[str] = set()
         torch = sys.modules.get("torch")
         self._typed_storage = getattr(getattr(torch, "storage", None), "TypedStorage", None)
         # plain tensors and parameters only: a tensor subclass keeps its own pickling
@@ -212,7 +230,22 @@ class _SharingPickler(cloudpickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) in self._ipc_tensor_types and obj.is_cuda:
             return self._share_cuda(obj)
+        if type(obj) is types.CodeType and obj.co_filename != _DYNAMIC_CODE:
+            # cloudpickle's own reduction, which names the file "<dynamic-code>", then the real name put back
+            self._source_files.add(obj.co_filename)
+            return _code_in_file, (obj.replace(co_filename=_DYNAMIC_CODE), obj.co_filename)
         return super().reducer_override(obj)
+
+    def sources(self) -> Dict[str, List[str]]:
+        """The lines of the files the pickled code comes from that a rank cannot read from disk (a notebook's
+        cells: IPython keeps them in ``linecache`` only), by file name."""
+        sources = {}
+        for filename in sorted(self._source_files):
+            if not os.path.isfile(filename):
+                lines = linecache.getlines(filename)
+                if lines:
+                    sources[filename] = lines
+        return sources
 
     def _share_cuda(self, tensor: Any) -> Any:
         """``torch.multiprocessing``'s own reduction: an IPC handle of the tensor's CUDA block, its offset and
@@ -246,25 +279,97 @@ class _SharingPickler(cloudpickle.Pickler):
 
 
 RANK_NAMESPACE = "rank namespace"
-_thread_namespace = threading.local()
+_DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's file name for the code it pickles by value
+_cloudpickle_function_setstate = _cloudpickle_internals._function_setstate
+_thread_names = threading.local()
+_MISSING = object()
+
+
+class RankNames:
+    """A warm session rank's namespace, and whose each of its names is: the rank's own or the kernel's.
+
+    The rule, after ipyparallel's engine namespace (a function's globals resolve on the engine): a name the rank
+    set itself — ``global x`` in a run, a ``%%ranks`` cell, ``push`` — is the rank's own. What a run carries from
+    the kernel never replaces it: the run's functions see the rank's value (``shadowed`` names the kernel
+    values ignored). The kernel's globals that a run's functions use fill every other name and stay the
+    kernel's: the next run that uses one brings the kernel's value as it is then (a helper edited, a setting
+    changed), and objects built from them (a model whose ``forward`` calls a notebook helper) keep working in
+    later cells. A forked rank's namespace starts as a copy of the kernel's: those names are the kernel's too.
+
+    A name is the kernel's while it holds the very object the kernel gave it; bound to anything else by the
+    rank, it is the rank's.
+    """
+
+    def __init__(self, namespace: Dict[str, Any]) -> None:
+        self.namespace = namespace
+        self._from_kernel: Dict[str, Any] = dict(namespace)  # name -> the object the kernel gave it
+        self._shadowed: Set[str] = set()
+
+    def owned_by_rank(self, name: str) -> bool:
+        value = self.namespace.get(name, _MISSING)
+        return value is not _MISSING and value is not self._from_kernel.get(name, _MISSING)
+
+    def fill(self, sent: Dict[str, Any]) -> Dict[str, Any]:
+        """Of the kernel's values a function brings, the ones to write into the namespace: all but the rank's
+        own names."""
+        kept = {}
+        for name, value in sent.items():
+            if self.owned_by_rank(name):
+                # the same object (a module, anything pickled by reference) shadows nothing worth a note
+                if self.namespace[name] is not value and not (name.startswith("__") and name.endswith("__")):
+                    self._shadowed.add(name)
+                continue
+            kept[name] = value
+            self._from_kernel[name] = value
+        return kept
+
+    def settle(self) -> List[str]:
+        """After a task: the names the rank rebound or deleted are no longer the kernel's (their old objects are
+        let go). Returns the names whose kernel value a run ignored since the last call."""
+        for name in [name for name, value in self._from_kernel.items()
+                     if self.namespace.get(name, _MISSING) is not value]:
+            del self._from_kernel[name]
+        shadowed, self._shadowed = sorted(self._shadowed), set()
+        return shadowed
 
 
 def rank_namespace() -> Dict[str, Any]:
     """A warm session's rank namespace: its ``__main__``, or the one its thread was given (TPU ranks are threads
     of one process, each with a namespace of its own)."""
-    own = getattr(_thread_namespace, "namespace", None)
-    return own if own is not None else sys.modules["__main__"].__dict__
+    names = getattr(_thread_names, "names", None)
+    return names.namespace if names is not None else sys.modules["__main__"].__dict__
 
 
-def set_thread_rank_namespace(namespace: Optional[Dict[str, Any]]) -> None:
-    _thread_namespace.namespace = namespace
+def set_thread_rank_names(names: Optional[RankNames]) -> None:
+    """This thread serves a session rank whose namespace ``names`` keeps (None: it no longer does)."""
+    _thread_names.names = names
+
+
+def _function_setstate_in_rank(function: Any, state: Any) -> None:
+    """cloudpickle's ``_function_setstate``, except that a function whose globals are a session rank's namespace
+    writes there only the kernel's names the rank does not own (``RankNames.fill``)."""
+    names = getattr(_thread_names, "names", None)
+    if names is not None and function.__globals__ is names.namespace:
+        attributes, slots = state
+        state = (attributes, dict(slots, __globals__=names.fill(slots["__globals__"])))
+    _cloudpickle_function_setstate(function, state)
+
+
+def _code_in_file(code: types.CodeType, filename: str) -> types.CodeType:
+    return code.replace(co_filename=filename)
+
+
+def _remember_sources(sources: Dict[str, List[str]]) -> None:
+    """Put the kernel's source lines into this process's ``linecache``, as IPython keeps a cell's."""
+    for filename, lines in sources.items():
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
 
 
 class _SessionPickler(_SharingPickler):
     """For a warm session: the globals cloudpickle gives the notebook's functions (one fresh dict per pickle,
-    holding the names they use) are the rank's ``__main__`` namespace instead. The names the kernel sends are
-    written into it, names only the rank has resolve there, and ``global x`` in a function sets the rank's ``x``
-    for later runs and cells."""
+    holding the names they use) are the rank's namespace instead, so names only the rank has resolve there and
+    ``global x`` in a function sets the rank's ``x`` for later runs and cells. Which of the kernel's values are
+    written into it: ``RankNames``."""
 
     def persistent_id(self, obj: Any) -> Any:
         if type(obj) is dict and obj.get("__name__") == "__main__" and \
