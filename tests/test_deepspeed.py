@@ -6,12 +6,15 @@ so the user's torch optimizer runs) and in this process.
 - ZeRO-3 keeps half the parameters per rank; ``get_state_dict`` gathers the full weights on rank 0;
 - a ZeRO-3 checkpoint from 2 ranks loads in one process without DeepSpeed;
 - the seeds' Transformer loop under ZeRO-3 with bf16;
-- the config is filled from the launch (no "auto" left), and bad input is refused with one message.
+- the config is filled from the launch (no "auto" left), and bad input is refused with one message;
+- a ZeRO ``prepare`` on CPU ranks compiles nothing (DeepSpeed's shared-memory collective op is not built).
 """
 from __future__ import annotations
 
 import math
 import os
+import threading
+import time
 import warnings
 from typing import Any, Dict
 
@@ -242,6 +245,62 @@ def test_the_seeds_transformer_language_model_tutorial_trains_under_zero3():
     total = sum(math.prod(shape) for name, shape in main["weights"].items() if name != "pos_encoder.pe")
     assert main["local_parameters"] < total * 0.55 and ranks[1]["local_parameters"] < total * 0.55  # ~half each
     assert main["weights"]["linear.weight"] == (NTOKENS, 32) and ranks[1]["weights"] == {}
+
+
+def prepare_zero_rank() -> Dict[str, Any]:
+    import deepspeed.comm.comm as deepspeed_comm
+
+    accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    started = time.monotonic()
+    zero3_training(accelerator)
+    return {"seconds": time.monotonic() - started, "shm_op": deepspeed_comm.cdb.shm_comm_op is not None}
+
+
+class CompilerWatch:
+    """The names of C++ build tools (ninja, g++, cc1plus) that ever ran below this process, polled in a thread:
+    a JIT build of a torch extension runs them for tens of seconds, so polling at 20 Hz cannot miss one."""
+
+    TOOLS = ("ninja", "g++", "c++", "cc1plus")
+
+    def __init__(self) -> None:
+        self.seen: set = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        import psutil
+
+        while not self._stop.wait(0.05):
+            for child in psutil.Process().children(recursive=True):
+                try:
+                    name = child.name()
+                except psutil.Error:
+                    continue
+                if any(name == tool or name.endswith("-" + tool) for tool in self.TOOLS):
+                    self.seen.add(name)
+
+    def __enter__(self) -> "CompilerWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_a_zero_prepare_on_cpu_ranks_builds_no_cpp_op(tmp_path, monkeypatch):
+    # DeepSpeed's torch backend would JIT-compile its shared-memory collective op (deepspeed_shm_comm: ninja and
+    # g++, 30-120 s, in TORCH_EXTENSIONS_DIR) at the first engine of every rank; training's collectives are
+    # torch.distributed's (gloo) either way. An empty extensions dir is what a fresh environment has.
+    extensions = tmp_path / "torch_extensions"
+    extensions.mkdir()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
+    with CompilerWatch() as compilers:
+        ranks = launch(prepare_zero_rank)
+    seconds = [rank["seconds"] for rank in ranks]
+    assert compilers.seen == set(), f"a C++ build ran during prepare ({seconds} s): {compilers.seen}"
+    assert list(extensions.iterdir()) == [], f"written in TORCH_EXTENSIONS_DIR: {list(extensions.rglob('*'))[:5]}"
+    assert [rank["shm_op"] for rank in ranks] == [False, False]
 
 
 def test_a_model_prepared_without_its_optimizer_is_refused_with_one_message():
