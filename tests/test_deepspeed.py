@@ -4,7 +4,8 @@ so the user's torch optimizer runs) and in this process.
 - equivalence: ZeRO-1, -2 and -3 on 2 ranks train to the same weights as one plain-PyTorch process with the
   whole batch (ordered, shuffled, and with gradient accumulation + DeepSpeed's clipping + an LR scheduler);
 - ZeRO-3 keeps half the parameters per rank; ``get_state_dict`` gathers the full weights on rank 0;
-- a ZeRO-3 checkpoint from 2 ranks loads in one process without DeepSpeed;
+- a ZeRO-3 checkpoint from 2 ranks loads in one process without DeepSpeed; ``save_state`` on 1, 2 or 3 ranks (or
+  under DDP) resumes under ZeRO-3 on another number of ranks: the same weights, momentum and next step;
 - the seeds' Transformer loop under ZeRO-3 with bf16;
 - the config is filled from the launch (no "auto" left), and bad input is refused with one message;
 - a ZeRO ``prepare`` on CPU ranks compiles nothing (DeepSpeed's shared-memory collective op is not built).
@@ -25,6 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_accel import Accelerator, DeepSpeedPlugin
 from notebook_accel.accelerator.zero import filled_config
+from checkpoint_worlds import assert_resumed, load_and_continue, on_ranks, train_and_save
 from test_accelerator_distributed import (
     EPOCHS,
     EQUIVALENCE_CASES,
@@ -34,7 +36,6 @@ from test_accelerator_distributed import (
     launch,
     regression_data,
     train_plain_pytorch,
-    weights_of,
 )
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is an optional extra: pip install '.[deepspeed]'")
@@ -134,7 +135,7 @@ def save_zero3(directory: str) -> Dict[str, Any]:
             "optimizer_state": sum(len(state) for state in optimizer_again.optimizer.state.values())}
 
 
-def test_a_zero3_checkpoint_from_two_ranks_loads_in_one_process_without_deepspeed(tmp_path):
+def test_a_zero3_checkpoint_resumes_on_the_ranks_that_saved_it(tmp_path):
     result = launch(save_zero3, str(tmp_path))[0]
     saved = result["saved"]
     assert os.path.isdir(tmp_path / "model.deepspeed")
@@ -144,14 +145,23 @@ def test_a_zero3_checkpoint_from_two_ranks_loads_in_one_process_without_deepspee
     assert result["optimizer_state"] > 0  # SGD's momentum came back with the engine's checkpoint
     safetensors = pytest.importorskip("safetensors.torch")
     assert_same_weights(safetensors.load_file(result["final"]), saved, "save_model under ZeRO-3")
-    with pytest.warns(UserWarning, match="nothing to partition"):
-        accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
-    model, optimizer, _ = fresh_training_objects()
-    model, optimizer = accelerator.prepare(model, optimizer)
-    assert not torch.allclose(weights_of(model)["0.weight"], saved["0.weight"])  # not loaded yet
-    with pytest.warns(UserWarning, match="optimizer starts fresh"):
-        accelerator.load_state(str(tmp_path))
-    assert_same_weights(weights_of(model), saved, "ZeRO-3 checkpoint loaded in one process")
+    # on one process without DeepSpeed, and on another number of ranks: the next test
+
+
+@pytest.mark.parametrize("saved_on, loaded_on", [(1, 2), (2, 1), (2, 3)])
+def test_a_zero3_checkpoint_resumes_on_another_number_of_ranks(tmp_path, saved_on, loaded_on):
+    # one process trains without DeepSpeed and writes the plain files, which the engine loads as full state;
+    # DeepSpeed's own checkpoint (each rank's partitions) is merged into full state for another number of ranks
+    saved = on_ranks(saved_on, train_and_save, str(tmp_path), "zero3")[0]
+    assert os.path.isdir(tmp_path / "model.deepspeed") is (saved_on > 1)
+    loaded = on_ranks(loaded_on, load_and_continue, str(tmp_path), "zero3")[0]
+    assert_resumed(saved, loaded, f"a ZeRO-3 checkpoint from {saved_on} to {loaded_on} ranks")
+
+
+def test_a_ddp_checkpoint_resumes_under_zero3(tmp_path):
+    saved = on_ranks(2, train_and_save, str(tmp_path), "plain")[0]
+    loaded = on_ranks(2, load_and_continue, str(tmp_path), "zero3")[0]
+    assert_resumed(saved, loaded, "a DDP checkpoint under ZeRO-3")
 
 
 def transformer_rank() -> Dict[str, Any]:
