@@ -4,14 +4,18 @@ so the user's torch optimizer runs) and in this process.
 - equivalence: ZeRO-1, -2 and -3 on 2 ranks train to the same weights as one plain-PyTorch process with the
   whole batch (ordered, shuffled, and with gradient accumulation + DeepSpeed's clipping + an LR scheduler);
 - ZeRO-3 keeps half the parameters per rank; ``get_state_dict`` gathers the full weights on rank 0;
-- a ZeRO-3 checkpoint from 2 ranks loads in one process without DeepSpeed;
+- a ZeRO-3 checkpoint from 2 ranks loads in one process without DeepSpeed; ``save_state`` on 1, 2 or 3 ranks (or
+  under DDP) resumes under ZeRO-3 on another number of ranks: the same weights, momentum and next step;
 - the seeds' Transformer loop under ZeRO-3 with bf16;
-- the config is filled from the launch (no "auto" left), and bad input is refused with one message.
+- the config is filled from the launch (no "auto" left), and bad input is refused with one message;
+- a ZeRO ``prepare`` on CPU ranks compiles nothing (DeepSpeed's shared-memory collective op is not built).
 """
 from __future__ import annotations
 
 import math
 import os
+import threading
+import time
 import warnings
 from typing import Any, Dict
 
@@ -22,6 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_accel import Accelerator, DeepSpeedPlugin
 from notebook_accel.accelerator.zero import filled_config
+from checkpoint_worlds import assert_resumed, load_and_continue, on_ranks, train_and_save
 from test_accelerator_distributed import (
     EPOCHS,
     EQUIVALENCE_CASES,
@@ -31,7 +36,6 @@ from test_accelerator_distributed import (
     launch,
     regression_data,
     train_plain_pytorch,
-    weights_of,
 )
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is an optional extra: pip install '.[deepspeed]'")
@@ -131,7 +135,7 @@ def save_zero3(directory: str) -> Dict[str, Any]:
             "optimizer_state": sum(len(state) for state in optimizer_again.optimizer.state.values())}
 
 
-def test_a_zero3_checkpoint_from_two_ranks_loads_in_one_process_without_deepspeed(tmp_path):
+def test_a_zero3_checkpoint_resumes_on_the_ranks_that_saved_it(tmp_path):
     result = launch(save_zero3, str(tmp_path))[0]
     saved = result["saved"]
     assert os.path.isdir(tmp_path / "model.deepspeed")
@@ -141,14 +145,23 @@ def test_a_zero3_checkpoint_from_two_ranks_loads_in_one_process_without_deepspee
     assert result["optimizer_state"] > 0  # SGD's momentum came back with the engine's checkpoint
     safetensors = pytest.importorskip("safetensors.torch")
     assert_same_weights(safetensors.load_file(result["final"]), saved, "save_model under ZeRO-3")
-    with pytest.warns(UserWarning, match="nothing to partition"):
-        accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
-    model, optimizer, _ = fresh_training_objects()
-    model, optimizer = accelerator.prepare(model, optimizer)
-    assert not torch.allclose(weights_of(model)["0.weight"], saved["0.weight"])  # not loaded yet
-    with pytest.warns(UserWarning, match="optimizer starts fresh"):
-        accelerator.load_state(str(tmp_path))
-    assert_same_weights(weights_of(model), saved, "ZeRO-3 checkpoint loaded in one process")
+    # on one process without DeepSpeed, and on another number of ranks: the next test
+
+
+@pytest.mark.parametrize("saved_on, loaded_on", [(1, 2), (2, 1), (2, 3)])
+def test_a_zero3_checkpoint_resumes_on_another_number_of_ranks(tmp_path, saved_on, loaded_on):
+    # one process trains without DeepSpeed and writes the plain files, which the engine loads as full state;
+    # DeepSpeed's own checkpoint (each rank's partitions) is merged into full state for another number of ranks
+    saved = on_ranks(saved_on, train_and_save, str(tmp_path), "zero3")[0]
+    assert os.path.isdir(tmp_path / "model.deepspeed") is (saved_on > 1)
+    loaded = on_ranks(loaded_on, load_and_continue, str(tmp_path), "zero3")[0]
+    assert_resumed(saved, loaded, f"a ZeRO-3 checkpoint from {saved_on} to {loaded_on} ranks")
+
+
+def test_a_ddp_checkpoint_resumes_under_zero3(tmp_path):
+    saved = on_ranks(2, train_and_save, str(tmp_path), "plain")[0]
+    loaded = on_ranks(2, load_and_continue, str(tmp_path), "zero3")[0]
+    assert_resumed(saved, loaded, "a DDP checkpoint under ZeRO-3")
 
 
 def transformer_rank() -> Dict[str, Any]:
@@ -242,6 +255,62 @@ def test_the_seeds_transformer_language_model_tutorial_trains_under_zero3():
     total = sum(math.prod(shape) for name, shape in main["weights"].items() if name != "pos_encoder.pe")
     assert main["local_parameters"] < total * 0.55 and ranks[1]["local_parameters"] < total * 0.55  # ~half each
     assert main["weights"]["linear.weight"] == (NTOKENS, 32) and ranks[1]["weights"] == {}
+
+
+def prepare_zero_rank() -> Dict[str, Any]:
+    import deepspeed.comm.comm as deepspeed_comm
+
+    accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    started = time.monotonic()
+    zero3_training(accelerator)
+    return {"seconds": time.monotonic() - started, "shm_op": deepspeed_comm.cdb.shm_comm_op is not None}
+
+
+class CompilerWatch:
+    """The names of C++ build tools (ninja, g++, cc1plus) that ever ran below this process, polled in a thread:
+    a JIT build of a torch extension runs them for tens of seconds, so polling at 20 Hz cannot miss one."""
+
+    TOOLS = ("ninja", "g++", "c++", "cc1plus")
+
+    def __init__(self) -> None:
+        self.seen: set = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        import psutil
+
+        while not self._stop.wait(0.05):
+            for child in psutil.Process().children(recursive=True):
+                try:
+                    name = child.name()
+                except psutil.Error:
+                    continue
+                if any(name == tool or name.endswith("-" + tool) for tool in self.TOOLS):
+                    self.seen.add(name)
+
+    def __enter__(self) -> "CompilerWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_a_zero_prepare_on_cpu_ranks_builds_no_cpp_op(tmp_path, monkeypatch):
+    # DeepSpeed's torch backend would JIT-compile its shared-memory collective op (deepspeed_shm_comm: ninja and
+    # g++, 30-120 s, in TORCH_EXTENSIONS_DIR) at the first engine of every rank; training's collectives are
+    # torch.distributed's (gloo) either way. An empty extensions dir is what a fresh environment has.
+    extensions = tmp_path / "torch_extensions"
+    extensions.mkdir()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
+    with CompilerWatch() as compilers:
+        ranks = launch(prepare_zero_rank)
+    seconds = [rank["seconds"] for rank in ranks]
+    assert compilers.seen == set(), f"a C++ build ran during prepare ({seconds} s): {compilers.seen}"
+    assert list(extensions.iterdir()) == [], f"written in TORCH_EXTENSIONS_DIR: {list(extensions.rglob('*'))[:5]}"
+    assert [rank["shm_op"] for rank in ranks] == [False, False]
 
 
 def test_a_model_prepared_without_its_optimizer_is_refused_with_one_message():

@@ -3,7 +3,8 @@
 - equivalence: 2 sharded ranks train to the same weights as one plain-PyTorch process with the whole batch
   (ordered, shuffled, and with gradient accumulation + clipping + an LR scheduler);
 - each rank holds about half the parameters; accumulation steps leave the gradients unreduced;
-- ``get_state_dict`` gathers the full weights on rank 0; ``save_state`` on 2 ranks loads in one process;
+- ``get_state_dict`` gathers the full weights on rank 0; ``save_state`` on 1, 2 or 3 ranks (or under DDP) resumes
+  on another number of ranks: the same weights, momentum and next step;
 - the seeds' Transformer loop with blocks wrapped by class name, bf16 and activation checkpointing;
 - the plugin's refusals and HF accelerate's environment spelling.
 """
@@ -22,6 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from notebook_accel import Accelerator, FullyShardedDataParallelPlugin, last_launch
 from notebook_accel.accelerator.fsdp import _blocks
 from notebook_accel.accelerator.memory import held_bytes
+from checkpoint_worlds import assert_resumed, load_and_continue, on_ranks, train_and_save
 from test_accelerator_distributed import (
     EPOCHS,
     EQUIVALENCE_CASES,
@@ -93,38 +95,23 @@ def test_fsdp2_on_two_ranks_trains_like_one_process_with_the_whole_batch():
             assert main["norm_types"] == {"Tensor"}  # a plain tensor, not a DTensor, comes back from clipping
 
 
-def save_on_two_ranks(directory: str) -> Dict[str, Any]:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
-    model, optimizer, _ = fresh_training_objects()
-    model, optimizer = accelerator.prepare(model, optimizer)
-    for x, y in DataLoader(regression_data(), batch_size=16):
-        accelerator.backward(F.mse_loss(model(x), y))
-        optimizer.step()
-        optimizer.zero_grad()
-    accelerator.save_state(directory)
-    full_optimizer = get_optimizer_state_dict(model, optimizer.optimizer,
-                                              options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {"weights": accelerator.get_state_dict(model), "optimizer": full_optimizer.get("state", {}),
-            "files": sorted(__import__("os").listdir(directory))}  # fmt: skip
+@pytest.mark.parametrize("saved_on, loaded_on", [(1, 2), (2, 1), (2, 3)])
+def test_an_fsdp2_checkpoint_resumes_on_another_number_of_ranks(tmp_path, saved_on, loaded_on):
+    # one process has nothing to shard: it writes the plain files (model.pt, optimizer.pt), which sharded ranks
+    # load as full state; sharded ranks write torch.distributed.checkpoint shards, resharded on load
+    saved = on_ranks(saved_on, train_and_save, str(tmp_path), "fsdp2")[0]
+    assert ("model.dcp" in os.listdir(tmp_path)) is (saved_on > 1)
+    loaded = on_ranks(loaded_on, load_and_continue, str(tmp_path), "fsdp2")[0]
+    assert_resumed(saved, loaded, f"an FSDP2 checkpoint from {saved_on} to {loaded_on} ranks")
 
 
-def test_a_sharded_checkpoint_from_two_ranks_loads_in_one_process(tmp_path):
-    saved = launch(save_on_two_ranks, str(tmp_path))[0]
-    assert "model.dcp" in saved["files"] and "optimizer.dcp" in saved["files"]
-    # one process, this one: the plugin has nothing to shard (a warning), torch.distributed.checkpoint reshards
-    with pytest.warns(UserWarning, match="nothing to shard"):
-        accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
-    model, optimizer, _ = fresh_training_objects()
-    model, optimizer = accelerator.prepare(model, optimizer)
-    assert not torch.allclose(weights_of(model)["0.weight"], saved["weights"]["0.weight"])  # not yet loaded
-    accelerator.load_state(str(tmp_path))
-    assert_same_weights(weights_of(model), saved["weights"], "loaded in one process")
-    names = dict(model.named_parameters())
-    for name, state in saved["optimizer"].items():  # SGD momentum, keyed by parameter name
-        loaded = optimizer.state[names[name]]["momentum_buffer"]
-        assert torch.allclose(loaded, state["momentum_buffer"]), name
+def test_a_ddp_checkpoint_resumes_under_fsdp2_and_back(tmp_path):
+    saved = on_ranks(2, train_and_save, str(tmp_path / "ddp"), "plain")[0]
+    loaded = on_ranks(2, load_and_continue, str(tmp_path / "ddp"), "fsdp2")[0]
+    assert_resumed(saved, loaded, "a DDP checkpoint under FSDP2")
+    saved = on_ranks(2, train_and_save, str(tmp_path / "fsdp2"), "fsdp2")[0]
+    loaded = on_ranks(2, load_and_continue, str(tmp_path / "fsdp2"), "plain")[0]
+    assert_resumed(saved, loaded, "an FSDP2 checkpoint under DDP")
 
 
 def transformer_rank() -> Dict[str, Any]:
@@ -267,6 +254,26 @@ def test_every_rank_starts_from_rank_0s_weights_as_ddp_does():
     gathered = launch(differently_initialised_rank)[0]
     torch.manual_seed(0)
     assert_same_weights(gathered, torch.nn.Linear(6, 4).state_dict(), "rank 0's init, on both shards")
+
+
+def test_the_big_models_notebooks_fsdp2_showcase_prints_no_warning(tmp_path, monkeypatch):
+    """notebooks/big_models.ipynb up to its FSDP2 cell, in a real kernel: what the ranks print is clean."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from scripts import REPO, script_env
+
+    notebook = nbformat.read(os.path.join(REPO, "notebooks", "big_models.ipynb"), as_version=4)
+    showcase = next(index for index, cell in enumerate(notebook.cells)
+                    if "FullyShardedDataParallelPlugin(" in cell.source and "notebook_launcher(" in cell.source)
+    notebook.cells = notebook.cells[: showcase + 1]
+    monkeypatch.setenv("PYTHONPATH", script_env()["PYTHONPATH"])  # the notebook_accel under test
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the cell's checkpoint (300 MB) goes where pytest removes it
+    NotebookClient(notebook, timeout=240, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()  # raises on a cell's error
+    printed = "".join(output.get("text", "") for output in notebook.cells[showcase].outputs)
+    assert "FSDP2 over 2 ranks: this rank holds" in printed  # the ranks' output is here...
+    assert "Warning" not in printed, printed  # ... and nothing else
 
 
 # ------------------------------------------------------------------------------- the plugin, in this process

@@ -15,7 +15,13 @@ A model sharded with FSDP2 (and its optimizer) is saved by every rank instead, w
 ``torch.distributed.checkpoint``, as a directory ``model.dcp`` / ``optimizer.dcp`` of shards keyed by
 parameter name: it loads on any number of ranks — sharded or not, one process included — because
 torch.distributed.checkpoint reshards on load. A DeepSpeed engine saves itself (with its optimizer's
-partitions) into ``model.deepspeed``; one process without DeepSpeed loads its full fp32 weights from there.
+partitions) into ``model.deepspeed``, which the same number of ranks loads with DeepSpeed itself.
+
+Every other pairing goes through full state (:mod:`.full_state`): the plain files (a prototype on one process,
+a DDP run) load into FSDP2-sharded models and DeepSpeed engines, and a DeepSpeed checkpoint is merged
+(:mod:`.zero_checkpoint`: weights of any stage, ZeRO-3's optimizer state too) for another number of ranks,
+FSDP2, or one process without DeepSpeed. ``optimizer.pt`` names its parameters (torch's ``param_names``) so that
+its state finds them in a model prepared another way.
 """
 from __future__ import annotations
 
@@ -26,9 +32,19 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from .fsdp import is_sharded
-from .operations import barrier
-from .zero import is_engine
+from .full_state import (
+    load_full_optimizer_state,
+    load_full_weights,
+    named_optimizer_state,
+    optimizer_parameter_names,
+    torch_optimizer,
+    with_parameter_names,
+    without_parameter_names,
+)
+from .operations import barrier, world_size
 from .rng import capture_rng_states, restore_rng_states
+from .zero import is_engine
+from .zero_checkpoint import read_zero_checkpoint, saved_ranks
 
 __all__ = ["save_checkpoint", "load_checkpoint"]
 
@@ -48,20 +64,9 @@ def _engine_dir(index: int) -> str:
     return _numbered("model", index)[: -len(".pt")] + ".deepspeed"
 
 
-def _load_deepspeed_weights(model: torch.nn.Module, path: str) -> None:
-    """A DeepSpeed checkpoint's full fp32 weights into a plain module (ZeRO partitions merged)."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    model.load_state_dict(get_fp32_state_dict_from_zero_checkpoint(path, tag=_DEEPSPEED_TAG))
-
-
-def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
-    return getattr(optimizer, "optimizer", optimizer)  # an AcceleratedOptimizer wraps the user's
-
-
 def _model_of(optimizer: Any, models: Sequence[torch.nn.Module]) -> Optional[torch.nn.Module]:
     """The prepared model whose parameters ``optimizer`` updates (FSDP2 optimizer state is keyed by its names)."""
-    params = {id(param) for group in _torch_optimizer(optimizer).param_groups for param in group["params"]}
+    params = {id(param) for group in torch_optimizer(optimizer).param_groups for param in group["params"]}
     for model in models:
         if any(id(param) in params for param in model.parameters()):
             return model
@@ -79,7 +84,7 @@ def _save_sharded_optimizer(model: torch.nn.Module, optimizer: Any, path: str) -
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    dcp.save({"optimizer": get_optimizer_state_dict(model, _torch_optimizer(optimizer))}, checkpoint_id=path)
+    dcp.save({"optimizer": get_optimizer_state_dict(model, torch_optimizer(optimizer))}, checkpoint_id=path)
 
 
 def _quiet_single_process(load: Any) -> Any:
@@ -110,9 +115,9 @@ def _load_sharded_optimizer(model: torch.nn.Module, optimizer: Any, path: str) -
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     # get_optimizer_state_dict initialises an empty optimizer's state (a zero step) so there is room to load
-    state = {"optimizer": get_optimizer_state_dict(model, _torch_optimizer(optimizer))}
+    state = {"optimizer": get_optimizer_state_dict(model, torch_optimizer(optimizer))}
     dcp.load(state, checkpoint_id=path)
-    set_optimizer_state_dict(model, _torch_optimizer(optimizer), state["optimizer"])
+    set_optimizer_state_dict(model, torch_optimizer(optimizer), state["optimizer"])
 
 
 def _loader_state(loader: Any) -> Dict[str, Any]:
@@ -157,8 +162,10 @@ def save_checkpoint(
         owner = _model_of(optimizer, models)
         if owner is not None and is_sharded(owner):
             _save_sharded_optimizer(owner, optimizer, os.path.join(directory, _sharded_dir("optimizer", index)))
-        elif process_index == 0:
-            torch.save(optimizer.state_dict(), os.path.join(directory, _numbered("optimizer", index)))
+        elif process_index == 0:  # named, so that a sharded model's optimizer finds its parameters in it
+            names = None if owner is None else optimizer_parameter_names(optimizer, owner)
+            torch.save(with_parameter_names(optimizer.state_dict(), names),
+                       os.path.join(directory, _numbered("optimizer", index)))  # fmt: skip
     if process_index == 0:
         for index, scheduler in enumerate(schedulers):
             torch.save(scheduler.state_dict(), os.path.join(directory, _numbered("scheduler", index)))
@@ -176,6 +183,84 @@ def _load(path: str, trusted: bool = False) -> Any:
     return torch.load(path, map_location="cpu", weights_only=not trusted)
 
 
+def _optimizers_of(model: torch.nn.Module, optimizers: Sequence[Any]) -> List[int]:
+    """The indices of the optimizers that update ``model`` (a DeepSpeed engine's is tied to it)."""
+    if is_engine(model):
+        return [index for index, optimizer in enumerate(optimizers) if getattr(optimizer, "engine", None) is model]
+    return [index for index, optimizer in enumerate(optimizers) if _model_of(optimizer, [model]) is model]
+
+
+def _load_model(directory: str, index: int, model: torch.nn.Module, optimizers: Sequence[Any]) -> List[int]:
+    """Model ``index`` from ``directory``; returns the indices of the optimizers restored with it."""
+    engine_dir = os.path.join(directory, _engine_dir(index))
+    if os.path.isdir(engine_dir):
+        partners = _optimizers_of(model, optimizers)
+        ranks = saved_ranks(os.path.join(engine_dir, _DEEPSPEED_TAG))
+        if is_engine(model) and ranks == world_size():
+            model.load_checkpoint(engine_dir, tag=_DEEPSPEED_TAG)  # each rank its own partitions
+            return partners
+        weights, state = read_zero_checkpoint(engine_dir, _DEEPSPEED_TAG)
+        load_full_weights(model, weights)
+        for partner in partners:
+            if state is None:
+                _optimizer_starts_fresh(partner, "the optimizer state of a ZeRO-1/2 checkpoint loads only into an "
+                                                 f"engine on the {ranks} ranks that saved it")  # fmt: skip
+            elif not load_full_optimizer_state(model, optimizers[partner], state):
+                _optimizer_starts_fresh(partner, _BELOW_ZERO3)
+        return partners
+    sharded = os.path.join(directory, _sharded_dir("model", index))
+    if os.path.isdir(sharded):
+        if is_engine(model):
+            raise ValueError(f"{sharded!r} holds FSDP2 shards (torch.distributed.checkpoint), which a DeepSpeed engine "
+                             "does not load: load_state in one process without the plugin, save_state there, and "
+                             "load those plain files into the engine")  # fmt: skip
+        _load_sharded_model(model, sharded)
+        return []
+    weights = _load(_existing(directory, "model", index, "models"))
+    if is_engine(model) or is_sharded(model):  # a plain checkpoint: the full weights, cut to this rank's part
+        load_full_weights(model, weights)
+    else:
+        model.load_state_dict(weights)
+    return []
+
+
+def _load_optimizer(directory: str, index: int, optimizer: Any, models: Sequence[torch.nn.Module]) -> None:
+    sharded = os.path.join(directory, _sharded_dir("optimizer", index))
+    owner = getattr(optimizer, "engine", None) or _model_of(optimizer, models)
+    if os.path.isdir(sharded):
+        if owner is None or is_engine(owner):
+            raise ValueError(f"{sharded!r} holds a sharded optimizer state keyed by parameter name, but optimizer "
+                             f"{index} updates none of the prepared models' parameters (a DeepSpeed engine's "
+                             "optimizer does not load it)")  # fmt: skip
+        _load_sharded_optimizer(owner, optimizer, sharded)
+        return
+    saved = _load(_existing(directory, "optimizer", index, "optimizers"))
+    if owner is not None and (is_engine(owner) or is_sharded(owner)):  # by name: the same state, cut differently
+        names = optimizer_parameter_names(optimizer, owner)
+        if not load_full_optimizer_state(owner, optimizer, named_optimizer_state(saved, names)):
+            _optimizer_starts_fresh(index, _BELOW_ZERO3)
+    else:
+        optimizer.load_state_dict(without_parameter_names(saved, optimizer))
+
+
+_BELOW_ZERO3 = "an engine below ZeRO-3 takes optimizer state only from its own checkpoint, on as many ranks"
+
+
+def _optimizer_starts_fresh(index: int, why: str) -> None:
+    # stacklevel: the user's load_state line (this, _load_*, load_checkpoint, Accelerator.load_state, the user)
+    warnings.warn(f"optimizer {index}: {why}; the weights were loaded, the optimizer starts fresh", stacklevel=5)
+
+
+def _existing(directory: str, stem: str, index: int, plural: str) -> str:
+    path = os.path.join(directory, _numbered(stem, index))
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{path!r} is missing: the checkpoint has fewer {plural} than were prepared; prepare the same "
+            "objects, in the same order, as when saving."
+        )
+    return path
+
+
 def load_checkpoint(
     directory: str,
     *,
@@ -189,42 +274,14 @@ def load_checkpoint(
     """Restore what :func:`save_checkpoint` wrote into the (already prepared) objects, on every rank."""
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"no checkpoint directory at {directory!r}")
-    groups = (("model", models), ("optimizer", optimizers), ("scheduler", schedulers))
-    for stem, objects in groups:
-        for index, obj in enumerate(objects):
-            sharded = os.path.join(directory, _sharded_dir(stem, index))
-            engine_dir = os.path.join(directory, _engine_dir(index))
-            if stem == "model" and os.path.isdir(engine_dir):
-                if is_engine(obj):
-                    obj.load_checkpoint(engine_dir, tag=_DEEPSPEED_TAG)
-                else:
-                    _load_deepspeed_weights(obj, engine_dir)
-                continue
-            if stem == "optimizer" and hasattr(obj, "engine"):
-                continue  # loaded with its engine
-            if stem == "optimizer" and not os.path.exists(os.path.join(directory, _numbered(stem, index))) and any(
-                name.endswith(".deepspeed") for name in os.listdir(directory)
-            ):
-                warnings.warn(f"optimizer {index}: a DeepSpeed checkpoint's optimizer state loads only into a "
-                              "DeepSpeed engine; the weights were loaded, the optimizer starts fresh", stacklevel=3)
-                continue
-            if stem == "model" and os.path.isdir(sharded):
-                _load_sharded_model(obj, sharded)
-                continue
-            if stem == "optimizer" and os.path.isdir(sharded):
-                owner = _model_of(obj, models)
-                if owner is None:
-                    raise ValueError(f"{sharded!r} holds a sharded optimizer state keyed by parameter name, but "
-                                     f"optimizer {index} updates none of the prepared models' parameters")
-                _load_sharded_optimizer(owner, obj, sharded)
-                continue
-            path = os.path.join(directory, _numbered(stem, index))
-            if not os.path.exists(path):
-                raise FileNotFoundError(
-                    f"{path!r} is missing: the checkpoint has fewer {stem}s than were prepared "
-                    f"({len(objects)}); prepare the same objects, in the same order, as when saving."
-                )
-            obj.load_state_dict(_load(path))
+    restored = set()
+    for index, model in enumerate(models):
+        restored.update(_load_model(directory, index, model, optimizers))
+    for index, optimizer in enumerate(optimizers):
+        if index not in restored:
+            _load_optimizer(directory, index, optimizer, models)
+    for index, scheduler in enumerate(schedulers):
+        scheduler.load_state_dict(_load(_existing(directory, "scheduler", index, "schedulers")))
     if scaler is not None and os.path.exists(os.path.join(directory, "scaler.pt")):
         scaler.load_state_dict(_load(os.path.join(directory, "scaler.pt")))
 

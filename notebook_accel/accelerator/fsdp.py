@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 
-__all__ = ["FullyShardedDataParallelPlugin", "shard_model", "is_sharded", "full_state_dict"]
+__all__ = ["FullyShardedDataParallelPlugin", "shard_model", "is_sharded", "full_state_dict", "canonical_name"]
 
 WrapPolicy = Union[str, Callable[[torch.nn.Module], bool], None]
 _POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
@@ -190,7 +190,7 @@ def _mixed_precision_policy(plugin: FullyShardedDataParallelPlugin, mixed_precis
     return MixedPrecisionPolicy()
 
 
-def _canonical(name: str) -> str:
+def canonical_name(name: str) -> str:
     # activation checkpointing wraps a block; its parameters' names gain this segment (state_dict hides it)
     return name.replace("_checkpoint_wrapped_module.", "")
 
@@ -229,7 +229,7 @@ def shard_model(
     for block in blocks:
         fully_shard(block, **options)
     fully_shard(model, **options)
-    after = {_canonical(name): param for name, param in model.named_parameters()}
+    after = {canonical_name(name): param for name, param in model.named_parameters()}
     return {param: after[name] for name, param in before.items() if name in after and after[name] is not param}
 
 

@@ -6,8 +6,9 @@ DeepSpeed config from what the launch knows (the loader's batch size, the Accele
 and precision), so no "auto" is left for the user to fix. The training loop stays the same:
 ``accelerator.backward`` goes through the engine, ``optimizer.step()`` is the engine's step on sync steps.
 
-``deepspeed`` is an optional dependency, imported only when a plugin is used (``pip install deepspeed``; on a
-machine without CUDA its ops are not built, ``DS_BUILD_OPS=0``, and the torch optimizer is what runs).
+``deepspeed`` is an optional dependency, imported only when a plugin is used (``pip install deepspeed``). No
+DeepSpeed op is built: none at install (``DS_BUILD_OPS=0``), and on CPU not its shared-memory collective either,
+which it would JIT-compile at the first engine (see :func:`_no_shared_memory_op_on_cpu`); the torch optimizer runs.
 """
 from __future__ import annotations
 
@@ -182,8 +183,27 @@ def is_engine(model: Any) -> bool:
     return type(model).__name__ == "DeepSpeedEngine" and type(model).__module__.startswith("deepspeed")
 
 
+def _no_shared_memory_op_on_cpu(deepspeed: Any) -> None:
+    """Keep DeepSpeed from compiling its CPU collective op: training's collectives are torch's own (gloo).
+
+    The first DeepSpeed engine of a CPU process creates DeepSpeed's torch comm backend, which JIT-compiles
+    ``deepspeed_shm_comm`` (ninja and g++, 30 s to minutes, a compiler of several GiB as the rank's child) into
+    ``~/.cache/torch_extensions``, shared by every environment. The op serves only ``inference_all_reduce``
+    (DeepSpeed inference's tensor parallelism), which falls back to ``torch.distributed.all_reduce`` without it;
+    ZeRO's collectives go through torch.distributed either way. DeepSpeed builds it only when its table of
+    compatible ops (``deepspeed.ops.__compatible_ops__``, probed once and kept in the module so edits persist)
+    says so: marking the op not compatible there is the narrowest switch it offers (no variable does). Only the
+    CPU accelerator has the op; elsewhere the table is left unprobed.
+    """
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def build_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Dict[str, Any]) -> Any:
     deepspeed = import_deepspeed()
+    _no_shared_memory_op_on_cpu(deepspeed)
     # DeepSpeed calls collectives torch has deprecated, and torch says so at every step in every rank: a
     # warning about DeepSpeed's code the user can do nothing about, so it is not shown
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
