@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 from ...errors import LaunchError
 from ...formatting import signal_name
 from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt
-from ...outcome.stacks import where_waiting
+from ...outcome.stacks import fold_inherited_frames, where_waiting
 from ...wire.channel import EventDecoder
 from ..draining import PipeDrain, held_open_note
 from ...wire.events import (OutputLine, OutputLines, PeersWaiting, RankEvent, RankExited, RankFailed, RankResult,
@@ -338,7 +338,7 @@ class Supervisor:
         stacks = {rank: self.ranks[rank].stacks[mark:].decode("utf-8", "replace")
                   for rank, mark in asked.items() if len(self.ranks[rank].stacks) > mark}
         for rank, text in stacks.items():
-            self.deliver(RankStacks(rank=rank, text=text))
+            self.deliver(RankStacks(rank=rank, text=fold_inherited_frames(text), full=text))
         return stacks
 
     # ------------------------------------------------------------------------------------------- stopping
