@@ -47,9 +47,9 @@ def configure_fork_server(context: multiprocessing.context.BaseContext) -> None:
 
 
 def ensure_fork_server() -> None:
-    """Start the fork server if it is not running, importing the kernel's copy of the package (the first
-    launch's cwd stays the server's for its life: its preloaded modules are what every rank runs)."""
-    with _kernel_package_first(), temporary_environ(_server_environment()):
+    """Start the fork server, if it is not running, so that it preloads the kernel's copy of the package (it
+    keeps those modules for its life: every later fork-server rank is a fork of it)."""
+    with starting_rank_process(), temporary_environ(_server_environment()):
         multiprocessing.forkserver.ensure_running()
 
 
@@ -57,12 +57,6 @@ def ensure_fork_server() -> None:
 def starting_rank_process() -> Iterator[None]:
     """Around ``process.start()`` of a rank (or the XLA host): the child neither re-runs ``__main__`` nor
     imports our package from anywhere but the kernel's copy. Only this thread's starts are affected."""
-    with _kernel_package_first():
-        yield
-
-
-@contextmanager
-def _kernel_package_first() -> Iterator[None]:
     _install_preparation_filter()
     _starting.active = True
     try:

@@ -23,9 +23,9 @@ from ...formatting import signal_name
 from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt
 from ...outcome.stacks import fold_inherited_frames, where_waiting
 from ...wire.channel import EventDecoder
-from ..draining import PipeDrain, held_open_note
 from ...wire.events import (OutputLine, OutputLines, PeersWaiting, RankEvent, RankExited, RankFailed, RankResult,
                             RankStacks, RankStarted, Status)
+from ..draining import PipeDrain, held_open_note
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..base import StopPolicy
