@@ -24,7 +24,7 @@ from .outcome.oom import explain as explain_out_of_memory
 from .outcome.oom import kind_of_failure, oom_kill_count
 from .outcome.raising import root_cause_exception
 from .outcome.root_cause import Outcome
-from .outcome.stacks import fold_stack_dump
+from .outcome.stacks import fold_inherited_frames, fold_stack_dump
 from .plan.config import fill_from_config
 from .plan.options import launcher_parameters, options_help, with_defaults
 from .plan.plan import LaunchPlan, plan_launch
@@ -91,18 +91,24 @@ class Launch:
         """Ask every rank to stop (thread-safe); ``wait`` then raises ``KeyboardInterrupt``."""
         self._stop_requested.set()
 
-    def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
+    def dump_stacks(self, timeout: float = 2.0, *, full: bool = False) -> Dict[int, str]:
         """Where is each rank? Every running rank's Python stacks, all threads (faulthandler's format), by
-        rank — for a rank stuck in a collective or a deadlock. The view shows them too.
+        rank — for a rank stuck in a collective or a deadlock. The view shows them too. A forked rank's main
+        thread also holds the kernel's stack from the moment of the fork (IPython, ipykernel, the cell's line):
+        folded into one line, unless ``full``.
 
         >>> job = start_launch(train, num_processes=2)        # doctest: +SKIP
         >>> print(job.dump_stacks()[1])                         # doctest: +SKIP
-        Thread 0x00007f... (most recent call first):
-          File "<notebook>", line 12 in train
+        Current thread 0x00007f... (most recent call first):
+          File "/tmp/ipykernel_4711/3127.py", line 12 in train
+          ...
+          File ".../multiprocessing/process.py", line 314 in _bootstrap
+          [27 frames from before the rank started (the kernel's own, if forked) folded; full=True has them]
         """
         if self.done:
             return {}
-        return self.backend.dump_stacks(timeout)
+        stacks = self.backend.dump_stacks(timeout)
+        return stacks if full else {rank: fold_inherited_frames(text) for rank, text in stacks.items()}
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until the launch ends; return the result or raise the root cause."""

@@ -132,6 +132,28 @@ def test_bad_options_fail_before_any_process_starts(home):
     assert typo.returncode == 2 and "unknown option(s) num_procs" in typo.stderr
 
 
+def test_a_mistyped_option_or_a_missing_script_gets_launchs_own_usage_and_a_clear_message(home):
+    typo = cli(home, "launch", "--num-procesess", "2", "train.py")
+    assert typo.returncode == 2 and "hello" not in typo.stdout
+    assert typo.stderr.startswith("usage: notebook-accel launch "), typo.stderr  # launch's usage, not the top's
+    assert "unrecognized arguments: --num-procesess" in typo.stderr
+    assert "did you mean --num-processes?" in typo.stderr, typo.stderr
+    bad_choice = cli(home, "launch", "--device=cdu", "train.py")  # outside the choices: launch's usage too
+    assert bad_choice.returncode == 2
+    assert bad_choice.stderr.startswith("usage: notebook-accel launch "), bad_choice.stderr
+
+    no_script = cli(home, "launch")
+    assert no_script.returncode == 2
+    assert no_script.stderr.startswith("usage: notebook-accel launch "), no_script.stderr
+    message = no_script.stderr.strip().splitlines()[-1]
+    assert message.startswith("notebook-accel launch: error: ") and "script.py" in message, message
+    assert "target_args" not in no_script.stderr and "target" not in message.replace("script.py", ""), message
+
+    config_typo = cli(home, "config", "--shwo")  # the same for every sub-command
+    assert config_typo.returncode == 2 and config_typo.stderr.startswith("usage: notebook-accel config"), \
+        config_typo.stderr
+
+
 def test_config_questionnaire_and_write_basic_config(home):
     answers = "cpu\n2\nbf16\n2\n1\nc10d\nnode0.example:29400\n1\nfsdp\nGPT2Block\nyes\n"
     done = cli(home, "config", stdin=answers)

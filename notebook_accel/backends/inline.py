@@ -21,6 +21,7 @@ from ..rank.tracebacks import hide_launcher_frames
 from ..wire.channel import DirectSender, set_rank_channel
 from ..wire.events import RankExited, RankStarted, Status
 from .base import Backend, LaunchSink, StopPolicy
+from .environ import temporary_environ
 from .kernel_capture import captured_fds, deliver_outside_capture
 
 
@@ -42,7 +43,7 @@ class InlineBackend(Backend):
         sender = DirectSender(0, deliver)
         deliver(RankStarted(rank=0, pid=os.getpid()))
         try:
-            with _environment(self.plan.rank_env(0, self._rendezvous_env)), \
+            with temporary_environ(self.plan.rank_env(0, self._rendezvous_env)), \
                     captured_fds(deliver), _alarm(policy.remaining()), \
                     _interrupt_on(policy.stop_requested):
                 run = run_rank(self.plan.payload.load, sender, send_result=False,
@@ -78,20 +79,6 @@ def format_thread_stacks() -> str:
         lines = "".join(reversed(traceback.format_stack(frame)))
         parts.append(f"Thread {ident:#x} ({names.get(ident, '?')}, most recent call first):\n{lines}")
     return "\n".join(parts)
-
-
-@contextmanager
-def _environment(values: Dict[str, str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
 
 @contextmanager

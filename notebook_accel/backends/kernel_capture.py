@@ -17,13 +17,14 @@ import os
 import select
 import sys
 import threading
+import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, List, TextIO
+from typing import Callable, Iterator, List, Optional, TextIO
 
 from ..rank.streams import flush_std_streams, line_writer
 from ..wire.events import OutputLine, RankEvent
+from .draining import PipeDrain, held_open_note
 
-DRAIN_AFTER_END = 1.0  # a subprocess the function left running may hold the pipe open: stop waiting then
 _READ_BYTES = 1 << 16
 
 _delivering = threading.local()  # set while this thread hands an event to the view
@@ -77,7 +78,8 @@ class _RankStream(io.TextIOBase):
 
 
 class _PipeReader(threading.Thread):
-    """Reads one capture pipe to EOF, delivering one ``OutputLine`` per line."""
+    """Reads one capture pipe to EOF, delivering one ``OutputLine`` per line. Once the function ended
+    (``ended``), a subprocess it left running may hold the pipe open: ``PipeDrain`` says when to stop."""
 
     def __init__(self, read_fd: int, stream: str, deliver: Callable[[RankEvent], None]) -> None:
         super().__init__(name=f"notebook_accel-inline-{stream}", daemon=True)
@@ -86,13 +88,26 @@ class _PipeReader(threading.Thread):
         self.deliver = deliver
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.partial = ""
-        self.give_up = threading.Event()  # set when a subprocess keeps the pipe open past the drain time
+        self.ended = threading.Event()    # the function ended and the capture's write ends are closed
+        self.give_up = threading.Event()  # stop now (Ctrl-C while the capture ended)
+        self._drain: Optional[PipeDrain] = None
 
     def run(self) -> None:
         while not self.give_up.is_set():
-            if not select.select([self.read_fd], [], [], 0.1)[0]:
+            ready = bool(select.select([self.read_fd], [], [], 0.1)[0])
+            if self.ended.is_set():
+                if self._drain is None:  # what is in the pipe now is all the function wrote
+                    self._drain = PipeDrain(self.read_fd, time.monotonic())
+                why = self._drain.give_up(ready, time.monotonic())
+                if why is not None:
+                    self.flush_partial()
+                    self.deliver(OutputLine(rank=0, stream="stderr", text=held_open_note(0, self.stream, why)))
+                    return
+            if not ready:
                 continue
             chunk = os.read(self.read_fd, _READ_BYTES)
+            if self._drain is not None:
+                self._drain.got(len(chunk), time.monotonic())
             if not chunk:
                 break
             lines = (self.partial + self.decoder.decode(chunk)).split("\n")
@@ -138,11 +153,16 @@ def captured_fds(deliver: Callable[[RankEvent], None]) -> Iterator[None]:
         for fd, copy in saved.items():
             os.dup2(copy, fd)  # closes the capture pipe's write end: the readers see EOF
             os.close(copy)
-        for reader in readers:
-            reader.join(DRAIN_AFTER_END)
-            reader.give_up.set()  # a subprocess still holds the pipe: keep what came, stop reading
-            reader.join()
-            os.close(reader.read_fd)
+        try:
+            for reader in readers:
+                reader.ended.set()
+            for reader in readers:
+                reader.join()  # to EOF, however slow the view; bounded where a subprocess holds the pipe
+        finally:
+            for reader in readers:
+                reader.give_up.set()  # only when the join was interrupted (Ctrl-C) is one still reading
+                reader.join()
+                os.close(reader.read_fd)
 
 
 def _outside_stream(stream: TextIO, saved: dict) -> TextIO:

@@ -71,7 +71,8 @@ def add_launch_parser(commands) -> argparse.ArgumentParser:
     add("--display", choices=(Display.TEXT.value, Display.NONE.value), default=Display.TEXT.value)
     add_sharding_arguments(parser)
     add("target", metavar="script.py | module", help="the script to run (or module name with -m)")
-    add("target_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    script_args = add("target_args", metavar="args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    script_args.required = False  # none is fine: only a missing script is an error, named as such
     return parser
 
 

@@ -198,9 +198,11 @@ class ResourceSample(RankEvent):
 @dataclass
 class RankStacks(RankEvent):
     """Where a rank is: its Python stacks, every thread (faulthandler's format), when asked for with
-    ``Launch.dump_stacks()`` or when a timeout stopped the launch."""
+    ``Launch.dump_stacks()`` or when a timeout stopped the launch. ``text`` is for people (the frames a forked
+    rank inherited from the kernel folded into one line), ``full`` the dump as faulthandler wrote it."""
 
     text: str
+    full: str = ""
 
 
 @dataclass

@@ -6,22 +6,18 @@
 from __future__ import annotations
 
 import multiprocessing
-import multiprocessing.util
 import os
 import signal
-import threading
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
-from multiprocessing import spawn
-from typing import Dict, Iterator, List
+from typing import Dict, List
 
 from ...outcome.root_cause import Outcome
 from ...plan.plan import LaunchPlan
-from ...rank.forkserver_preload import KERNEL_TEMPDIR_VARIABLE
 from ...rank.process import RankSpec, rank_main
 from ...wire.fds import PassedFd, make_pipe
 from ..base import Backend, LaunchSink, StopPolicy
+from .starting import configure_fork_server, ensure_fork_server, starting_rank_process
 from .supervisor import Supervisor
 
 
@@ -69,12 +65,7 @@ class ProcessBackend(Backend):
         super().__init__(plan)
         self.context = multiprocessing.get_context(plan.start_method)
         if plan.start_method == "forkserver":
-            # The server imports torch once; every later rank is a cheap fork of a warm interpreter.
-            # Everything a rank imports (rank.process imports the rank side; the payload comes unpickled).
-            self.context.set_forkserver_preload(["torch", "notebook_accel.rank.process", "notebook_accel.wire.payload",
-                                                 "notebook_accel.rank.forkserver_preload"])
-            # Read by the server (it inherits the environment when it starts) to clean up after a killed kernel.
-            os.environ[KERNEL_TEMPDIR_VARIABLE] = f"{os.getpid()}:{multiprocessing.util.get_temp_dir()}"
+            configure_fork_server(self.context)  # what the server preloads, from the kernel's copy
         self._lifeline_r, self._lifeline_w = os.pipe()
         self._supervisor = None
         self._ranks: List[RankProcess] = []
@@ -98,6 +89,8 @@ class ProcessBackend(Backend):
     def start(self, rendezvous_env: Dict[str, str]) -> List[RankProcess]:
         ranks: List[RankProcess] = []
         try:
+            if self.plan.start_method == "forkserver":
+                ensure_fork_server()
             for rank in range(self.plan.world_size):
                 ranks.append(self._start_rank(rank, rendezvous_env, ranks))
         except BaseException:  # e.g. Ctrl-C between two starts: the supervisor never saw these ranks
@@ -154,7 +147,7 @@ class ProcessBackend(Backend):
         )
         process = self.context.Process(target=self.rank_target, args=(spec,), name=f"notebook_accel-rank-{rank}")
         try:
-            with warnings.catch_warnings(), main_not_rerun():
+            with warnings.catch_warnings(), starting_rank_process():
                 # Python >= 3.12 warns on fork in a multi-threaded process (every Jupyter kernel); the rank
                 # replaces what it inherited from those threads (streams, signal handlers) first thing.
                 warnings.simplefilter("ignore", DeprecationWarning)
@@ -165,39 +158,3 @@ class ProcessBackend(Backend):
         return RankProcess(spec.rank, process, pipes["stdout"][0], pipes["stderr"][0], pipes["events"][0],
                            pipes["stacks"][0])
 
-
-_skip_main = threading.local()
-
-
-@contextmanager
-def main_not_rerun() -> Iterator[None]:
-    """Start forkserver/spawn children without re-running the launching script's ``__main__``.
-
-    multiprocessing makes such a child import the parent's main script (as ``__mp_main__``) so that
-    functions pickled by reference resolve; a script that calls ``notebook_launcher`` without an
-    ``if __name__ == "__main__":`` guard would then launch again in every rank and die with
-    multiprocessing's bootstrap error. Our ranks never need it: the function travels by value
-    (cloudpickle). Only this thread's starts are affected.
-    """
-    _install_preparation_filter()
-    _skip_main.active = True
-    try:
-        yield
-    finally:
-        _skip_main.active = False
-
-
-def _install_preparation_filter() -> None:
-    if getattr(spawn.get_preparation_data, "_notebook_accel", False):
-        return
-    original = spawn.get_preparation_data
-
-    def get_preparation_data(name):
-        data = original(name)
-        if getattr(_skip_main, "active", False):
-            data.pop("init_main_from_path", None)
-            data.pop("init_main_from_name", None)
-        return data
-
-    get_preparation_data._notebook_accel = True  # type: ignore[attr-defined]
-    spawn.get_preparation_data = get_preparation_data

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 from ...errors import LaunchError
 from ...formatting import signal_name
 from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt
-from ...outcome.stacks import where_waiting
+from ...outcome.stacks import fold_inherited_frames, where_waiting
 from ...wire.channel import EventDecoder
 from ...wire.events import (OutputLine, OutputLines, PeersWaiting, RankEvent, RankExited, RankFailed, RankResult,
                             RankStacks, RankStarted, Status)
+from ..draining import PipeDrain, held_open_note
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..base import StopPolicy
@@ -33,7 +34,6 @@ if TYPE_CHECKING:  # pragma: no cover
 TICK_SECONDS = 0.1          # view.tick() cadence, and the longest the loop sleeps
 ROOT_CAUSE_WINDOW = 0.25    # after a first failure, how long to collect others before naming the root cause
 TERMINATE_GRACE = 1.0       # SIGTERM, then SIGKILL after this
-DRAIN_AFTER_EXIT = 1.0      # how long to wait for pipe EOF once a rank is gone (its children may hold them)
 STACKS_WAIT = 2.0           # how long a timeout waits for the ranks' stack dumps
 STACKS_QUIET = 0.15         # a dump is complete once its pipe has been quiet this long
 PEER_WAIT_VARIABLE = "NOTEBOOK_ACCEL_PEER_WAIT"  # seconds a rank may have finished while others run, unsaid
@@ -57,7 +57,9 @@ class _RankState:
         self.partial = {"stdout": "", "stderr": ""}
         self.events = EventDecoder()
         self.exited_at: Optional[float] = None
-        self.drain_from: Optional[float] = None  # when to start the DRAIN_AFTER_EXIT clock: its process is gone
+        # Once its process is gone: each pipe read to EOF, or given up when only what the rank left behind
+        # holds it open (``backends.draining``).
+        self.drains: Dict[int, PipeDrain] = {}
         self.exitcode: Optional[int] = None
         self.failed: Optional[RankFailed] = None
         self.result: Optional[bytes] = None
@@ -70,6 +72,11 @@ class _RankState:
     @property
     def done(self) -> bool:
         return self.exited_at is not None and not self.open_fds
+
+    def start_draining(self, now: float) -> None:
+        """Its process is gone: what is left in its pipes is all it wrote."""
+        if not self.drains:
+            self.drains = {fd: PipeDrain(fd, now) for fd in self.open_fds}
 
 
 class Supervisor:
@@ -157,10 +164,11 @@ class Supervisor:
         if self._terminated_at is not None and not self._killed and now - self._terminated_at >= TERMINATE_GRACE:
             self._signal_alive(signal.SIGKILL)
             self._killed = True
-        for state in self.ranks.values():  # children of a dead rank may keep its pipes open: stop waiting
-            if state.drain_from is not None and state.open_fds and now - state.drain_from >= DRAIN_AFTER_EXIT:
-                for fd in list(state.open_fds):
-                    self._close_fd(state, fd)
+        for state in self.ranks.values():  # what a dead rank left running may keep its pipes open
+            for fd, drain in list(state.drains.items()):
+                why = drain.give_up(self._fd_ready(fd), now) if fd in state.open_fds else None
+                if why is not None:
+                    self._give_up_pipe(state, fd, why)
 
     # ------------------------------------------------------------------------------------------- reading
 
@@ -169,6 +177,8 @@ class Supervisor:
             chunk = os.read(fd, _READ_BYTES)
         except OSError:
             chunk = b""
+        if fd in state.drains:
+            state.drains[fd].got(len(chunk), time.monotonic())
         name = state.open_fds[fd]
         if name == "events":
             for event in state.events.feed(chunk):
@@ -224,8 +234,7 @@ class Supervisor:
         for state in states:
             if state.exited_at is None:
                 self._rank_gone(state, process.exitcode)
-            elif state.drain_from is None:
-                state.drain_from = time.monotonic()
+            state.start_draining(time.monotonic())
 
     def _rank_gone(self, state: _RankState, exitcode: Optional[int], *, stopped_elsewhere: bool = False,
                    process_gone: bool = True) -> None:
@@ -235,7 +244,6 @@ class Supervisor:
         handle = state.handle
         state.exitcode = exitcode
         state.exited_at = time.monotonic()
-        state.drain_from = state.exited_at if process_gone else None
         # Read what the rank sent before dying, so an exception it managed to send is not mistaken for a
         # silent death.
         while process_gone and handle.events_fd in state.open_fds and self._fd_ready(handle.events_fd):
@@ -252,8 +260,17 @@ class Supervisor:
     def _fd_ready(fd: int) -> bool:
         return bool(select.select([fd], [], [], 0)[0])
 
+    def _give_up_pipe(self, state: _RankState, fd: int, why: str) -> None:
+        """Stop reading a pipe that a process the rank left behind holds open; say so for an output stream."""
+        name = state.open_fds[fd]
+        self._close_fd(state, fd)
+        if name in ("stdout", "stderr"):
+            self.deliver(OutputLine(rank=state.handle.rank, stream="stderr",
+                                    text=held_open_note(state.handle.rank, name, why)))
+
     def _close_fd(self, state: _RankState, fd: int) -> None:
         name = state.open_fds.pop(fd)
+        state.drains.pop(fd, None)
         if name in state.partial and state.partial[name]:
             self.deliver(OutputLine(rank=state.handle.rank, stream=name, text=state.partial[name]))
             state.partial[name] = ""
@@ -321,7 +338,7 @@ class Supervisor:
         stacks = {rank: self.ranks[rank].stacks[mark:].decode("utf-8", "replace")
                   for rank, mark in asked.items() if len(self.ranks[rank].stacks) > mark}
         for rank, text in stacks.items():
-            self.deliver(RankStacks(rank=rank, text=text))
+            self.deliver(RankStacks(rank=rank, text=fold_inherited_frames(text), full=text))
         return stacks
 
     # ------------------------------------------------------------------------------------------- stopping
@@ -349,8 +366,11 @@ class Supervisor:
             self.status = Status.STOPPED
             if self._terminated_at is None:
                 self._stop(Status.STOPPED)
-            end = time.monotonic() + TERMINATE_GRACE + DRAIN_AFTER_EXIT + 1.0
-            while not all(state.done for state in self.ranks.values()) and time.monotonic() < end:
+            # Bounded while a rank outlives SIGKILL; its pipes are then read as at a normal end (to EOF).
+            end = time.monotonic() + TERMINATE_GRACE + 1.0
+            while not all(state.done for state in self.ranks.values()):
+                if time.monotonic() > end and any(state.exited_at is None for state in self.ranks.values()):
+                    break
                 self._poll(TICK_SECONDS)
                 self._decide(None)
         finally:

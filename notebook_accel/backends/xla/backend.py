@@ -17,7 +17,8 @@ from typing import Dict, List, Optional
 from ...plan import tpu
 from ...rank.xla.host import XlaHostSpec, host_main
 from ...wire.fds import PassedFd, make_pipe
-from ..processes.backend import ProcessBackend, RankProcess, main_not_rerun
+from ..processes.backend import ProcessBackend, RankProcess
+from ..processes.starting import ensure_fork_server, starting_rank_process
 
 
 class XlaBackend(ProcessBackend):
@@ -59,7 +60,9 @@ class XlaBackend(ProcessBackend):
             compile_cache=getattr(self.plan, "compile_cache", None), **self._host_spec_extras())
         process = self.context.Process(target=self.host_target, args=(spec,), name="notebook_accel-xla-host")
         try:
-            with warnings.catch_warnings(), main_not_rerun():
+            if self.plan.start_method == "forkserver":
+                ensure_fork_server()
+            with warnings.catch_warnings(), starting_rank_process():
                 warnings.simplefilter("ignore", DeprecationWarning)  # fork in a multi-threaded kernel (3.12+)
                 process.start()
         except BaseException:
