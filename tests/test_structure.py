@@ -2,9 +2,9 @@
 
 The package's imports are read from its source (every ``import`` statement, also those inside functions and
 in ``if TYPE_CHECKING:`` blocks), so a cycle hidden behind a function-level import fails here too. A type-only
-import never runs, but it is a design arrow all the same: a module that names another's types depends on it, and
-two modules that name each other's are one module in two files. A spawn rank running a trivial function is then asked which of our
-modules it loaded.
+import never runs, but it is a design arrow all the same: a module that names another's types depends on it,
+and two modules that name each other's are one module in two files. A spawn rank running a trivial function is
+then asked which of our modules it loaded.
 """
 from __future__ import annotations
 

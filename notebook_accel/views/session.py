@@ -90,8 +90,9 @@ class SessionView:
     @staticmethod
     def html(summary: SessionSummary) -> str:
         items = [("ranks", str(summary.num_processes)), ("device", summary.device),
-                 ("start method", summary.start_method), ("status", str(summary.status)), ("runs", str(summary.runs)),
-                 ("restarts", str(summary.restarts)), ("memory", " · ".join(summary.rank_figures()))]
+                 ("start method", summary.start_method), ("status", str(summary.status)),
+                 ("runs", str(summary.runs)), ("restarts", str(summary.restarts)),
+                 ("memory", " · ".join(summary.rank_figures()))]
         if summary.notice:
             items.append(("last", summary.notice))
         cells = "".join(f'<span style="margin-right:18px">{name}: <b class="na-session-{name.replace(" ", "-")}">'
