@@ -1,11 +1,13 @@
-"""The fenced code blocks of a Markdown page, each with the ``<!-- readme-test: HOW (WHY) -->`` line above it that
-says how the tests check it. Every block must have one: a block nobody runs is a block that can lie.
+"""The fenced code blocks of the README and of every docs page (``pages()``), each with the
+``<!-- readme-test: HOW (WHY) -->`` line above it that says how the tests check it (tests/test_readme.py). Every
+block must have one: a block nobody runs is a block that can lie. A block moved to another page is checked there;
+a new page's blocks are checked as soon as the page exists.
 
 HOW, for ``python`` blocks:
   run           executed as a script (with small stand-ins for the user's own ``make_model``, ...)
   kernel cell   executed as one cell of a real Jupyter kernel, the page's kernel cells in order
   fake tpu      executed as a script on a fake TPU host (tests/fake_tpu.py: no TPU here)
-  signature     compared with the function's real signature
+  signature     compared with the real signature of the function it names (``notebook_launcher(...)``)
   names only    only the names are checked (WHY says what it needs that the test machine lacks)
 and for ``bash`` blocks:
   ci            the set-up and test commands: ``.ci/run`` runs them (checked line by line)
@@ -17,6 +19,7 @@ and for plain blocks (no language):
 """
 from __future__ import annotations
 
+import glob
 import os
 import re
 from dataclasses import dataclass
@@ -40,7 +43,21 @@ class Block:
     why: Optional[str]
 
     def __str__(self) -> str:
-        return f"{os.path.basename(self.page)}:{self.line} ({self.lang}, {self.how})"
+        return f"{self.name}:{self.line} ({self.lang}, {self.how})"
+
+    @property
+    def name(self) -> str:
+        """The page as the repository names it: ``README.md``, ``docs/session.md``."""
+        parts = os.path.normpath(self.page).split(os.sep)
+        if parts[-1] == "README.md" or "docs" not in parts[:-1]:
+            return parts[-1]
+        return "/".join(parts[len(parts) - 1 - parts[::-1].index("docs"):])  # from the last docs/ down
+
+
+def pages(repo: str) -> List[str]:
+    """The pages whose blocks are checked: ``README.md``, then every Markdown page under ``docs/``."""
+    return [os.path.join(repo, "README.md")] + sorted(glob.glob(os.path.join(repo, "docs", "**", "*.md"),
+                                                                recursive=True))
 
 
 def blocks(page: str) -> List[Block]:

@@ -1,4 +1,6 @@
-"""The README's first commands are what CI runs, and the demo they start works."""
+"""The README's first commands are what CI runs, the demo they start works, and every code block of the README
+and of the docs pages (docs/*.md) runs, or is checked, as its ``<!-- readme-test: HOW (WHY) -->`` line says
+(tests/doc_blocks.py lists the HOWs). A block moved to another page is checked there."""
 from __future__ import annotations
 
 import os
@@ -13,24 +15,48 @@ from scripts import REPO, script_env
 
 
 README = os.path.join(REPO, "README.md")
+PAGES = doc_blocks.pages(REPO)
+PAGE_NAMES = [os.path.relpath(page, REPO) for page in PAGES]
 
 
-def test_every_block_says_how_it_is_checked():
+def blocks_of_every_page(how: str, lang=None):
+    """The blocks checked ``how`` on every page, README first."""
+    return [block for page in PAGES for block in doc_blocks.of(page, how, lang)]
+
+
+def pages_with(how: str):
+    return [page for page in PAGES if doc_blocks.of(page, how)]
+
+
+def _ids(blocks):
+    return [f"{block.name}:{block.line}" for block in blocks]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=PAGE_NAMES)
+def test_every_block_says_how_it_is_checked(page):
     hows = {"python": doc_blocks.PYTHON_HOWS, "bash": doc_blocks.BASH_HOWS, "": doc_blocks.PLAIN_HOWS}
-    for block in doc_blocks.blocks(README):
+    for block in doc_blocks.blocks(page):
         assert block.how is not None, f"{block}: no <!-- readme-test: ... --> line above it"
         assert block.how in hows.get(block.lang, ()), f"{block}: not a way to check a {block.lang or 'plain'} block"
         assert block.how in {"run", "kernel cell"} or block.why, f"{block}: say why in (...)"
 
 
+def test_every_way_of_checking_is_used():
+    """Each HOW checks some block somewhere: a test over no block would pass (or skip) while checking nothing."""
+    used = {block.how for page in PAGES for block in doc_blocks.blocks(page)}
+    unused = (doc_blocks.PYTHON_HOWS | doc_blocks.BASH_HOWS | doc_blocks.PLAIN_HOWS) - used
+    assert not unused, f"no block is checked {sorted(unused)}: did a page lose them?"
+
+
 def test_ci_runs_the_readme_set_up_and_test_commands():
-    """The README's first commands are what a fresh machine runs: .ci/run runs each line, in the same order."""
+    """The README's first commands are what a fresh machine runs: .ci/run runs each line, in the same order; a
+    ``ci`` block on a docs page (building the docs) is run by .ci/run too."""
     with open(os.path.join(REPO, ".ci", "run")) as ci:
         ci_lines = [line.strip() for line in ci]
     blocks = doc_blocks.of(README, "ci", "bash")
     assert [block.line for block in blocks] == [block.line for block in doc_blocks.blocks(README)[1:3]], \
         "the set-up and test commands must be the README's first shell blocks"
-    for block in blocks:
+    for block in blocks_of_every_page("ci", "bash"):
         commands = doc_blocks.command_lines(block.code)
         assert commands, f"{block}: no commands"
         where = [ci_lines.index(command) if command in ci_lines else -1 for command in commands]
@@ -53,31 +79,44 @@ def test_demo_trains_over_two_cpu_processes(tmp_path):
     assert "Warning" not in done.stdout + done.stderr  # the demo's own code warns about nothing
 
 
-# ------------------------------------------------------------------------------------- the README's Python
+# ------------------------------------------------------------------------------------- the pages' Python
 
-def _launcher_keywords(code: str):
+def _entry_point_calls(code: str):
+    """``(entry point, keywords)`` of each call of a public entry point the code makes by name."""
     import ast
 
-    return [keyword.arg for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Call)
-            and getattr(node.func, "id", None) == "notebook_launcher" for keyword in node.keywords]
+    from notebook_accel.plan.options import ENTRY_POINTS
+
+    return [(node.func.id, [keyword.arg for keyword in node.keywords]) for node in ast.walk(ast.parse(code))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ENTRY_POINTS]
 
 
-def test_blocks_that_cannot_run_here_name_only_real_options():
-    from notebook_accel.plan.options import OPTIONS
-
-    blocks = [block.code for block in doc_blocks.of(README, "names only", "python")]
-    assert blocks and all(_launcher_keywords(code) for code in blocks)
-    for code in blocks:
-        assert set(_launcher_keywords(code)) <= set(OPTIONS) | {"args", "kwargs", "config"}, code
+NAMES_ONLY = blocks_of_every_page("names only", "python")
 
 
-def test_the_signature_block_is_the_launchers_signature():
+@pytest.mark.parametrize("block", NAMES_ONLY, ids=_ids(NAMES_ONLY))
+def test_blocks_that_cannot_run_here_name_only_real_options(block):
+    from notebook_accel.plan.options import ENTRY_POINTS, options_for
+
+    calls = _entry_point_calls(block.code)
+    assert calls, f"{block}: calls no entry point by name, so nothing here checks it"
+    for entry, keywords in calls:
+        accepted = {option.name for option in options_for(entry)} | set(ENTRY_POINTS[entry])
+        assert set(keywords) <= accepted, f"{block}: {entry} takes no {sorted(set(keywords) - accepted)}"
+
+
+SIGNATURES = blocks_of_every_page("signature", "python")
+
+
+@pytest.mark.parametrize("block", SIGNATURES, ids=_ids(SIGNATURES))
+def test_signature_blocks_are_the_functions_signatures(block):
     import ast
     import inspect
 
-    from notebook_accel import notebook_launcher
+    import notebook_accel
 
-    code = doc_blocks.of(README, "signature", "python")[0].code
+    code = block.code
+    function = getattr(notebook_accel, code.strip().split("(", 1)[0])
     without_comments = "\n".join(line.split("#")[0].rstrip() for line in code.strip().splitlines())
     definition = ast.parse("def " + without_comments + ": pass").body[0]
     arguments = definition.args
@@ -85,9 +124,9 @@ def test_the_signature_block_is_the_launchers_signature():
     for argument, default in zip(arguments.args[-len(arguments.defaults):] + arguments.kwonlyargs,
                                  arguments.defaults + arguments.kw_defaults):
         documented[argument.arg] = ast.literal_eval(default)
-    actual = {name: parameter.default for name, parameter in inspect.signature(notebook_launcher).parameters.items()
+    actual = {name: parameter.default for name, parameter in inspect.signature(function).parameters.items()
               if parameter.default is not inspect.Parameter.empty}
-    assert documented == actual
+    assert documented == actual, block
 
 
 STAND_INS = '''
@@ -104,27 +143,30 @@ def make_loader():
 
 loss_fn = torch.nn.functional.cross_entropy
 '''
-RUN_BLOCKS = doc_blocks.of(README, "run", "python")
+RUN_BLOCKS = blocks_of_every_page("run", "python")
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("block", RUN_BLOCKS, ids=[f"line{block.line}" for block in RUN_BLOCKS])
+@pytest.mark.parametrize("block", RUN_BLOCKS, ids=_ids(RUN_BLOCKS))
 def test_runnable_blocks_run_as_written(block, tmp_path):
     check = "\nprint('STATE', sorted(state), all(isinstance(v, torch.Tensor) for v in state.values()))\n"
     script = tmp_path / "readme_block.py"
     script.write_text(STAND_INS + block.code + check)
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=script_env(), capture_output=True,
                           text=True, timeout=170)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.returncode == 0, f"{block}\n" + done.stdout[-2000:] + done.stderr[-3000:]
     assert "STATE ['0.bias', '0.weight', '2.bias', '2.weight'] True" in done.stdout
 
 
+TPU_BLOCKS = blocks_of_every_page("fake tpu", "python")
+
+
 @pytest.mark.timeout(240)
-def test_the_tpu_block_runs_on_a_fake_tpu_host(tmp_path):
+@pytest.mark.parametrize("block", TPU_BLOCKS, ids=_ids(TPU_BLOCKS))
+def test_tpu_blocks_run_on_a_fake_tpu_host(block, tmp_path):
     """No TPU here: the block runs on a fake v5e-2 host (fake sysfs and the fake torch_xla, tests/fake_tpu.py)."""
     from fake_tpu import tpu_host_env
 
-    (block,) = doc_blocks.of(README, "fake tpu", "python")
     stand_in = ("from notebook_accel import notebook_launcher\n"
                 "def train():\n    import torch_xla.runtime as xr\n    return xr.global_ordinal()\n")
     script = tmp_path / "tpu_block.py"
@@ -132,9 +174,10 @@ def test_the_tpu_block_runs_on_a_fake_tpu_host(tmp_path):
     env = {**tpu_host_env(str(tmp_path / "sysfs"), "v5e-2"), "HOME": str(tmp_path)}
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=220)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.returncode == 0, f"{block}\n" + done.stdout[-2000:] + done.stderr[-3000:]
     assert "STATE 0" in done.stdout  # rank 0's value, from the last assignment (one core)
-    assert os.listdir(tmp_path / "xla_cache"), "compile_cache='~/xla_cache' made no cache"
+    if "compile_cache=\"~/xla_cache\"" in block.code:
+        assert os.listdir(tmp_path / "xla_cache"), "compile_cache='~/xla_cache' made no cache"
 
 
 def test_the_notebooks_run_top_to_bottom_as_run_all_does():
@@ -156,32 +199,37 @@ def _shown(cell) -> str:
     return "".join(output["data"]["text/plain"] for output in cell.outputs if output["output_type"] == "execute_result")
 
 
+KERNEL_PAGES = pages_with("kernel cell")
+
+
 @pytest.mark.timeout(180)
-def test_kernel_cell_blocks_run_in_a_real_kernel(tmp_path, monkeypatch):
-    """The Session blocks (IPython syntax: ``%%ranks``, ``%load_ext``) run as consecutive cells of a notebook,
+@pytest.mark.parametrize("page", KERNEL_PAGES, ids=[os.path.relpath(page, REPO) for page in KERNEL_PAGES])
+def test_kernel_cell_blocks_run_in_a_real_kernel(page, tmp_path, monkeypatch):
+    """A page's kernel cells (IPython syntax: ``%%ranks``, ``%load_ext``) run as consecutive cells of one notebook,
     and each ``output`` block is what the cell above it shows."""
     import nbformat
     from nbclient import NotebookClient
 
-    page = doc_blocks.blocks(README)
-    cells = [block for block in page if block.how == "kernel cell"]
-    expected = {page[index - 1].line: block.code.strip() for index, block in enumerate(page)
-                if block.how == "output" and page[index - 1].how == "kernel cell"}
-    assert len(expected) == len(doc_blocks.of(README, "output")), "an output block not right after a kernel cell"
-    assert cells and any(cell.code.startswith("%%ranks") for cell in cells) and expected
+    name = os.path.relpath(page, REPO)
+    blocks = doc_blocks.blocks(page)
+    cells = [block for block in blocks if block.how == "kernel cell"]
+    expected = {blocks[index - 1].line: block.code.strip() for index, block in enumerate(blocks)
+                if block.how == "output" and blocks[index - 1].how == "kernel cell"}
+    assert len(expected) == len(doc_blocks.of(page, "output")), f"{name}: an output block not right after a kernel cell"
     monkeypatch.setenv("PYTHONPATH", script_env()["PYTHONPATH"])  # the notebook_accel under test
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell.code) for cell in cells])
     NotebookClient(notebook, timeout=120, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()  # raises on a cell's error
-    ranks_cell = next(cell for cell in notebook.cells if cell.source.startswith("%%ranks"))
-    printed = "".join(output.get("text", "") for output in ranks_cell.outputs)
-    assert "[rank 0] tensor(" in printed and "[rank 1] tensor(" in printed, printed
+    printing = [cell for cell in notebook.cells if cell.source.startswith("%%ranks") and "print(" in cell.source]
+    for ranks_cell in printing:
+        printed = "".join(output.get("text", "") for output in ranks_cell.outputs)
+        assert "[rank 0] " in printed and "[rank 1] " in printed, f"{name}: {ranks_cell.source}\nprinted {printed!r}"
     for block, cell in zip(cells, notebook.cells):
         if block.line in expected:
             assert _shown(cell) == expected[block.line], f"{block}: shows {_shown(cell)!r}"
 
 
-# ------------------------------------------------------------------------------------- the README's shell
+# ------------------------------------------------------------------------------------- the pages' shell
 
 def _stand_in_scripts(folder) -> None:
     script = ("import os, sys\n"
@@ -192,10 +240,13 @@ def _stand_in_scripts(folder) -> None:
     (folder / "my_package" / "train.py").write_text(script)
 
 
+SHELL_PAGES = pages_with("shell")
+
+
 @pytest.mark.timeout(300)
-def test_shell_blocks_run_line_by_line(tmp_path):
-    blocks = doc_blocks.of(README, "shell", "bash")
-    assert blocks
+@pytest.mark.parametrize("page", SHELL_PAGES, ids=[os.path.relpath(page, REPO) for page in SHELL_PAGES])
+def test_shell_blocks_run_line_by_line(page, tmp_path):
+    blocks = doc_blocks.of(page, "shell", "bash")
     _stand_in_scripts(tmp_path)
     env = {**script_env(), "HF_HOME": str(tmp_path / "hf"), "HOME": str(tmp_path)}
     env.pop("NOTEBOOK_ACCEL_CONFIG_FILE", None)
@@ -207,7 +258,9 @@ def test_shell_blocks_run_line_by_line(tmp_path):
             assert done.returncode == 0, f"{block}: `{command}` exited {done.returncode}:\n{output[-3000:]}"
             if " launch " in f" {command} ":
                 assert "args ['--epochs', '3']" in output or "args ['--lr', '3e-4']" in output, output[-2000:]
-    assert (tmp_path / "hf" / "notebook_accel" / "default_config.yaml").exists()
+    if any(command.startswith("notebook-accel config") for block in blocks
+           for command in doc_blocks.command_lines(block.code)):
+        assert (tmp_path / "hf" / "notebook_accel" / "default_config.yaml").exists()
 
 
 def test_files_blocks_name_scripts_that_exist_and_extras_that_exist():
@@ -216,7 +269,7 @@ def test_files_blocks_name_scripts_that_exist_and_extras_that_exist():
     setup = configparser.ConfigParser()
     setup.read(os.path.join(REPO, "setup.cfg"))
     extras = set(setup["options.extras_require"])
-    blocks = doc_blocks.of(README, "files", "bash")
+    blocks = blocks_of_every_page("files", "bash")
     assert blocks
     for block in blocks:
         for command in doc_blocks.command_lines(block.code):
