@@ -3,6 +3,12 @@
 The test starts JupyterLab (free port, random token, everything in a temp dir), opens a notebook, runs the
 launch cell, and checks the page: one progress row per rank reaching 100 %, a metric plot with one line per
 rank, the finished status. A screenshot is saved to ``tests/artifacts/dashboard.png``.
+
+The README's and the docs' picture of the dashboard, ``docs/images/dashboard.png``, is this test's picture of the
+launch cell, so it stays true: ``docs/images/dashboard.json`` records what it shows (our elements in the cell, in
+order: header items, rank rows, bars, plots). When the dashboard shows something else, the test writes both anew
+and fails, saying to look at the new picture and commit it; timings and memory figures that differ from run to run
+do not count. ``NOTEBOOK_ACCEL_UPDATE_PICTURES=1`` rewrites them anyway (fresh figures), without failing.
 """
 from __future__ import annotations
 
@@ -25,6 +31,8 @@ import pytest
 
 from scripts import PACKAGE_ROOT, REPO
 ARTIFACTS = os.path.join(REPO, "tests", "artifacts")
+PICTURE = os.path.join(REPO, "docs", "images", "dashboard.png")
+PICTURE_SHOWS = os.path.join(REPO, "docs", "images", "dashboard.json")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
@@ -169,6 +177,7 @@ def test_dashboard_in_jupyterlab(jupyter_lab, tmp_path):
         dashboard.scroll_into_view_if_needed()
         page.screenshot(path=screenshot, full_page=False)
         facts = page.evaluate(_FACTS_JS)
+        stale_picture = _keep_the_picture_true(page.locator(".jp-Cell", has=dashboard).first)
         panel_facts = _press_launch_in_the_panel(page)
 
     assert facts["ranks"] == 2, facts
@@ -186,6 +195,40 @@ def test_dashboard_in_jupyterlab(jupyter_lab, tmp_path):
     assert panel_facts["slider"] == "2" and panel_facts["ranks"] == 2, panel_facts
     assert all(width == "100%" for width in panel_facts["bar_widths"]) and len(panel_facts["bar_widths"]) == 2
     assert panel_facts["launch_enabled"] and not panel_facts["stop_enabled"], panel_facts
+    assert stale_picture is None, stale_picture
+
+
+# Our own elements in the launch cell, in page order, each as its sorted class names: what the picture shows,
+# without the figures (elapsed, memory, rates) that differ from run to run.
+_SHOWS_JS = """(cell) => [...cell.querySelectorAll('[class]')]
+  .filter(e => e.getClientRects().length > 0)
+  .map(e => [...e.classList].filter(c => c.startsWith('notebook-accel') || c.startsWith('na-')).sort().join(' '))
+  .filter(classes => classes)"""
+
+
+def _keep_the_picture_true(cell) -> "str | None":
+    """Compare what the launch cell shows with what the committed picture shows; when they differ (or
+    ``NOTEBOOK_ACCEL_UPDATE_PICTURES=1``), write the cell's picture and its description anew. Returns what to
+    say when the committed picture was out of date, else None."""
+    shows = cell.evaluate(_SHOWS_JS)
+    assert shows, "no notebook_accel element in the launch cell"
+    committed = None
+    if os.path.exists(PICTURE) and os.path.exists(PICTURE_SHOWS):
+        with open(PICTURE_SHOWS) as handle:
+            committed = json.load(handle)["shows"]
+    update = os.environ.get("NOTEBOOK_ACCEL_UPDATE_PICTURES") == "1"
+    if committed == shows and not update:
+        return None
+    os.makedirs(os.path.dirname(PICTURE), exist_ok=True)
+    cell.screenshot(path=PICTURE)
+    with open(PICTURE_SHOWS, "w") as handle:
+        json.dump({"about": "what docs/images/dashboard.png shows, written by tests/test_browser_dashboard.py",
+                   "shows": shows}, handle, indent=1)
+        handle.write("\n")
+    if update:
+        return None
+    return (f"the dashboard now shows something else than {os.path.relpath(PICTURE, REPO)}: the test wrote the new "
+            f"picture and {os.path.relpath(PICTURE_SHOWS, REPO)}; look at the picture and commit both")
 
 
 def _press_launch_in_the_panel(page) -> dict:
