@@ -312,7 +312,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), kwargs: Op
 
     Args:
         function: any callable, also one defined in the notebook, a closure or a lambda (it is cloudpickled).
-        args, kwargs: its arguments (``args`` must be a tuple).
+        args: its positional arguments, a tuple.
+        kwargs: its keyword arguments.
         {options}
 
     Every option is checked before any process starts (``LaunchConfigError``, naming this function); with
@@ -323,8 +324,10 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), kwargs: Op
     core, and ``torch_xla.runtime.global_ordinal()`` is the rank everywhere.
 
     Raises:
-        The root-cause rank's own exception (with its remote traceback as ``__cause__``), or
-        ``LaunchError`` when a rank died without one; ``KeyboardInterrupt`` when interrupted.
+        Exception: the root-cause rank's own exception, of its own type (its remote traceback as ``__cause__``).
+        LaunchError: a rank died without an exception (a signal, ``os._exit``, a segfault).
+        LaunchTimeout: ``timeout`` passed (a ``LaunchError`` and a ``TimeoutError``).
+        KeyboardInterrupt: the launch was interrupted; every rank was stopped.
 
     Example:
         >>> def train(lr):

@@ -300,7 +300,9 @@ def launch_panel(function: Callable[..., Any], args: tuple = (), kwargs: Optiona
         panel          # in a notebook: press Launch; panel.result holds rank 0's return value afterwards
 
     Args:
-        function, args, kwargs: what each launch runs, as for ``notebook_launcher``.
+        function: what each launch runs, as for ``notebook_launcher``.
+        args: its positional arguments, a tuple.
+        kwargs: its keyword arguments.
         {options}
     """
     # @entry_point resolved the options (given > saved config > defaults) and checked them

@@ -88,7 +88,7 @@ class WidgetTraffic:
         return self.last_update_at.get(comm, self.opened_at[comm]) - self.opened_at[comm]
 
     def assert_rate_within_promise(self, comm: str, what: str) -> None:
-        """The README: "under 10 widget messages a second per bar". Over the widget's life, plus a few
+        """docs/dashboard.md: "under 10 widget messages a second per bar". Over the widget's life, plus a few
         messages not paced by the throttle (the first draw, the closing exact value and style)."""
         updates, seconds = self.updates[comm], self.lifetime(comm)
         assert updates <= 10 * seconds + 4, f"{what}: {updates} update messages in {seconds:.2f} s"

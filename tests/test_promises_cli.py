@@ -1,5 +1,5 @@
-"""README promises of ``notebook-accel launch`` that no other test exercised (issue 17 §3, item 6), each run as
-a user runs it: a fresh process launching real ranks, with a private ``HF_HOME`` so no user config is read.
+"""Promises of docs/cli.md about ``notebook-accel launch`` that no other test exercised (issue 17 §3, item 6), each
+run as a user runs it: a fresh process launching real ranks, with a private ``HF_HOME`` so no user config is read.
 
 Already covered in tests/test_cli.py: exit code 124 and ``--timeout`` (test_exit_code_is_the_root_cause_ranks),
 ``sys.exit(n)`` → n and an exception → 1 (the same test), Ctrl-C → 130, bad options → 2.

@@ -1,4 +1,4 @@
-"""README promises about saved launch defaults that no other test exercised (issue 17 §3, item 7):
+"""Promises of docs/cli.md about saved launch defaults that no other test exercised (issue 17 §3, item 7):
 
 * ``notebook_launcher(..., config=True)`` fills the options left at their defaults from the default file (ours,
   else accelerate's); ``launch_panel(..., config=True)`` presets the pickers from it.

@@ -1,5 +1,6 @@
-"""README promise (issue 17 §3, item 8): each rank's GPU figures come from *its* GPU, "mapped through LOCAL_RANK
-and CUDA_VISIBLE_DEVICES" — with CUDA's index order (``CUDA_DEVICE_ORDER``) told apart from NVML's (PCI bus).
+"""A promise of docs/dashboard.md (issue 17 §3, item 8): each rank's GPU figures come from *its* GPU, "mapped
+through LOCAL_RANK and CUDA_VISIBLE_DEVICES" — with CUDA's index order (``CUDA_DEVICE_ORDER``) told apart from
+NVML's (PCI bus).
 
 There is no GPU on the test machine, so NVML is a fake (as in tests/test_debugging.py): a stand-in for
 nvidia-ml-py's ``pynvml`` describing GPUs by PCI order, the way the real library numbers them. The kernel-side

@@ -1,4 +1,4 @@
-"""README promises of "Several machines, and restarts" that no other test exercised (issue 17 §3, items 4, 5):
+"""Promises of docs/several-machines.md that no other test exercised (issue 17 §3, items 4, 5):
 two real node processes on localhost (``GLOO_SOCKET_IFNAME=lo``), each calling ``notebook_launcher(num_nodes=2,
 ...)`` as a notebook per node would, with real gloo ranks.
 

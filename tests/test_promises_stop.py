@@ -1,4 +1,4 @@
-"""README promises about stopping ranks, each with real processes (issue 17 §3, items 1 and 2):
+"""Promises of docs/launcher.md about stopping ranks, each with real processes (issue 17 §3, items 1 and 2):
 
 * "Ctrl-C / Jupyter's interrupt stops every rank (SIGTERM, then SIGKILL after 1 s)": a rank that ignores or
   traps SIGTERM must still be gone soon after, killed by SIGKILL.

@@ -1,6 +1,6 @@
 """The TPU backend on the real torch_xla 2.9, on its CPU client (``PJRT_DEVICE=CPU CPU_NUM_DEVICES=2``: one
 worker process, a thread per device, exactly the shape of a TPU v2/v3 chip). Marked ``xla``: kept out of the
-default run; ``scripts/test_xla_cpu.sh`` runs it in the torch_xla venv (README, "TPU"), and ``.ci/run`` runs it
+default run; ``scripts/test_xla_cpu.sh`` runs it in the torch_xla venv (docs/tpu.md), and ``.ci/run`` runs it
 when that venv is there.
 
 The launched functions are TPU code as users write it, unmodified: on the CPU client the launcher serializes

@@ -45,7 +45,8 @@ class DeepSpeedPlugin:
         gradient_clipping: the max gradient norm DeepSpeed clips to inside its step (``clip_grad_norm_`` must
             then ask for the same value: DeepSpeed fixes it when the engine is built). Default: no clipping
             (DeepSpeed's own default, 1.0, would clip a loop that never asked for it).
-        offload_optimizer_device / offload_param_device: "none", "cpu" or "nvme" (parameters: ZeRO-3 only).
+        offload_optimizer_device: "none", "cpu" or "nvme".
+        offload_param_device: "none", "cpu" or "nvme" (ZeRO-3 only).
     """
 
     hf_ds_config: Union[Dict[str, Any], str, None] = None
