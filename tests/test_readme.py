@@ -46,6 +46,8 @@ def test_every_way_of_checking_is_used():
     used = {block.how for page in PAGES for block in doc_blocks.blocks(page)}
     unused = (doc_blocks.PYTHON_HOWS | doc_blocks.BASH_HOWS | doc_blocks.PLAIN_HOWS) - used
     assert not unused, f"no block is checked {sorted(unused)}: did a page lose them?"
+    assert any(block.code.startswith("%%ranks") for block in blocks_of_every_page("kernel cell")), \
+        "no page runs a %%ranks cell"
 
 
 def test_ci_runs_the_readme_set_up_and_test_commands():
