@@ -25,6 +25,7 @@ from ..wire.events import RankEvent, RankFailed, RankStarted, Status, TaskDone
 from ..wire.fds import PassedFd
 from .base import Backend, LaunchSink, StopPolicy
 from .processes.backend import ProcessBackend, RankProcess
+from .prompts import Asker
 from .processes.supervisor import TICK_SECONDS, Supervisor
 from .xla.backend import XlaBackend
 
@@ -36,6 +37,7 @@ class _SessionRanks:
     end handed over as it starts, the kernel's kept), the pid each rank runs in, and ``kill``."""
 
     ranks_are_threads = False  # TPU ranks are device threads: interrupted by a command, not by SIGINT
+    answers_own_socket = False  # a prompt's answer comes on the rank's command socket
     plan: LaunchPlan
 
     def _open_sessions(self, group_backend: Optional[str], group_generation: int) -> None:
@@ -54,6 +56,8 @@ class _SessionRanks:
             for _, rank_end in self.sockets.values():  # only the ranks hold their ends now
                 rank_end.close()
         self.commands = {rank: CommandSender(kernel) for rank, (kernel, _) in self.sockets.items()}
+        for handle in ranks:  # what is typed at a rank's prompt goes on its command socket
+            handle.answers = self.commands[handle.rank]
         self.started = ranks
         self.pids = {handle.rank: handle.pid for handle in ranks}
         return ranks
@@ -132,8 +136,8 @@ class SessionSupervisor(Supervisor):
 
     def __init__(self, ranks: List[RankProcess], deliver: Callable[[RankEvent], None], tick: Callable[[], None],
                  *, policy: StopPolicy, expect_results: Callable[[int], bool], task_id: int,
-                 recover_timeout: float, processes: Any) -> None:
-        super().__init__(ranks, deliver, tick, policy=policy, expect_results=expect_results)
+                 recover_timeout: float, processes: Any, asker: Optional[Asker] = None) -> None:
+        super().__init__(ranks, deliver, tick, policy=policy, expect_results=expect_results, asker=asker)
         self.task_id = task_id
         self.recover_timeout = recover_timeout
         self.processes = processes
@@ -173,9 +177,12 @@ class SessionSupervisor(Supervisor):
                 self.idle.add(event.rank)
                 self.sequences[event.rank] = event.group_sequence
                 self.shadowed.update(event.shadowed)
+                self.desk.withdraw(event.rank)
+                self._post_mortem_over(event.rank)
             return
         if isinstance(event, RankFailed) and is_interrupt(event) and state.stopped_by_us:
             state.failed = event  # our own interrupt: the view shows the rank stopped when the run ends
+            self.desk.withdraw(event.rank)
             return
         if isinstance(event, RankStarted):  # a rank says it once, when the session starts
             state.pid = self.processes.pids[event.rank] = event.pid
@@ -293,6 +300,8 @@ class SessionRunBackend(Backend):
 
     def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
         self._deliver = sink.deliver
+        if hasattr(self.command, "no_one_types"):  # the task's prompts: answered here, or skipped (and why)
+            self.command.no_one_types = sink.asker.absent  # type: ignore[attr-defined]
         for handle in self.ranks:  # the rows of this run's dashboard: each rank is there, and running
             sink.deliver(RankStarted(rank=handle.rank, pid=self.processes.pids.get(handle.rank, handle.pid)))
         for handle in self.ranks:  # a rank already gone is the supervisor's to report
@@ -302,7 +311,7 @@ class SessionRunBackend(Backend):
         self.supervisor = SessionSupervisor(
             self.ranks, sink.deliver, sink.tick, policy=policy,
             expect_results=lambda rank: self.plan.sends_result(rank), task_id=self.task_id,
-            recover_timeout=self.recover_timeout, processes=self.processes)
+            recover_timeout=self.recover_timeout, processes=self.processes, asker=sink.asker)
         return self.supervisor.run()
 
     def _close(self) -> None:

@@ -3,6 +3,10 @@
 One loop in one thread (the kernel's main thread for ``notebook_launcher``, so Ctrl-C / Jupyter's interrupt
 arrive here as ``KeyboardInterrupt``). It turns bytes into events for the view, decides the root cause of
 a failure, and guarantees that when it returns every rank and everything they started is gone.
+
+A rank at a prompt (pdb, ``input()``) is asked about in this thread (``backends.prompts``): while ``input()``
+waits, the same loop runs on in a helper thread. The timeout and the early-leaver notice do not count the time
+a rank waits at a prompt, and a rank in post-mortem is not ended for its own failure until the person is done.
 """
 from __future__ import annotations
 
@@ -23,9 +27,10 @@ from ...formatting import signal_name
 from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt
 from ...outcome.stacks import fold_inherited_frames, where_waiting
 from ...wire.channel import EventDecoder
-from ...wire.events import (OutputLine, OutputLines, PeersWaiting, RankEvent, RankExited, RankFailed, RankResult,
-                            RankStacks, RankStarted, Status)
+from ...wire.events import (OutputLine, OutputLines, PeersWaiting, PromptKind, RankEvent, RankExited, RankFailed,
+                            RankPrompt, RankResult, RankStacks, RankStarted, Status)
 from ..draining import PipeDrain, held_open_note
+from ..prompts import Asker, NoOneTypes, PromptDesk, PromptWithdrawn, ask_while
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..base import StopPolicy
@@ -68,6 +73,7 @@ class _RankState:
         self.pid = handle.pid           # the process the rank runs in, as its RankStarted says
         self.stacks = bytearray()       # everything faulthandler wrote for this rank's dumps
         self.stacks_at = 0.0            # when the last of it arrived
+        self.exited_running = 0.0       # the policy's running time (prompts not counted) when it ended
 
     @property
     def done(self) -> bool:
@@ -85,7 +91,7 @@ class Supervisor:
     selector_class: type = selectors.DefaultSelector
 
     def __init__(self, ranks: List[RankProcess], deliver: Callable[[RankEvent], None], tick: Callable[[], None],
-                 *, policy: StopPolicy, expect_results: Callable[[int], bool]) -> None:
+                 *, policy: StopPolicy, expect_results: Callable[[int], bool], asker: Optional[Asker] = None) -> None:
         self.ranks = {handle.rank: _RankState(handle) for handle in ranks}
         self.deliver = deliver
         self.tick = tick
@@ -109,6 +115,9 @@ class Supervisor:
         self._killed = False
         self._stack_requests: "queue.Queue[_StackRequest]" = queue.Queue()
         self._timeout_stacks: Dict[int, str] = {}
+        self.desk = PromptDesk(asker, deliver)  # ranks waiting at a prompt (pdb, input())
+        # Ranks in pdb on their own failure, not yet reported: their failure, counted from when the pdb began.
+        self._post_mortems: Dict[int, Failure] = {}
 
     # ------------------------------------------------------------------------------------------ main loop
 
@@ -116,10 +125,8 @@ class Supervisor:
         """Block until every rank is gone. On KeyboardInterrupt: stop all ranks, then re-raise it."""
         try:
             while not self._finished():
-                self._poll(TICK_SECONDS)
-                self._serve_stack_requests()
-                self._decide(self.policy)
-                self.tick()
+                self._step()
+                self._serve_prompts()
             self._drain()
         except BaseException:  # Ctrl-C, or a bug: either way no rank may outlive the launch
             self._emergency_stop()
@@ -127,6 +134,14 @@ class Supervisor:
         finally:
             self.selector.close()
         return self._outcome()
+
+    def _step(self) -> None:
+        """One turn of the loop: read what is there, answer stack requests, decide, tick the view."""
+        self._poll(TICK_SECONDS)
+        self._serve_stack_requests()
+        self._hold_while_prompted()
+        self._decide(self.policy)
+        self.tick()
 
     def _finished(self) -> bool:
         """The loop's end: every rank gone and its pipes read to EOF (a warm session's run ends sooner)."""
@@ -152,6 +167,8 @@ class Supervisor:
             reason = policy.reason(now) if policy is not None else None
             if reason == Status.STOPPED:
                 self._stop(Status.STOPPED)
+            elif self._post_mortems:
+                pass  # a failed rank is in pdb: it says when it is done (then the failure rule applies)
             elif self.failures and now - self.failures[0].time >= ROOT_CAUSE_WINDOW:
                 self._stop(Status.FAILED)
             elif self.failures and all(s.exited_at is not None for s in self.ranks.values()):
@@ -214,11 +231,19 @@ class Supervisor:
         if isinstance(event, RankStarted):
             state.started = True
             state.pid = event.pid  # where the rank runs: an XLA device thread's is a worker, not our child
+        elif isinstance(event, RankPrompt):
+            self._on_prompt(state, event)
         elif isinstance(event, RankResult):
             state.result = event.payload
+            self.desk.withdraw(event.rank)
+            self._post_mortem_over(event.rank)
         elif isinstance(event, RankFailed):
             state.failed = event
-            if self.status is None:
+            self.desk.withdraw(event.rank)
+            counted = self._post_mortems.pop(event.rank, None)
+            if counted is not None:  # its post-mortem is over: the failure it counted is this one
+                counted.event = event
+            elif self.status is None:
                 if is_interrupt(event):  # Jupyter's interrupt reached the rank too: the launch is stopped
                     self._stop(Status.STOPPED)
                 else:
@@ -249,11 +274,16 @@ class Supervisor:
         while process_gone and handle.events_fd in state.open_fds and self._fd_ready(handle.events_fd):
             self._read(state, handle.events_fd)
         stopped = state.stopped_by_us or stopped_elsewhere
+        state.exited_running = self.policy.running_time(state.exited_at)
+        self.desk.withdraw(handle.rank)
+        counted = self._post_mortems.pop(handle.rank, None)
+        if counted is not None and state.failed is None:  # died in its post-mortem, before reporting
+            counted.exitcode = exitcode
         self.deliver(RankExited(rank=handle.rank, exitcode=exitcode, signal_name=signal_name(exitcode),
                                 stopped=stopped))
         silent = state.failed is None and (exitcode != 0 or
                                            (state.result is None and self.expect_result(handle.rank)))
-        if silent and self.status is None and not stopped:
+        if silent and self.status is None and not stopped and counted is None:
             self.failures.append(Failure(handle.rank, state.exited_at, exitcode=exitcode))
 
     @staticmethod
@@ -285,10 +315,10 @@ class Supervisor:
         finished = [state for state in self.ranks.values() if state.exited_at is not None and state.exitcode == 0
                     and state.failed is None and not state.stopped_by_us]
         waiting = sorted(rank for rank, state in self.ranks.items() if state.exited_at is None)
-        if not finished or not waiting:
+        if not finished or not waiting or self.desk.waiting:
             return
         first = min(finished, key=lambda state: state.exited_at)
-        seconds = now - first.exited_at
+        seconds = self.policy.running_time(now) - first.exited_running  # time at a prompt is no one's wait
         if seconds < self.peer_wait:
             return
         self._peers_noticed = True
@@ -340,6 +370,65 @@ class Supervisor:
         for rank, text in stacks.items():
             self.deliver(RankStacks(rank=rank, text=fold_inherited_frames(text), full=text))
         return stacks
+
+    # ------------------------------------------------------------------------------------------- prompts
+
+    def _on_prompt(self, state: _RankState, event: RankPrompt) -> None:
+        self.desk.arrived(event)
+        if event.kind == PromptKind.POST_MORTEM and event.rank not in self._post_mortems and self.status is None:
+            # The rank failed when its post-mortem began: that is its place in the root-cause order, and the
+            # launch is not ended for it until the person is done (its RankFailed follows).
+            failure = Failure(event.rank, time.monotonic())
+            self._post_mortems[event.rank] = failure
+            self.failures.append(failure)
+        self._hold_while_prompted()
+
+    def _post_mortem_over(self, rank: int) -> None:
+        """``rank`` ended a post-mortem without failing (``Session.debug`` looks at an earlier run's failure)."""
+        counted = self._post_mortems.pop(rank, None)
+        if counted is not None and counted.event is None and counted in self.failures:
+            self.failures.remove(counted)
+
+    def _hold_while_prompted(self) -> None:
+        """The timeout's clock stands still while a rank waits at a prompt."""
+        if self.desk.waiting:
+            self.policy.hold()
+        else:
+            self.policy.release()
+
+    def _serve_prompts(self) -> None:
+        """Ask for the line of the prompt whose turn it is, if any; the loop runs on meanwhile (``ask_while``)."""
+        prompt = self.desk.next_prompt()
+        if prompt is None or self.status is not None:
+            return
+        state = self.ranks[prompt.rank]
+        try:
+            line = ask_while(self.desk.asker, self.desk.label(prompt, self._settle_output(state)), self._step,
+                             lambda: self.status is None and self.desk.is_waiting(prompt))
+        except PromptWithdrawn:
+            return
+        except NoOneTypes as why:
+            answer = self.desk.skipped(prompt, str(why))
+        else:
+            if not self.desk.is_waiting(prompt):  # answered as it went away
+                return
+            answer = self.desk.answered(prompt, line)
+        self._hold_while_prompted()
+        if state.handle.answers is not None:
+            try:
+                state.handle.answers.send(answer)
+            except OSError:  # the rank is gone: its death is reported as any other
+                pass
+
+    def _settle_output(self, state: _RankState) -> str:
+        """Read what the rank wrote before its prompt (it flushed before asking), so that pdb's lines come first;
+        returns its unfinished stdout line (``input("name: ")``'s text before the prompt), taken from the output."""
+        for fd, name in list(state.open_fds.items()):
+            if name in ("stdout", "stderr"):
+                while fd in state.open_fds and self._fd_ready(fd):
+                    self._read(state, fd)
+        before, state.partial["stdout"] = state.partial["stdout"], ""
+        return before
 
     # ------------------------------------------------------------------------------------------- stopping
 
