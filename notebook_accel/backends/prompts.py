@@ -143,7 +143,7 @@ class PromptDesk:
         self._answered_at = time.monotonic()
         words = (line or "").split()
         self._ran_on = line is None or (bool(words) and words[0] in RUNS_ON)
-        self.deliver(PromptAnswered(rank=prompt.rank, seq=prompt.seq))
+        self.deliver(PromptAnswered(rank=prompt.rank, seq=prompt.seq, ran_on=self._ran_on))
         return PromptAnswer(prompt.seq, line)
 
     def skipped(self, prompt: RankPrompt, why: str) -> PromptAnswer:

@@ -238,6 +238,7 @@ class LaunchState:
         self.attempt: Optional[AttemptStarted] = None    # set once a restart began
         self.peers_waiting: Optional[PeersWaiting] = None  # a rank finished while others still run
         self.session_notices: List[str] = []  # what a warm session did after this run ("ranks restarted: ...")
+        self.prompt_left_at: Optional[float] = None  # when a rank last left a prompt (peers waited for it till then)
 
     # ------------------------------------------------------------------------------------------ reading
     @property
@@ -310,7 +311,8 @@ class LaunchState:
             state = self.rank(event.rank)
             if state.status == RankStatus.AT_PROMPT:
                 # It runs again; the time at the prompt was no stall.
-                state.status, state.prompt, state.last_progress_at = RankStatus.RUNNING, None, time.monotonic()
+                state.status, state.prompt = RankStatus.RUNNING, None
+                self.prompt_left_at = time.monotonic()
             return state
         if isinstance(event, RankResult):
             self.rank(event.rank).status = RankStatus.FINISHED
@@ -401,11 +403,17 @@ class LaunchState:
     # ------------------------------------------------------------------------------------ stragglers
     def stalled_for(self, state: RankState, now: Optional[float] = None) -> Optional[float]:
         """Seconds since ``state``'s progress last moved, when that is ``stall_after`` or more while a peer
-        moved within ``stall_after`` (a rank that is merely waiting with everyone else is not stalled)."""
+        moved within ``stall_after`` (a rank that is merely waiting with everyone else is not stalled). While a rank
+        sits at a prompt (pdb), and until ``stall_after`` after it left one, no rank is stalled: its peers may be
+        waiting for it in a collective, and the person debugging it is no slow code."""
         if self.finished is not None or state.status != RankStatus.RUNNING or len(self.ranks) < 2:
+            return None
+        if any(peer.status == RankStatus.AT_PROMPT for peer in self.ranks.values()):
             return None
         now = time.monotonic() if now is None else now
         since = state.last_progress_at if state.last_progress_at is not None else self.start_time
+        if self.prompt_left_at is not None:
+            since = max(since, self.prompt_left_at)
         idle = now - since
         if idle < self.stall_after:
             return None

@@ -249,9 +249,12 @@ class RankPrompt(RankEvent):
 
 @dataclass
 class PromptAnswered(RankEvent):
-    """Made in the kernel: rank ``rank``'s prompt ``seq`` got its line (or was withdrawn): it runs again."""
+    """Made in the kernel: rank ``rank``'s prompt ``seq`` got its line (or was withdrawn): it runs again.
+    ``ran_on``: the line lets it run on (pdb's ``c``, ``q``; a withdrawn prompt), not a step it soon comes back from
+    (``n``, ``p x``)."""
 
     seq: int = 0
+    ran_on: bool = True
 
 
 @dataclass
