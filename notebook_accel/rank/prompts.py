@@ -86,11 +86,18 @@ def route_prompts() -> Callable[[], None]:
 
 def forget_kernel_hooks() -> None:
     """A rank process's first step: the ``input()`` and ``sys.breakpointhook`` it inherited from a kernel (ipykernel's
-    input box, debugpy's hook) talk to the kernel's sockets, which are not this process's; and its ``pdb`` is
-    Python's again (ipykernel puts IPython's in the module: ``ipdb>``, colours), as in a script and a spawned rank."""
+    input box, debugpy's hook) talk to the kernel's sockets, which are not this process's, as do its
+    ``sys.excepthook`` and ``sys.displayhook`` (an error or a value in pdb's ``interact`` console would be sent there,
+    not printed); and its ``pdb`` is Python's again (ipykernel puts IPython's in the module: ``ipdb>``, colours), as
+    in a script and a spawned rank."""
     if not isinstance(builtins.input, types.BuiltinFunctionType):
         builtins.input = _plain_input
     sys.breakpointhook = sys.__breakpointhook__
+    sys.excepthook, sys.displayhook = sys.__excepthook__, sys.__displayhook__
+    if "ipykernel" in sys.modules:  # the kernel's console prompts ("In : "): ``interact`` asks ">>> " again
+        for name in ("ps1", "ps2"):
+            if hasattr(sys, name):
+                delattr(sys, name)
     pdb = sys.modules.get("pdb")
     if pdb is not None and getattr(pdb.Pdb, "__module__", "pdb") != "pdb":
         importlib.reload(pdb)
@@ -155,6 +162,8 @@ def rank_input(prompt: object = "") -> str:
                 raise PromptInterrupted() from None
             raise
         if answer.skipped is None and answer.line is not None:
+            if _leaves_console(debugger, str(prompt), answer.line):
+                raise EOFError  # back to pdb, as Ctrl-D does
             return answer.line
         if answer.skipped is None:
             raise EOFError  # Ctrl-D: pdb quits (BdbQuit), as in a terminal
@@ -163,6 +172,14 @@ def rank_input(prompt: object = "") -> str:
     if debugger is not None:
         return "continue"  # no one to type: the code goes on (pdb's end-of-input would quit with BdbQuit)
     raise EOFError
+
+
+def _leaves_console(debugger: Optional[bdb.Bdb], prompt: str, line: str) -> bool:
+    """``exit()`` (or ``quit()``) typed in pdb's ``interact`` console: a notebook's input box cannot send Ctrl-D,
+    and in a rank ``exit()`` would end the rank (Python's) or ask the kernel to shut down (IPython's). It goes back
+    to pdb instead, as Python 3.13's pdb does."""
+    console = debugger is not None and prompt != getattr(debugger, "prompt", prompt)  # not pdb's own "(Pdb) "
+    return console and line.strip() in ("exit()", "quit()")
 
 
 def rank_breakpointhook(*args: Any, **kws: Any) -> Any:
