@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from scripts import script_env
 from typing_kernel import Answers, TypingKernel, plain
 
 pytestmark = pytest.mark.timeout(300)
@@ -194,3 +195,86 @@ def test_a_cell_without_stdin_skips_the_breakpoint_with_a_notice(kernel):
     assert "RESULT 5" in run.output
     assert re.search(r"\[rank [01]\] notebook_accel: rank [01]'s breakpoint at .*:3 was skipped", run.output), \
         run.output
+
+
+def test_a_headless_notebook_with_a_forgotten_breakpoint_runs_through_with_a_notice(tmp_path, monkeypatch):
+    """nbclient (as papermill and nbval run notebooks) sends no input boxes: every breakpoint, on process ranks and
+    on the in-kernel rank, is skipped with one line naming the rank and the place; ``PYTHONBREAKPOINT=0`` silences
+    them. Nothing waits for a person who is not there."""
+    import time
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    cells = [IMPORTS + "import pdb", cell("""
+        def train():
+            rank = int(os.environ["RANK"])
+            if rank == 1:
+                breakpoint()
+            else:
+                pdb.set_trace()
+            return rank * 10
+        print("RESULT", notebook_launcher(train, num_processes=2, start_method="fork", display="text",
+                                          return_all=True))
+    """), cell("""
+        def inline():
+            breakpoint()
+            return "inline done"
+        print("RESULT", notebook_launcher(inline, num_processes=1, display="text"))
+    """), cell("""
+        os.environ["PYTHONBREAKPOINT"] = "0"   # as in Python: breakpoint() is off (pdb.set_trace() is not)
+        def only_breakpoints():
+            breakpoint()
+            return int(os.environ["RANK"]) * 10
+        print("RESULT", notebook_launcher(only_breakpoints, num_processes=2, start_method="fork", display="text",
+                                          return_all=True))
+    """)]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    monkeypatch.setenv("PYTHONPATH", script_env()["PYTHONPATH"])  # the notebook_accel under test
+    client = NotebookClient(notebook, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}})
+    started = time.monotonic()
+    client.execute()
+    seconds = time.monotonic() - started
+
+    def shown(index: int) -> str:
+        return "".join(output.get("text", "") for output in notebook.cells[index].outputs)
+
+    two_ranks, inline, silenced = shown(1), shown(2), shown(3)
+    assert "RESULT [0, 10]" in two_ranks, two_ranks
+    assert re.search(r"\[rank 1\] notebook_accel: rank 1's breakpoint at .*:4 was skipped: this notebook runs "
+                     r"without input boxes", two_ranks), two_ranks
+    # pdb.set_trace() is pdb itself (no hook to ask first): it says where it stands (the line after the call) before
+    # its first command finds no one to type
+    assert re.search(r"\[rank 0\] notebook_accel: rank 0's breakpoint at .*:7 was skipped", two_ranks), two_ranks
+    assert "RESULT inline done" in inline and re.search(r"rank 0's breakpoint at .*:2 was skipped", inline), inline
+    assert "RESULT [0, 10]" in silenced and "skipped" not in silenced and "Pdb" not in silenced, silenced
+    assert seconds < 240, seconds  # a cell's timeout (120 s) catches a hang; this only says "no one was waited for"
+
+
+def test_interact_opens_a_console_in_the_ranks_frame_and_exit_returns_to_pdb(kernel):
+    # A notebook's input box cannot send Ctrl-D: exit() leaves the console back to pdb (as in Python 3.13's pdb),
+    # instead of ending the rank
+    answers = Answers([
+        (r"^\[rank 1\] \(Pdb\) $", "interact"),
+        (r"^\[rank 1\] >>> $", "y = x * 2"),          # Python's console prompt, not the kernel's "In : "
+        (r"^\[rank 1\] >>> $", "print('Y IS', y)"),
+        (r"^\[rank 1\] >>> $", "exit()"),
+        (r"^\[rank 1\] \(Pdb\) $", "p x"),
+        (r"^\[rank 1\] \(Pdb\) $", "c"),
+    ])
+    run = kernel.run(cell("""
+        def train():
+            rank = int(os.environ["RANK"])
+            x = 40 + rank
+            if rank == 1:
+                breakpoint()
+            return x
+        print("RESULT", notebook_launcher(train, num_processes=2, start_method="fork", display="text",
+                                          return_all=True))
+    """), answers)
+    answers.check(run)
+    assert run.error is None, plain(run.output)
+    assert "Y IS 82" in run.output_after(2), run.output_after(2)
+    assert "41" in run.output_after(4), run.output_after(4)
+    assert "RESULT [40, 41]" in run.output, plain(run.output)
