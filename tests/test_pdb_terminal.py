@@ -141,3 +141,20 @@ def test_pythonbreakpoint_0_turns_breakpoints_off_in_every_rank(tmp_path):
         assert finish(child) == 0
     finally:
         child.close(force=True)
+
+
+def test_ctrl_c_at_a_prompt_stops_the_launch_and_leaves_no_rank(tmp_path):
+    import psutil
+
+    script = write(tmp_path, "train.py", SCRIPT)
+    child = spawn(tmp_path, [sys.executable, script, "fork"])
+    try:
+        child.expect(r"\[rank 1\] \(Pdb\) ")
+        ranks = psutil.Process(child.pid).children(recursive=True)
+        child.sendintr()
+        child.expect(r"KeyboardInterrupt")
+        assert finish(child) != 0
+        gone, alive = psutil.wait_procs(ranks, timeout=30)
+        assert not alive, alive
+    finally:
+        child.close(force=True)
