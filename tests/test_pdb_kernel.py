@@ -168,13 +168,14 @@ def test_session_debug_after_a_failure_then_the_session_runs_again(kernel):
 
 
 def test_the_in_kernel_rank_asks_too(kernel):
-    answers = Answers([(r"^\[rank 0\] \(Pdb\) $", "p x"), (r"^\[rank 0\] \(Pdb\) $", "c")])
+    # the person takes longer than the launch's timeout: its clock stands still while the rank is at the prompt
+    answers = Answers([(r"^\[rank 0\] \(Pdb\) $", "p x", 5.0), (r"^\[rank 0\] \(Pdb\) $", "c")])
     run = kernel.run(cell("""
         def train():
             x = "inline value"
             breakpoint()
             return x
-        print("RESULT", notebook_launcher(train, num_processes=1, display="text"))
+        print("RESULT", notebook_launcher(train, num_processes=1, display="text", timeout=3))
     """), answers)
     answers.check(run)
     assert run.error is None, plain(run.output)
