@@ -44,6 +44,9 @@ if __name__ == "__main__":
         print("RESULT", notebook_launcher(train, num_processes=1, display="text"))
     elif mode == "xla":
         print("RESULT", notebook_launcher(train, device="xla", display="text", return_all=True))
+    elif mode == "xla-session":
+        with Session(display="text") as session:   # a TPU host: the session's ranks are device threads
+            print("RESULT", session.run(train, return_all=True))
     else:
         print("RESULT", notebook_launcher(train, num_processes=2, start_method=mode, display="text",
                                           return_all=True))
@@ -78,10 +81,10 @@ def finish(child: pexpect.spawn) -> int:
     return child.exitstatus
 
 
-@pytest.mark.parametrize("mode", ["fork", "forkserver", "spawn", "inline", "session", "xla"])
+@pytest.mark.parametrize("mode", ["fork", "forkserver", "spawn", "inline", "session", "xla", "xla-session"])
 def test_a_breakpoint_asks_in_the_terminal_on_every_backend(tmp_path, mode):
     script = write(tmp_path, "train.py", SCRIPT)
-    env = tpu_host_env(str(tmp_path / "sysfs"), "v5e-2") if mode == "xla" else None
+    env = tpu_host_env(str(tmp_path / "sysfs"), "v5e-2") if mode.startswith("xla") else None
     last = 0 if mode == "inline" else 1
     child = spawn(tmp_path, [sys.executable, script, mode], env=env)
     try:
@@ -156,5 +159,36 @@ def test_ctrl_c_at_a_prompt_stops_the_launch_and_leaves_no_rank(tmp_path):
         assert finish(child) != 0
         gone, alive = psutil.wait_procs(ranks, timeout=30)
         assert not alive, alive
+    finally:
+        child.close(force=True)
+
+
+XLA_FAILING_SCRIPT = """
+from notebook_accel import notebook_launcher
+
+def train():
+    import torch_xla.runtime as xr
+    rank = xr.global_ordinal()
+    inner_marker = f"failing frame of device thread {rank}"
+    if rank == 1:
+        raise ValueError(f"rank {rank} breaks")
+    return rank
+
+if __name__ == "__main__":
+    notebook_launcher(train, device="xla", display="text", pdb=True)
+"""
+
+
+def test_pdb_true_opens_post_mortem_in_an_xla_device_thread(tmp_path):
+    script = write(tmp_path, "fails_on_xla.py", XLA_FAILING_SCRIPT)
+    child = spawn(tmp_path, [sys.executable, script], env=tpu_host_env(str(tmp_path / "sysfs"), "v5e-2"))
+    try:
+        child.expect(r"\[rank 1\] \(Pdb\) ")
+        child.sendline("p inner_marker")
+        child.expect(r"'failing frame of device thread 1'")
+        child.expect(r"\[rank 1\] \(Pdb\) ")
+        child.sendline("q")
+        child.expect(r"ValueError: rank 1 breaks")
+        assert finish(child) == 1
     finally:
         child.close(force=True)
