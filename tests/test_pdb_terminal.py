@@ -192,3 +192,32 @@ def test_pdb_true_opens_post_mortem_in_an_xla_device_thread(tmp_path):
         assert finish(child) == 1
     finally:
         child.close(force=True)
+
+
+DIST_BREAKPOINT_SCRIPT = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+marker = f"module frame of rank {dist.get_rank()}"
+dist.breakpoint(rank=0)
+dist.barrier()
+print("DONE", dist.get_rank())
+"""
+
+
+def test_launch_with_dist_breakpoint_asks_rank_0_while_rank_1_waits(tmp_path):
+    script = write(tmp_path, "dist_bp.py", DIST_BREAKPOINT_SCRIPT)
+    child = spawn(tmp_path, [sys.executable, "-m", "notebook_accel.cli", "launch", "--num-processes", "2", script])
+    try:
+        child.expect(r"\[rank 0\] \(Pdb\) ")
+        child.sendline("up")  # from torch's breakpoint() to the script's line
+        child.expect(r"\[rank 0\] \(Pdb\) ")
+        child.sendline("p marker")
+        child.expect(r"'module frame of rank 0'")
+        child.expect(r"\[rank 0\] \(Pdb\) ")
+        assert "DONE" not in child.before  # rank 1 waits in torch's barrier
+        child.sendline("c")
+        child.expect(r"\[rank [01]\] DONE [01]")
+        child.expect(r"\[rank [01]\] DONE [01]")
+        assert finish(child) == 0
+    finally:
+        child.close(force=True)
