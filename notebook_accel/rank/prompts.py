@@ -34,6 +34,7 @@ from .streams import flush_std_streams
 from .tracebacks import is_launcher_frame, skip_launcher_frames
 
 POST_MORTEM_MARK = "notebook_accel_post_mortem"  # set on the pdb that ``post_mortem`` opens
+BREAKPOINT_MARK = "notebook_accel_breakpoint"     # set on the pdb that ``breakpoint()`` opens (not pdb.set_trace())
 
 
 class PromptInterrupted(BaseException):
@@ -168,7 +169,7 @@ def rank_input(prompt: object = "") -> str:
         if answer.skipped is None:
             raise EOFError  # Ctrl-D: pdb quits (BdbQuit), as in a terminal
         skipped = channel.no_one_types = answer.skipped
-    _say_skipped(channel, event, skipped)
+    _say_skipped(channel, event, skipped, by_breakpoint=debugger is None or getattr(debugger, BREAKPOINT_MARK, False))
     if debugger is not None:
         return "continue"  # no one to type: the code goes on (pdb's end-of-input would quit with BdbQuit)
     raise EOFError
@@ -198,6 +199,7 @@ def rank_breakpointhook(*args: Any, **kws: Any) -> Any:
     if hook not in ("", "pdb.set_trace"):  # another debugger, named by the user
         return sys.__breakpointhook__(*args, **kws)
     debugger = python_pdb()()
+    setattr(debugger, BREAKPOINT_MARK, True)
     header = kws.get("header")
     if header is not None:
         debugger.message(header)
@@ -276,15 +278,18 @@ def _prompt_event(rank: int, prompt: str, debugger: Optional[bdb.Bdb]) -> RankPr
                       lineno=frame.f_lineno if frame is not None else None)
 
 
-def _say_skipped(channel: Any, event: RankPrompt, why: str) -> None:
-    """One line on the rank's stderr, once per place: what was skipped, where, and why."""
+def _say_skipped(channel: Any, event: RankPrompt, why: str, by_breakpoint: bool = True) -> None:
+    """One line on the rank's stderr, once per place: what was skipped, where, and why. ``by_breakpoint``: the pdb
+    was opened by ``breakpoint()`` (which ``PYTHONBREAKPOINT=0`` turns off), not by ``pdb.set_trace()`` or torch's
+    ``dist.breakpoint``."""
     said: Set[tuple] = channel.__dict__.setdefault("_skipped_said", set())
     key = (event.kind, event.filename, event.lineno)
     if key in said:
         return
     said.add(key)
-    what = {PromptKind.BREAKPOINT: "breakpoint", PromptKind.POST_MORTEM: "post-mortem"}.get(event.kind, "input()")
+    what = {PromptKind.BREAKPOINT: "breakpoint" if by_breakpoint else "pdb",
+            PromptKind.POST_MORTEM: "post-mortem"}.get(event.kind, "input()")
     where = f" at {event.where}" if event.where else ""
-    hint = "; PYTHONBREAKPOINT=0 turns breakpoint() off" if event.kind == PromptKind.BREAKPOINT else ""
+    hint = "; PYTHONBREAKPOINT=0 turns breakpoint() off" if what == "breakpoint" else ""
     print(f"notebook_accel: rank {channel.rank}'s {what}{where} was skipped: {why}{hint}", file=sys.stderr,
           flush=True)
