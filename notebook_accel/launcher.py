@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 from .backends import Backend, LaunchSink, backend_for
+from .backends.prompts import asker_here
 from .backends.rendezvous import HostedStore
 from .errors import LaunchError, LaunchTimeout, one_line
 from .monitor.metric_log import MetricLog
@@ -24,6 +25,7 @@ from .outcome.oom import kind_of_failure, oom_kill_count
 from .outcome.raising import root_cause_exception
 from .outcome.root_cause import Outcome
 from .outcome.stacks import fold_inherited_frames, fold_stack_dump
+from .plan.devices import ipython_shell
 from .plan.entry_points import entry_point
 from .plan.options import PathLike, launch_settings
 from .plan.plan import LaunchPlan, plan_launch
@@ -59,6 +61,7 @@ class Launch:
         self.outputs: Dict[int, List[str]] = defaultdict(list)  # by global rank
         self.result: Any = None
         self.error: Optional[BaseException] = None
+        self.root_rank: Optional[int] = None  # the root-cause rank of a failure
         self._stop_requested = threading.Event()
         self._done = threading.Event()
         self.future: "Future[Any]" = Future()  # completed by _end, with the result or the root cause
@@ -194,6 +197,7 @@ class Launch:
     def _run(self, store: HostedStore) -> None:
         plan = self.plan
         started = time.monotonic()
+        self._asker = asker_here()  # a rank's pdb asks in this thread's cell or terminal, if anyone can type
         self._oom_kills_before = oom_kill_count()  # a SIGKILL counts as OOM only if this goes up
         try:
             if plan.nodes is None:  # the nodes backend says it once the rendezvous placed this node
@@ -212,7 +216,8 @@ class Launch:
             store.close()
 
     def _run_backend(self, store: HostedStore) -> Outcome:
-        return self.backend.run(store.env(), LaunchSink(self._deliver, self._tick, self._stop_requested))
+        return self.backend.run(store.env(), LaunchSink(self._deliver, self._tick, self._stop_requested,
+                                                        asker=self._asker))
 
     def _finish(self, outcome: Outcome, elapsed: float) -> None:
         """Turn the outcome into ``result`` / ``error`` and tell the view how it ended."""
@@ -229,6 +234,7 @@ class Launch:
                 self.result = ([outcome.results[rank] for rank in ranks] if self.plan.return_all
                                else outcome.results[ranks[0]])
         elif outcome.status == Status.FAILED and root is not None:
+            self.root_rank = root.rank
             self.error = self._root_cause_error(root, outcome)
             self._explain_out_of_memory(root, outcome)
         elif outcome.status == Status.TIMEOUT:
@@ -272,6 +278,21 @@ class Launch:
 _last_launch: Optional[Launch] = None
 
 
+def leave_post_mortem_to_the_rank() -> None:
+    """The failing rank opened pdb in its own frame (``pdb``, ``%pdb on``): IPython's ``%pdb`` must not open a second
+    one in the kernel's frames on the exception the cell raises now. Switched off until the cell ends."""
+    shell: Any = ipython_shell()
+    if shell is None or not getattr(shell, "call_pdb", False):
+        return
+    shell.call_pdb = False
+
+    def switch_back(*args: Any) -> None:
+        shell.call_pdb = True
+        shell.events.unregister("post_run_cell", switch_back)
+
+    shell.events.register("post_run_cell", switch_back)
+
+
 def last_launch() -> Optional[Launch]:
     """The most recent ``Launch`` of this kernel (``notebook_launcher`` returns only the result).
 
@@ -292,6 +313,7 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), kwargs: Op
                       timeout: Optional[float] = None,
                       return_all: bool = False,
                       display: DisplayName = "auto",
+                      pdb: Optional[bool] = None,
                       compile_cache: Optional[PathLike] = None,
                       fsdp_config: Optional[Mapping[str, Any]] = None,
                       deepspeed_config: Optional[Mapping[str, Any]] = None,
@@ -346,6 +368,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), kwargs: Op
     except BaseException as root_cause:
         if root_cause is not launch.error:  # not the launch's outcome: a bug of ours, shown whole
             raise
+        if plan.post_mortem and launch.root_rank is not None:
+            leave_post_mortem_to_the_rank()
         # The launcher's own frames (the job's run and wait) say nothing about the failure: they are dropped,
         # the user's kept (an in-kernel rank's exception has them). This is the failing rank's own exception,
         # re-raised in the kernel: the rank's traceback is printed above it.

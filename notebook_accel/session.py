@@ -30,12 +30,12 @@ from .backends.rendezvous import HostedStore
 from .backends.session import SessionProcesses, SessionRunBackend, SessionSupervisor, SessionXlaHost, send_quietly
 from .backends.supervisor import RankProcess, Supervisor
 from .errors import LaunchConfigError, LaunchConfigTypeError
-from .launcher import Launch
+from .launcher import Launch, leave_post_mortem_to_the_rank
 from .outcome.raising import root_cause_exception
 from .outcome.root_cause import Outcome
 from .plan.entry_points import entry_point
 from .plan.options import PathLike, launch_settings
-from .plan.plan import LaunchPlan, check_call, plan_launch
+from .plan.plan import LaunchPlan, check_call, plan_launch, wants_post_mortem
 from .rank.session import set_on_rank, value_on_rank
 from .rank.tracebacks import without_launcher_frames
 from .views import OutputView, make_view
@@ -44,7 +44,7 @@ from .views.model import label_lines
 from .views.session import SessionSummary, SessionView
 from .wire.channel import rank_channel
 from .wire.choices import DeviceName, DisplayName, MixedPrecisionName, StartMethodName
-from .wire.commands import Command, ExecuteCode, NewGroup, RunFunction, Shutdown
+from .wire.commands import Command, Debug, ExecuteCode, NewGroup, RunFunction, Shutdown
 from .wire.events import (OutputLine, OutputLines, RankEvent, RankStarted, ResourceSample, SessionNotice,
                           SessionStatus, Status)
 from .wire.payload import PickledPayload
@@ -79,6 +79,7 @@ class Session:
                  use_port: Optional[int] = None,
                  timeout: Optional[float] = None,
                  display: DisplayName = "auto",
+                 pdb: Optional[bool] = None,
                  compile_cache: Optional[PathLike] = None,
                  fsdp_config: Optional[Mapping[str, Any]] = None,
                  deepspeed_config: Optional[Mapping[str, Any]] = None,
@@ -98,6 +99,7 @@ class Session:
         __tracebackhide__ = True  # noqa: F841
         # @entry_point resolved the options (given > saved config > defaults) and checked them
         self._plan = _plan_session(launch_settings(locals()))
+        self._pdb = pdb  # each run's post-mortem switch, unless the run says (None: IPython's %pdb, then)
         self.recover_timeout = float(recover_timeout)
         self.num_processes = self._plan.world_size
         self.device = self._plan.device
@@ -116,6 +118,7 @@ class Session:
         self._samples: Dict[int, ResourceSample] = {}
         self._sampler: Optional[ResourceSampler] = None
         self._notice: Optional[str] = None  # what the session last did on its own, until the next task
+        self._last_failure: Optional[Tuple[int, int, int]] = None  # (task, root-cause rank, restarts then)
         self._noted_shadowed: Set[str] = set()  # kernel names already said to be the ranks' own
         # Garbage collection of a session ends its ranks (the kernel's exit does too: lifeline and PDEATHSIG).
         self._finalizer = weakref.finalize(self, lambda: None)  # replaced once the ranks exist
@@ -132,7 +135,8 @@ class Session:
     def run(self, function: Callable[..., Any], args: tuple = (), kwargs: Optional[Dict[str, Any]] = None, *,
             timeout: Optional[float] = None,
             return_all: bool = False,
-            display: Optional[DisplayName] = None) -> Any:
+            display: Optional[DisplayName] = None,
+            pdb: Optional[bool] = None) -> Any:
         """Run ``function(*args, **kwargs)`` on every rank, in its namespace; return rank 0's value (a list by
         rank with ``return_all``) or raise the root cause, as ``notebook_launcher`` does.
 
@@ -151,14 +155,15 @@ class Session:
                                   shared_sizes=payload.shared_sizes, return_all=return_all)
             name = getattr(function, "__qualname__", type(function).__name__)
             return self._task(command, list(payload.shared_fds), name, return_all=return_all, timeout=timeout,
-                              display=display)
+                              display=display, pdb=pdb)
         finally:
             payload.close()
 
     @entry_point("Session.execute")
     def execute(self, code: str, *,
                 timeout: Optional[float] = None,
-                display: Optional[DisplayName] = None) -> None:
+                display: Optional[DisplayName] = None,
+                pdb: Optional[bool] = None) -> None:
         """Run a cell's source on every rank, in its namespace (what ``%%ranks`` does); a last expression's
         value is printed by each rank, labelled with its rank. With ``display="none"`` the ranks' output is
         still shown (a cell the user typed shows what it printed), without a dashboard.
@@ -175,7 +180,7 @@ class Session:
             raise error.with_traceback(None) from None
         filename = f"<%%ranks cell {self.runs + 1}>"
         self._task(ExecuteCode(task_id=0, code=code, filename=filename), [], "%%ranks", return_all=False,
-                   timeout=timeout, display=display, typed_cell=True)
+                   timeout=timeout, display=display, typed_cell=True, pdb=pdb)
 
     def pull(self, name: str) -> List[Any]:
         """The value of ``name`` in each rank's namespace, as a list by rank."""
@@ -187,6 +192,31 @@ class Session:
         """Set each ``name=value`` in every rank's namespace (large tensors travel through shared memory)."""
         if values:
             self.run(set_on_rank, args=(values,), display="none")
+
+    def debug(self, rank: Optional[int] = None) -> None:
+        """pdb on the last failed run, in the frame where rank ``rank`` raised (None: the root-cause rank), as
+        IPython's ``%debug`` does for a cell: the ranks kept their state, and their exceptions with their frames.
+        pdb asks in this cell (or terminal); ``q`` (or ``c``) ends it, and the session is ready for the next run.
+
+        >>> session.run(train)        # doctest: +SKIP
+        KeyError: 'labels'
+        >>> session.debug()           # doctest: +SKIP
+        [rank 1] > <ipython-input-3>(7)train()
+        [rank 1] (Pdb) p batch.keys()
+        """
+        __tracebackhide__ = True  # noqa: F841
+        self._check_open()
+        if self._last_failure is None:
+            raise RuntimeError("no run of this session has failed: there is nothing to debug")
+        failed_task, root_rank, restarts = self._last_failure
+        if restarts != self.restarts:
+            raise RuntimeError("the ranks were restarted after the run that failed: its frames are gone")
+        rank = root_rank if rank is None else rank
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.num_processes:
+            raise LaunchConfigTypeError(f"rank must be a rank of this session (0..{self.num_processes - 1}) or "
+                                        f"None, got {rank!r}")
+        self._task(Debug(task_id=0, rank=rank, failed_task=failed_task), [], "debug", return_all=False,
+                   timeout=None, display="none", typed_cell=True, debugging=True)
 
     def restart(self) -> None:
         """End every rank and start them afresh (their state is lost; the process group is new)."""
@@ -226,12 +256,16 @@ class Session:
     # ------------------------------------------------------------------------------------------- tasks
 
     def _task(self, command: Command, fds: List[int], name: str, *, return_all: bool, timeout: Optional[float],
-              display: Optional[str], typed_cell: bool = False) -> Any:
+              display: Optional[str], typed_cell: bool = False, pdb: Optional[bool] = None,
+              debugging: bool = False) -> Any:
         __tracebackhide__ = True  # noqa: F841
         self._check_open()
         plan = dataclasses.replace(self._plan, function_name=name, return_all=return_all,
                                    timeout=self._plan.timeout if timeout is None else float(timeout),
-                                   display=display or self._plan.display)
+                                   display=display or self._plan.display,
+                                   post_mortem=wants_post_mortem(pdb if pdb is not None else self._pdb))
+        if isinstance(command, (RunFunction, ExecuteCode)):
+            command.post_mortem = plan.post_mortem
         # No dashboard is no dashboard; but a cell the user typed shows what it printed.
         view = OutputView() if typed_cell and plan.display == "none" else make_view(plan.display)
         with self._exclusive():
@@ -243,12 +277,18 @@ class Session:
                                         after=lambda supervisor, deliver: notices.extend(
                                             self._recover(supervisor, deliver)))
             launch = Launch(plan, view=view, backend=backend)
+            restarts = self.restarts  # a failure that costs the ranks (a death) restarts them before run() returns
             launch.resources.postpone_sample()  # a warm run may take milliseconds: sample once it lasts a second
             try:
                 return launch.run()
             except BaseException as error:
                 if error is not launch.error:
                     raise
+                if not debugging:  # what Session.debug opens: the run's own failure, not a failed debug
+                    self._last_failure = (task_id, launch.root_rank if launch.root_rank is not None else 0,
+                                          restarts)
+                if plan.post_mortem and launch.root_rank is not None:
+                    leave_post_mortem_to_the_rank()
                 for notice in notices:
                     _add_note(error, f"notebook_accel: {notice}")
                 raise without_launcher_frames(error)

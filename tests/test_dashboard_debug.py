@@ -283,3 +283,67 @@ def test_colours_follow_the_theme():
     assert "var(--jp-layout-color0,#fff)" in svg and "var(--jp-ui-font-color1,#222)" in svg
     assert 'fill="white"' not in svg and 'fill="#222"' not in svg
     assert readable("#1f77b4").endswith("color-mix(in srgb, #1f77b4 75%, var(--jp-ui-font-color1, #000))")
+
+
+# ------------------------------------------------------------------------ a rank at a pdb prompt (issue 27)
+
+def _prompt(rank, seq, lineno=12, kind=None):
+    from notebook_accel.wire.events import PromptKind, RankPrompt
+
+    return RankPrompt(rank=rank, prompt="(Pdb) ", seq=seq, kind=kind or PromptKind.BREAKPOINT,
+                      filename="/home/me/train.py", lineno=lineno)
+
+
+def test_a_rank_at_a_breakpoint_shows_where_in_the_widget_and_the_text_view(clock):
+    from notebook_accel.wire.events import PromptAnswered
+
+    view = WidgetView(display=False)
+    out = io.StringIO()
+    text = TextView(stdout=out)
+    for each in (view, text):
+        start(each, 2)
+        each.handle(_prompt(1, 1))
+    assert "at breakpoint (train.py:12)" in view._rank_rows[1].label.value
+    assert "at breakpoint" not in view._rank_rows[0].label.value
+    # a step (n) keeps the rank in pdb: the text view says where it stopped once, not at every step
+    for each in (view, text):
+        each.handle(PromptAnswered(rank=1, seq=1, ran_on=False))
+        each.handle(_prompt(1, 2, lineno=13))
+    assert "at breakpoint (train.py:13)" in view._rank_rows[1].label.value
+    for each in (view, text):
+        each.handle(PromptAnswered(rank=1, seq=2, ran_on=True))  # c: it runs again
+    assert "at breakpoint" not in view._rank_rows[1].label.value
+    assert "running" in view._rank_rows[1].label.value
+    text.handle(_prompt(1, 3, lineno=20))  # the next breakpoint is said again
+    said = [line for line in out.getvalue().splitlines() if "at breakpoint" in line]
+    assert said == ["[rank 1] notebook_accel: at breakpoint (train.py:12)",
+                    "[rank 1] notebook_accel: at breakpoint (train.py:20)"], out.getvalue()
+
+
+def test_no_stall_is_marked_while_a_rank_sits_at_a_prompt_nor_right_after(clock):
+    from notebook_accel.wire.events import PromptAnswered
+
+    out = io.StringIO()
+    text = TextView(stdout=out)
+    view = WidgetView(display=False)
+    for each in (view, text):
+        start(each, 3)
+    for step in range(1, 4):
+        clock.now += 1
+        for each in (view, text):
+            for rank in range(3):
+                each.handle(update(rank, rank + 1, step, total=100))
+    for each in (view, text):
+        each.handle(_prompt(0, 1))
+    for step in range(4, 64):  # rank 0 debugged for a minute; rank 1 waits for it, rank 2 still advances
+        clock.now += 1
+        for each in (view, text):
+            each.handle(update(2, 3, step, total=100))
+            each.tick()
+    assert "no progress" not in view._rank_rows[1].label.value
+    for each in (view, text):  # c: rank 0 runs on; rank 1 has not moved yet, but was waiting for rank 0
+        each.handle(PromptAnswered(rank=0, seq=1, ran_on=True))
+        clock.now += 1
+        each.tick()
+    assert all("no progress" not in view._rank_rows[rank].label.value for rank in range(3))
+    assert "no progress" not in out.getvalue(), out.getvalue()

@@ -351,4 +351,5 @@ def test_what_the_caller_wrote_wins_over_the_saved_config_even_a_default(tmp_pat
     assert (values["num_processes"], values["mixed_precision"], values["num_nodes"]) == (2, "no", 3)
     session = resolve_options("Session", {"config": str(saved)})  # a session takes no node options
     assert session["num_processes"] == 2 and "num_nodes" not in session
-    assert resolve_options("Session.run", {}) == {"timeout": None, "return_all": False, "display": None}
+    assert resolve_options("Session.run", {}) == {"timeout": None, "return_all": False, "display": None,
+                                                  "pdb": None}

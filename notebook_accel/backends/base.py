@@ -13,11 +13,12 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Optional
 
 from ..outcome.root_cause import Outcome
 from ..wire.events import RankEvent, Status
+from .prompts import Asker
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..plan.plan import LaunchPlan
@@ -27,11 +28,15 @@ if TYPE_CHECKING:  # pragma: no cover
 @dataclass
 class LaunchSink:
     """Where a backend sends what happens: ``deliver`` every event in order, ``tick`` about every 0.1 s
-    (the view's clock), and ``stop_requested`` set when the user pressed Stop or called ``Launch.stop()``."""
+    (the view's clock), and ``stop_requested`` set when the user pressed Stop or called ``Launch.stop()``.
+    ``asker``: where a rank's prompt (pdb, ``input()``) is asked (``backends.prompts``); the default says no one
+    can type."""
 
     deliver: Callable[[RankEvent], None]
     tick: Callable[[], None]
     stop_requested: threading.Event
+    asker: Asker = field(default_factory=lambda: Asker(absent="this kind of launch does not ask (several nodes, "
+                                                               "restarts)"))
 
 
 @dataclass
@@ -49,22 +54,47 @@ class StopPolicy:
 
     stop_requested: threading.Event
     deadline: Optional[float]  # time.monotonic() past which the launch times out; None: never
+    # While a rank waits at a prompt (someone is debugging it), the clock of the timeout is held: the time spent
+    # there is added to the deadline. ``held_since``: when it was held; ``held_total``: seconds held before.
+    held_since: Optional[float] = None
+    held_total: float = 0.0
 
     @classmethod
     def starting_now(cls, timeout: Optional[float], stop_requested: threading.Event) -> "StopPolicy":
         return cls(stop_requested, None if timeout is None else time.monotonic() + timeout)
 
     def reason(self, now: Optional[float] = None) -> Optional[Status]:
-        """``STOPPED`` once asked to stop, ``TIMEOUT`` once past the deadline (a stop wins), else ``None``."""
+        """``STOPPED`` once asked to stop, ``TIMEOUT`` once past the deadline (a stop wins; never while held),
+        else ``None``."""
         if self.stop_requested.is_set():
             return Status.STOPPED
-        if self.deadline is not None and (time.monotonic() if now is None else now) >= self.deadline:
+        if self.held_since is None and self.deadline is not None and \
+                (time.monotonic() if now is None else now) >= self.deadline:
             return Status.TIMEOUT
         return None
 
     def remaining(self) -> Optional[float]:
         """Seconds left before the timeout (at least a millisecond), or ``None`` without one."""
         return None if self.deadline is None else max(0.001, self.deadline - time.monotonic())
+
+    def hold(self, now: Optional[float] = None) -> None:
+        """Stop the timeout's clock (a rank waits at a prompt: the person debugging it is not slow code)."""
+        if self.held_since is None:
+            self.held_since = time.monotonic() if now is None else now
+
+    def release(self, now: Optional[float] = None) -> None:
+        """Start the timeout's clock again, the held time added to the deadline."""
+        if self.held_since is not None:
+            held = (time.monotonic() if now is None else now) - self.held_since
+            self.held_total += held
+            if self.deadline is not None:
+                self.deadline += held
+            self.held_since = None
+
+    def running_time(self, now: Optional[float] = None) -> float:
+        """``time.monotonic()`` less every second the clock was held: how long the ranks ran between two times."""
+        now = time.monotonic() if now is None else now
+        return now - self.held_total - (now - self.held_since if self.held_since is not None else 0.0)
 
 
 class Backend(ABC):

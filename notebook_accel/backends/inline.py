@@ -1,7 +1,8 @@
 """One rank on one device: run the function in the kernel process itself, with the same events and errors.
 
 No process to start means no launch overhead and no pickling; the rank still sees torchrun's environment,
-its output and progress still reach the view, and a failure still ends the launch the same way.
+its output and progress still reach the view, and a failure still ends the launch the same way. Its pdb asks in
+the cell as a process rank's does (``backends.prompts``), in this same thread.
 """
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ from ..outcome.root_cause import Failure, Outcome
 from ..rank.run import run_rank, to_cpu
 from ..rank.tracebacks import hide_launcher_frames
 from ..wire.channel import DirectSender, set_rank_channel
-from ..wire.events import RankExited, RankStarted, Status
+from ..wire.commands import PromptAnswer
+from ..wire.events import RankExited, RankPrompt, RankStarted, Status
 from .base import Backend, LaunchSink, StopPolicy
 from .environ import temporary_environ
-from .kernel_capture import captured_fds, deliver_outside_capture
+from .kernel_capture import Capture, captured_fds, deliver_outside_capture
+from .prompts import NoOneTypes, PromptDesk
 
 
 class _InlineTimeout(BaseException):
@@ -40,14 +43,16 @@ class InlineBackend(Backend):
     def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
         """Run the function here; the policy's deadline becomes an alarm, its Stop a real SIGINT."""
         deliver = deliver_outside_capture(sink.deliver)  # the capture's reader threads deliver too
-        sender = DirectSender(0, deliver)
+        desk = PromptDesk(sink.asker, deliver)
         deliver(RankStarted(rank=0, pid=os.getpid()))
         try:
             with temporary_environ(self.plan.rank_env(0, self._rendezvous_env)), \
-                    captured_fds(deliver), _alarm(policy.remaining()), \
+                    captured_fds(deliver) as capture, _alarm(policy.remaining()), \
                     _interrupt_on(policy.stop_requested):
+                sender = DirectSender(0, deliver, ask=lambda prompt: self._ask(prompt, desk, capture))
+                sender.no_one_types = desk.asker.absent
                 run = run_rank(self.plan.payload.load, sender, send_result=False,
-                               passthrough=(_InlineTimeout, KeyboardInterrupt))
+                               passthrough=(_InlineTimeout, KeyboardInterrupt), post_mortem=self.plan.post_mortem)
         except _InlineTimeout:
             run, outcome = None, Outcome(Status.TIMEOUT, still_running=[0])
         except KeyboardInterrupt:
@@ -69,6 +74,23 @@ class InlineBackend(Backend):
     def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
         """The kernel's own threads: the rank's function runs in its main thread."""
         return {0: format_thread_stacks()}
+
+    @staticmethod
+    def _ask(prompt: RankPrompt, desk: PromptDesk, capture: Capture) -> PromptAnswer:
+        """The rank's pdb asks, in this thread: its output so far shown first, the kernel's own fds back while
+        ``input()`` waits, the timeout's alarm held meanwhile. Stop and Ctrl-C interrupt the wait."""
+        desk.deliver(prompt)
+        desk.arrived(prompt)
+        before = capture.settle()
+        try:
+            with capture.paused(), _alarm_held():
+                line = desk.asker.ask(desk.label(prompt, before))
+        except NoOneTypes as why:
+            return desk.skipped(prompt, str(why))
+        except BaseException:
+            desk.withdraw(0)
+            raise
+        return desk.answered(prompt, line)
 
 
 def format_thread_stacks() -> str:
@@ -98,6 +120,20 @@ def _alarm(seconds: Optional[float]) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@contextmanager
+def _alarm_held() -> Iterator[None]:
+    """The timeout's alarm stands still while the rank waits at a prompt (someone is debugging it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        yield
+    finally:
+        if left > 0:
+            signal.setitimer(signal.ITIMER_REAL, left)
 
 
 def _interrupt_main_thread() -> None:

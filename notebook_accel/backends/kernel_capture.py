@@ -8,6 +8,9 @@ output and subprocesses all arrive labelled and in order per stream. Afterwards 
 
 Whatever the view writes while it handles an event must reach the real output, not the capture: a
 thread that is delivering an event writes through to the streams as they were before the capture.
+
+The rank's pdb asks in the cell (``backends.prompts``): ``Capture.settle`` first delivers everything written so far
+(pdb's lines come before its prompt), and ``Capture.paused`` puts the kernel's own fds back while ``input()`` runs.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, List, Optional, TextIO
+from typing import Callable, Dict, Iterator, List, Optional, TextIO, Tuple
 
 from ..rank.streams import flush_std_streams, line_writer
 from ..wire.events import OutputLine, RankEvent
@@ -91,6 +94,7 @@ class _PipeReader(threading.Thread):
         self.ended = threading.Event()    # the function ended and the capture's write ends are closed
         self.give_up = threading.Event()  # stop now (Ctrl-C while the capture ended)
         self._drain: Optional[PipeDrain] = None
+        self._reading = threading.Lock()  # held from a read to the delivery of its lines
 
     def run(self) -> None:
         while not self.give_up.is_set():
@@ -105,16 +109,28 @@ class _PipeReader(threading.Thread):
                     return
             if not ready:
                 continue
-            chunk = os.read(self.read_fd, _READ_BYTES)
-            if self._drain is not None:
-                self._drain.got(len(chunk), time.monotonic())
-            if not chunk:
-                break
-            lines = (self.partial + self.decoder.decode(chunk)).split("\n")
-            self.partial = lines.pop()
-            for line in lines:
-                self.deliver(OutputLine(rank=0, stream=self.stream, text=line.rstrip("\r")))
+            with self._reading:
+                chunk = os.read(self.read_fd, _READ_BYTES)
+                if self._drain is not None:
+                    self._drain.got(len(chunk), time.monotonic())
+                if not chunk:
+                    break
+                lines = (self.partial + self.decoder.decode(chunk)).split("\n")
+                self.partial = lines.pop()
+                for line in lines:
+                    self.deliver(OutputLine(rank=0, stream=self.stream, text=line.rstrip("\r")))
         self.flush_partial()
+
+    def settle(self, timeout: float) -> str:
+        """Wait (at most ``timeout`` s) until everything written to the pipe so far is delivered; return and take
+        the unfinished last line."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._reading:
+                if not select.select([self.read_fd], [], [], 0)[0] or time.monotonic() > deadline:
+                    partial, self.partial = self.partial, ""
+                    return partial
+            time.sleep(0.005)
 
     def flush_partial(self) -> None:
         text, self.partial = self.partial + self.decoder.decode(b"", final=True), ""
@@ -122,8 +138,51 @@ class _PipeReader(threading.Thread):
             self.deliver(OutputLine(rank=0, stream=self.stream, text=text.rstrip("\r")))
 
 
+class Capture:
+    """The capture while it runs, for the in-kernel rank's prompts."""
+
+    SETTLE_SECONDS = 5.0
+
+    def __init__(self, readers: List[_PipeReader], saved: Dict[int, int], previous: Tuple[TextIO, TextIO]) -> None:
+        self.readers = readers
+        self.saved = saved          # the kernel's own fds 1/2, as they were before
+        self.previous = previous    # and its sys.stdout / sys.stderr
+
+    def settle(self) -> str:
+        """Deliver everything the function wrote so far; returns its unfinished stdout line (taken from the output:
+        it goes before the prompt)."""
+        flush_std_streams()
+        before = ""
+        for reader in self.readers:
+            partial = reader.settle(self.SETTLE_SECONDS)
+            if reader.stream == "stdout":
+                before = partial
+            elif partial:
+                reader.deliver(OutputLine(rank=0, stream=reader.stream, text=partial))
+        return before
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """fds 1/2 and ``sys.stdout``/``sys.stderr`` as they were before the capture (``input()`` in a terminal
+        writes its prompt to fd 1), then the capture again."""
+        flush_std_streams()
+        capturing = {fd: os.dup(fd) for fd in (1, 2)}  # the capture pipes' write ends
+        streams = (sys.stdout, sys.stderr)
+        try:
+            for fd, copy in self.saved.items():
+                os.dup2(copy, fd)
+            sys.stdout, sys.stderr = self.previous
+            yield
+        finally:
+            flush_std_streams()
+            sys.stdout, sys.stderr = streams
+            for fd, end in capturing.items():
+                os.dup2(end, fd)
+                os.close(end)
+
+
 @contextmanager
-def captured_fds(deliver: Callable[[RankEvent], None]) -> Iterator[None]:
+def captured_fds(deliver: Callable[[RankEvent], None]) -> Iterator[Capture]:
     """Capture fds 1/2 of this process (and ``sys.stdout``/``sys.stderr``) into ``deliver`` until exit.
 
     ``deliver`` must come from ``deliver_outside_capture``. Example::
@@ -146,7 +205,7 @@ def captured_fds(deliver: Callable[[RankEvent], None]) -> Iterator[None]:
         sys.stderr = _RankStream(2, _outside_stream(previous[1], saved))
         for reader in readers:
             reader.start()
-        yield
+        yield Capture(readers, saved, previous)
     finally:
         flush_std_streams()
         sys.stdout, sys.stderr = previous

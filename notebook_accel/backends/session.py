@@ -23,6 +23,7 @@ from ..wire.events import RankEvent, RankFailed, RankStarted
 from ..wire.fds import PassedFd
 from .base import Backend, LaunchSink, StopPolicy
 from .processes.backend import ProcessBackend
+from .prompts import Asker
 from .supervisor import EndCondition, RankPhase, RankProcess, RankWatch, StopStrategy, Supervisor
 from .xla.backend import XlaBackend
 
@@ -35,6 +36,7 @@ class SessionRanks:
     each rank runs in, and ``kill``."""
 
     ranks_are_threads = False  # TPU ranks are device threads: interrupted by a command, not by SIGINT
+    answers_own_socket = False  # what is typed at a rank's prompt goes on its command socket
     plan: LaunchPlan
 
     def _open_sessions(self, group_backend: Optional[str], group_generation: int) -> None:
@@ -52,6 +54,8 @@ class SessionRanks:
             for _, rank_end in self.sockets.values():  # only the ranks hold their ends now
                 rank_end.close()
         self.commands = {rank: CommandSender(kernel) for rank, (kernel, _) in self.sockets.items()}
+        for handle in handles:
+            handle.answers = self.commands[handle.rank]
         self.handles = handles
         self.pids = {handle.rank: handle.pid for handle in handles}
         return handles
@@ -174,14 +178,14 @@ class SessionSupervisor(Supervisor):
 
     def __init__(self, handles: List[RankProcess], deliver: Callable[[RankEvent], None], tick: Callable[[], None],
                  *, policy: StopPolicy, expect_results: Callable[[int], bool], task_id: int,
-                 recover_timeout: float, processes: SessionRanks) -> None:
+                 recover_timeout: float, processes: SessionRanks, asker: Optional[Asker] = None) -> None:
         self.interrupts = InterruptRanks(processes.commands, task_id=task_id, recover_timeout=recover_timeout,
                                          ranks_are_threads=processes.ranks_are_threads)
         # The ranks said RankStarted when the session started: their stack dumps are armed, and a TPU rank runs
         # in a worker, not in the host we started.
         super().__init__(handles, deliver, tick, policy=policy, expect_results=expect_results,
                          stopping=self.interrupts, ends_when=EndCondition.ALL_IDLE, task_id=task_id,
-                         warm_pids=processes.pids)
+                         warm_pids=processes.pids, asker=asker)
 
     @property
     def gave_up(self) -> Optional[str]:
@@ -253,6 +257,8 @@ class SessionRunBackend(Backend):
 
     def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
         self._deliver = sink.deliver
+        if hasattr(self.command, "no_one_types"):  # the task's prompts: answered here, or skipped (and why)
+            self.command.no_one_types = sink.asker.absent  # type: ignore[attr-defined]
         for handle in self.handles:  # the rows of this run's dashboard: each rank is there, and running
             sink.deliver(RankStarted(rank=handle.rank, pid=self.processes.pids.get(handle.rank, handle.pid)))
         for handle in self.handles:  # a rank already gone is the supervisor's to report
@@ -262,7 +268,7 @@ class SessionRunBackend(Backend):
         self.supervisor = SessionSupervisor(
             self.handles, sink.deliver, sink.tick, policy=policy,
             expect_results=lambda rank: self.plan.sends_result(rank), task_id=self.task_id,
-            recover_timeout=self.recover_timeout, processes=self.processes)
+            recover_timeout=self.recover_timeout, processes=self.processes, asker=sink.asker)
         return self.supervisor.run()
 
     def _close(self) -> None:

@@ -14,6 +14,10 @@ loop through two declared extension points, given to the ``Supervisor``, never b
   failure, Ctrl-C). ``TerminateRanks`` (a launch) is here; ``backends.session.InterruptRanks`` (a run on warm
   ranks: interrupt, cut the process group, kill past a bound) is the session's.
 - ``ends_when``, an ``EndCondition``: ``ALL_GONE`` (a launch) or ``ALL_IDLE`` (a task on warm ranks).
+
+A rank at a prompt (pdb, ``input()``) is asked about in this thread (``backends.prompts``): while ``input()`` waits,
+the same loop runs on in a helper thread. The timeout and the early-leaver notice do not count the time a rank
+waits at a prompt, and a rank in post-mortem is not stopped for its own failure until the person is done.
 """
 from __future__ import annotations
 
@@ -37,10 +41,12 @@ from ..formatting import signal_name
 from ..outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt
 from ..outcome.stacks import fold_inherited_frames, where_waiting
 from ..wire.channel import EventDecoder
-from ..wire.events import (OutputLine, OutputLines, PeersWaiting, RankEvent, RankExited, RankFailed, RankResult,
-                           RankStacks, RankStarted, Status, TaskDone)
+from ..wire.commands import CommandSender
+from ..wire.events import (OutputLine, OutputLines, PeersWaiting, PromptKind, RankEvent, RankExited, RankFailed,
+                           RankPrompt, RankResult, RankStacks, RankStarted, Status, TaskDone)
 from .base import StopPolicy
 from .draining import PipeDrain, held_open_note, still_writing_note
+from .prompts import Asker, NoOneTypes, PromptDesk, PromptWithdrawn, ask_while
 
 TICK_SECONDS = 0.1          # view.tick() cadence, and the longest the loop sleeps
 ROOT_CAUSE_WINDOW = 0.25    # after a first failure, how long to collect others before naming the root cause
@@ -67,6 +73,8 @@ class RankProcess:
     stderr_fd: int
     events_fd: int
     stacks_fd: int   # faulthandler writes the rank's Python stacks here on SIGUSR1 (``Launch.dump_stacks``)
+    # Where the lines typed at the rank's prompts go (pdb, input(): ``backends.prompts``); None: nowhere.
+    answers: Optional[CommandSender] = None
     closed: Set[int] = field(default_factory=set, repr=False)
 
     @property
@@ -138,6 +146,7 @@ class RankWatch:
         # holds it open (``backends.draining``).
         self.drains: Dict[int, PipeDrain] = {}
         self.exited_at = 0.0            # when it was found gone (a failure's time, how long peers waited)
+        self.exited_running = 0.0       # the policy's running time then (the time ranks sat at prompts left out)
         self.exitcode: Optional[int] = None
         self.failed: Optional[RankFailed] = None
         self.result: Optional[bytes] = None
@@ -259,7 +268,8 @@ class Supervisor:
     def __init__(self, handles: Sequence[RankProcess], deliver: Callable[[RankEvent], None],
                  tick: Callable[[], None], *, policy: StopPolicy, expect_results: Callable[[int], bool],
                  stopping: Optional[StopStrategy] = None, ends_when: EndCondition = EndCondition.ALL_GONE,
-                 task_id: Optional[int] = None, warm_pids: Optional[Mapping[int, int]] = None) -> None:
+                 task_id: Optional[int] = None, warm_pids: Optional[Mapping[int, int]] = None,
+                 asker: Optional[Asker] = None) -> None:
         if warm_pids is None:
             self.watches = {handle.rank: RankWatch(handle) for handle in handles}
         else:
@@ -291,6 +301,9 @@ class Supervisor:
         self.killed_at: Optional[float] = None  # when it last sent SIGKILL to every rank alive
         self._stack_requests: "queue.Queue[_StackRequest]" = queue.Queue()
         self._timeout_stacks: Dict[int, str] = {}
+        self.desk = PromptDesk(asker, deliver)  # ranks waiting at a prompt (pdb, input()); ``asker`` asks for lines
+        # Ranks in pdb on their own failure, not yet reported: their failure, counted from when the pdb began.
+        self._post_mortems: Dict[int, Failure] = {}
 
     # ------------------------------------------------------------------------------------------ main loop
 
@@ -298,10 +311,8 @@ class Supervisor:
         """Block until ``ends_when`` holds. On KeyboardInterrupt: stop the ranks, then re-raise it."""
         try:
             while not self.ended():
-                self._poll(TICK_SECONDS)
-                self._serve_stack_requests()
-                self._decide(self.policy)
-                self.tick()
+                self._step()
+                self._serve_prompts()
             self._drain()
         except BaseException:  # Ctrl-C, or a bug: either way the ranks must be stopped
             self._emergency_stop()
@@ -309,6 +320,14 @@ class Supervisor:
         finally:
             self.selector.close()
         return self._outcome()
+
+    def _step(self) -> None:
+        """One turn of the loop: read what is there, answer stack requests, decide, tick the view."""
+        self._poll(TICK_SECONDS)
+        self._serve_stack_requests()
+        self._hold_while_prompted()
+        self._decide(self.policy)
+        self.tick()
 
     def ended(self) -> bool:
         """Whether the run is over, as ``ends_when`` says."""
@@ -340,6 +359,8 @@ class Supervisor:
             reason = policy.reason(now) if policy is not None else None
             if reason == Status.STOPPED:
                 self._stop(Status.STOPPED)
+            elif self._post_mortems:
+                pass  # a failed rank is in pdb: it says when it is done (then the failure rule applies)
             elif self.failures and now - self.failures[0].time >= ROOT_CAUSE_WINDOW:
                 self._stop(Status.FAILED)
             elif self.failures and not self.alive():
@@ -422,16 +443,26 @@ class Supervisor:
             if event.task_id == self.task_id:
                 self.tasks_done[event.rank] = event
                 watch.task_done()
+                self.desk.withdraw(event.rank)
+                self._post_mortem_over(event.rank)
             return
         if isinstance(event, RankStarted):
             watch.said_started(event.pid)
+        elif isinstance(event, RankPrompt):
+            self._on_prompt(event)
         elif isinstance(event, RankResult):
             watch.result = event.payload
+            self.desk.withdraw(event.rank)
+            self._post_mortem_over(event.rank)
         elif isinstance(event, RankFailed):
             watch.failed = event
+            self.desk.withdraw(event.rank)
+            counted = self._post_mortems.pop(event.rank, None)
             if watch.rank in self.still_running and self.stopping.is_echo(event):
                 return  # how it felt our stop: the view shows the rank stopped when the run ends
-            if self.status is None:
+            if counted is not None:  # its post-mortem is over: the failure it counted is this one
+                counted.event = event
+            elif self.status is None:
                 if is_interrupt(event):  # Jupyter's interrupt reached the rank too: the launch is stopped
                     self._stop(Status.STOPPED)
                 else:
@@ -456,6 +487,11 @@ class Supervisor:
         its pool, stopped it)."""
         handle = watch.handle
         watch.gone(exitcode, time.monotonic(), stopped=watch.rank in self.still_running)
+        watch.exited_running = self.policy.running_time(watch.exited_at)
+        self.desk.withdraw(watch.rank)
+        counted = self._post_mortems.pop(watch.rank, None)
+        if counted is not None and watch.failed is None:  # died in its post-mortem, before reporting
+            counted.exitcode = exitcode
         # Read what the rank sent before dying, so an exception it managed to send is not mistaken for a
         # silent death.
         while process_gone and handle.events_fd in watch.open_fds and self._fd_ready(handle.events_fd):
@@ -465,7 +501,7 @@ class Supervisor:
                                 stopped=stopped))
         silent = watch.failed is None and (exitcode != 0 or
                                            (watch.result is None and self.expect_result(watch.rank)))
-        if silent and self.status is None and not stopped:
+        if silent and self.status is None and not stopped and counted is None:
             self.failures.append(Failure(watch.rank, watch.exited_at, exitcode=exitcode))
 
     @staticmethod
@@ -507,10 +543,10 @@ class Supervisor:
         finished = [watch for watch in self.watches.values() if watch.phase is RankPhase.EXITED
                     and watch.exitcode == 0 and watch.failed is None]
         waiting = sorted(watch.rank for watch in self.alive())
-        if not finished or not waiting:
+        if not finished or not waiting or self.desk.waiting:
             return
         first = min(finished, key=lambda watch: watch.exited_at)
-        seconds = now - first.exited_at
+        seconds = self.policy.running_time(now) - first.exited_running  # time at a prompt is no one's wait
         if seconds < self.peer_wait:
             return
         self._peers_noticed = True
@@ -561,6 +597,65 @@ class Supervisor:
         for rank, text in stacks.items():
             self.deliver(RankStacks(rank=rank, text=fold_inherited_frames(text), full=text))
         return stacks
+
+    # ------------------------------------------------------------------------------------------- prompts
+
+    def _on_prompt(self, event: RankPrompt) -> None:
+        self.desk.arrived(event)
+        if event.kind == PromptKind.POST_MORTEM and event.rank not in self._post_mortems and self.status is None:
+            # The rank failed when its post-mortem began: that is its place in the root-cause order, and the run
+            # is not stopped for it until the person is done (its RankFailed follows).
+            failure = Failure(event.rank, time.monotonic())
+            self._post_mortems[event.rank] = failure
+            self.failures.append(failure)
+        self._hold_while_prompted()
+
+    def _post_mortem_over(self, rank: int) -> None:
+        """``rank`` ended a post-mortem without failing (``Session.debug`` looks at an earlier run's failure)."""
+        counted = self._post_mortems.pop(rank, None)
+        if counted is not None and counted.event is None and counted in self.failures:
+            self.failures.remove(counted)
+
+    def _hold_while_prompted(self) -> None:
+        """The timeout's clock stands still while a rank waits at a prompt."""
+        if self.desk.waiting:
+            self.policy.hold()
+        else:
+            self.policy.release()
+
+    def _serve_prompts(self) -> None:
+        """Ask for the line of the prompt whose turn it is, if any; the loop runs on meanwhile (``ask_while``)."""
+        prompt = self.desk.next_prompt()
+        if prompt is None or self.status is not None:
+            return
+        watch = self.watches[prompt.rank]
+        try:
+            line = ask_while(self.desk.asker, self.desk.label(prompt, self._settle_output(watch)), self._step,
+                             lambda: self.status is None and self.desk.is_waiting(prompt))
+        except PromptWithdrawn:
+            return
+        except NoOneTypes as why:
+            answer = self.desk.skipped(prompt, str(why))
+        else:
+            if not self.desk.is_waiting(prompt):  # answered as it went away
+                return
+            answer = self.desk.answered(prompt, line)
+        self._hold_while_prompted()
+        if watch.handle.answers is not None:
+            try:
+                watch.handle.answers.send(answer)
+            except OSError:  # the rank is gone: its death is reported as any other
+                pass
+
+    def _settle_output(self, watch: RankWatch) -> str:
+        """Read what the rank wrote before its prompt (it flushed before asking), so that pdb's lines come first;
+        returns its unfinished stdout line (``input("name: ")``'s text before the prompt), taken from the output."""
+        for fd, name in list(watch.open_fds.items()):
+            if name in ("stdout", "stderr"):
+                while fd in watch.open_fds and self._fd_ready(fd):
+                    self._read(watch, fd)
+        before, watch.partial["stdout"] = watch.partial["stdout"], ""
+        return before
 
     # ------------------------------------------------------------------------------------------- stopping
 

@@ -68,6 +68,9 @@ def add_launch_parser(commands) -> argparse.ArgumentParser:
     add("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=None)
     add("--monitor-interval", "--monitor_interval", dest="monitor_interval", type=float, default=None)
     add("--timeout", type=float, default=None, help="seconds before every rank is stopped")
+    add("--pdb", action="store_true", default=None,
+        help="post-mortem: a rank that raises opens pdb in the failing frame, in this terminal (breakpoint() "
+             "works in every rank without it)")
     add("--display", choices=(Display.TEXT.value, Display.NONE.value), default=Display.TEXT.value)
     add_sharding_arguments(parser)
     add("target", metavar="script.py | module", help="the script to run (or module name with -m)")

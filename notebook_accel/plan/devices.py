@@ -1,4 +1,5 @@
-"""What is here: accelerators and their counts, whether fork is safe. Never initializes CUDA in the kernel."""
+"""What is here: accelerators and their counts, whether fork is safe, the IPython shell we run in. Never initializes
+CUDA in the kernel."""
 from __future__ import annotations
 
 import multiprocessing
@@ -20,6 +21,17 @@ class DeviceInfo:
     kind: str
     count: int
     description: str
+
+
+def ipython_shell() -> Optional[object]:
+    """The IPython shell this code runs in (a Jupyter kernel's, a terminal IPython's), or None; never imports it."""
+    if "IPython" not in sys.modules:
+        return None
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
 
 
 def cuda_device_count() -> int:

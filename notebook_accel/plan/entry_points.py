@@ -40,7 +40,7 @@ def resolve_options(entry: str, given: Mapping[str, Any]) -> Dict[str, Any]:
     a value equal to the default), else the saved config's (when ``given`` has ``config``), else the default.
 
     >>> resolve_options("Session.run", {"display": "none"})
-    {'timeout': None, 'return_all': False, 'display': 'none'}
+    {'timeout': None, 'return_all': False, 'display': 'none', 'pdb': None}
     >>> resolve_options("Session.run", {"display": "bogus"})
     Traceback (most recent call last):
     ...

@@ -126,6 +126,11 @@ LAUNCHER_OPTIONS: Tuple[Option, ...] = (
            takers=LAUNCHES | {SESSION_RUN}, expects="True or False"),
     _choice("display", DisplayName, Display, Display.AUTO.value, "\"auto\" (dashboard in a notebook, text "
             "elsewhere), or one named.", takers=(EVERYWHERE - {LAUNCH_PANEL}) | RUNS),
+    Option("pdb", Optional[bool], None, "post-mortem: a rank whose function raises opens pdb in the frame that "
+           "raised, asking where the launch was started (the cell's input box, the terminal); after ``q`` the "
+           "exception is raised as usual. None: as IPython's ``%pdb`` says (off outside IPython). ``breakpoint()`` "
+           "works in every rank either way.", takers=frozenset({NOTEBOOK_LAUNCHER, SESSION}) | RUNS,
+           expects="True, False or None"),
     Option("compile_cache", Optional[PathLike], None, "XLA only, opt-in: a directory for torch_xla's persistent "
            "compilation cache (one subdirectory per worker process), so relaunching the same program skips "
            "recompiling.", expects="a directory path or None"),
@@ -205,6 +210,7 @@ def expected_parameters(entry: str) -> List[inspect.Parameter]:
     ...     print(parameter)
     timeout: Optional[float] = None
     display: Optional[Literal['auto', 'widgets', 'text', 'none']] = None
+    pdb: Optional[bool] = None
     """
     parameters = []
     for option in options_for(entry):

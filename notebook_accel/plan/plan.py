@@ -52,6 +52,7 @@ class LaunchPlan:
     rank_offset: int = 0
     global_world_size: Optional[int] = None
     group_rank: int = 0
+    post_mortem: bool = False  # a rank that raises opens pdb in the failing frame first (``pdb``, ``%pdb on``)
 
     def started_event(self, **where: Any) -> LaunchStarted:
         """The first event of a launch; ``where`` adds a node's place (num_nodes, node_rank, ranks, world_size)."""
@@ -120,6 +121,7 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
     device, mixed_precision, start_method = options["device"], options["mixed_precision"], options["start_method"]
     master_addr, use_port, timeout = options["master_addr"], options["use_port"], options["timeout"]
     return_all, display, compile_cache = options["return_all"], options["display"], options["compile_cache"]
+    post_mortem = wants_post_mortem(options["pdb"])
     if rank_channel() is not None:
         raise RuntimeError("notebook_launcher was called inside a launched rank; launches cannot be nested")
     check_call(function, args, kwargs)
@@ -157,8 +159,19 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
         master_addr=master_addr, use_port=use_port, timeout=None if timeout is None else float(timeout),
         return_all=return_all, display=display, nodes=nodes,
         compile_cache=None if compile_cache is None else os.path.abspath(os.path.expanduser(compile_cache)),
-        sharding_env=sharding_env,
+        sharding_env=sharding_env, post_mortem=post_mortem,
     )
+
+
+def wants_post_mortem(pdb: Optional[bool]) -> bool:
+    """Whether a failing rank opens pdb: ``pdb`` when given, else IPython's ``%pdb`` switch (off outside IPython).
+
+    >>> wants_post_mortem(True), wants_post_mortem(False)
+    (True, False)
+    """
+    if pdb is not None:
+        return bool(pdb)
+    return bool(getattr(environment.ipython_shell(), "call_pdb", False))
 
 
 def check_call(function: Any, args: Any, kwargs: Any) -> None:

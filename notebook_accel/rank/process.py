@@ -17,12 +17,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, Iterable, List, Optional
 
 from ..wire.channel import EventSender
+from ..wire.commands import SocketAnswers
 from ..wire.events import RankStarted
 from ..wire.fds import take_fd
 from .device_memory import send_peak_rss
+from .prompts import forget_kernel_hooks
 from .run import remember_kernel_classes, run_rank
 from .streams import flush_std_streams, line_writer
 
@@ -53,6 +55,11 @@ class RankSpec:
     lifeline_fd: Any
     # fork only: kernel-side fds the child inherited and must close (read ends, the lifeline's write end).
     inherited_fds: List[int] = field(default_factory=list)
+    # The rank's end of the socket the kernel answers its prompts on (pdb, input(): ``rank.prompts``); None: a
+    # rank whose answers come another way (a session's, on its command socket).
+    answers_fd: Any = None
+    post_mortem: bool = False      # open pdb in the frame that raised, before the failure is reported
+    no_one_types: Optional[str] = None  # why no one can answer its prompts (a headless run), or None
 
 
 def rank_main(spec: RankSpec) -> None:
@@ -64,9 +71,12 @@ def rank_main(spec: RankSpec) -> None:
     as_launched(spec)
     _set_torch_threads(int(spec.env.get("OMP_NUM_THREADS", "0")))
     capture_output(take_fd(spec.stdout_fd), take_fd(spec.stderr_fd))
-    sender = EventSender(take_fd(spec.events_fd), spec.rank)
+    answers = SocketAnswers(take_fd(spec.answers_fd)) if spec.answers_fd is not None else None
+    sender = EventSender(take_fd(spec.events_fd), spec.rank, answers=answers)
+    sender.no_one_types = spec.no_one_types
     sender.send(RankStarted(rank=spec.rank, pid=os.getpid()))
-    run = run_rank(lambda: register_in_main(spec.payload.load()), sender, send_result=spec.send_result)
+    run = run_rank(lambda: register_in_main(spec.payload.load()), sender, send_result=spec.send_result,
+                   post_mortem=spec.post_mortem)
     send_peak_rss(sender)
     end_like_python(spec.rank)
     sender.close()
@@ -88,6 +98,7 @@ def take_over_process(stacks_fd: int, lifeline: Any, inherited_fds: Iterable[int
     die_with_launcher(lifeline)
     for fd in inherited_fds:
         close_quietly(fd)
+    forget_kernel_hooks()
     # What a forked rank inherited from the kernel (ipykernel's, zmq's handlers), or a forkserver child from
     # the server, is not this process's to run; what the rank registers itself runs when it ends.
     atexit._clear()

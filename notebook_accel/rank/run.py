@@ -1,12 +1,14 @@
 """What every rank does around the user's function, whatever started it.
 
 A process rank (``rank/process.py``), the in-kernel rank (``backends/inline.py``) and a TPU
-device thread all call ``run_rank``: install the rank's channel, make tqdm report, run the function, send the
-failure event or the result (tensors moved to CPU first), and deliver the metrics ``report`` held back before
-the rank's end. How the rank got its process, its output streams and its function is the backend's business.
+device thread all call ``run_rank``: install the rank's channel, make tqdm report and pdb ask whoever launched
+(``rank.prompts``), run the function, open pdb on its failure when asked to (post-mortem), send the failure event
+or the result (tensors moved to CPU first), and deliver the metrics ``report`` held back before the rank's end.
+How the rank got its process, its output streams and its function is the backend's business.
 """
 from __future__ import annotations
 
+import bdb
 import io
 import pickle
 import sys
@@ -21,6 +23,7 @@ from ..wire.events import RankFailed, RankResult
 # them; the fork server, which preloads this module) pays for them once instead of in every rank.
 from .device_memory import maybe_send_device_memory
 from .progress import patch_tqdm
+from .prompts import PromptInterrupted, call_user_function, post_mortem as open_post_mortem, route_prompts
 from .tracebacks import format_user_traceback
 
 # (function, args, kwargs), produced on demand: unpickled from bytes, or the kernel's own objects under fork
@@ -38,13 +41,14 @@ class RankRun:
 
 
 def run_rank(load: LoadFunction, sender: Any, *, send_result: bool, thread_only: bool = False,
-             passthrough: Tuple[type, ...] = ()) -> RankRun:
+             passthrough: Tuple[type, ...] = (), post_mortem: bool = False) -> RankRun:
     """Run the launched function as rank ``sender.rank``; report its failure or result on ``sender``.
 
     ``sys.exit(0)`` (or ``sys.exit()``) in the function is a normal end with no value, ``sys.exit(n)`` a
     failure whose exit code is ``n``, as for a Python script. Exceptions of a ``passthrough`` type (the
     in-kernel rank's interrupt and timeout) propagate unreported. ``thread_only`` installs the channel for
-    this thread alone (ranks that are threads of one process).
+    this thread alone (ranks that are threads of one process). ``post_mortem``: an exception the function
+    raises opens pdb in the frame that raised it (asking whoever launched) before the failure is reported.
 
     Example::
 
@@ -53,13 +57,14 @@ def run_rank(load: LoadFunction, sender: Any, *, send_result: bool, thread_only:
     """
     set_rank_channel(sender, thread_only=thread_only)
     undo_patch: Callable[[], None] = lambda: None  # noqa: E731
+    undo_prompts = route_prompts()
     loaded = False
     try:
         try:
             undo_patch = patch_tqdm()  # before unpickling: names cloudpickle resolves get the patched tqdm
             function, args, kwargs = load()
             loaded = True
-            value = function(*args, **kwargs)
+            value = call_user_function(function, args, kwargs)
         except passthrough:
             raise
         except SystemExit as exc:
@@ -68,6 +73,8 @@ def run_rank(load: LoadFunction, sender: Any, *, send_result: bool, thread_only:
                 return _failed(sender, exc, undo_patch, code)
             value = None
         except BaseException as exc:  # KeyboardInterrupt too: the kernel decides whether it was an interrupt
+            if post_mortem and loaded and isinstance(exc, Exception) and not isinstance(exc, bdb.BdbQuit):
+                _post_mortem(exc)  # before the failure is sent: the kernel then ends the launch
             return _failed(sender, exc, undo_patch, 1, loading=not loaded)
         try:
             undo_patch()  # delivers the metrics report() still held back, before the result ends the rank
@@ -78,8 +85,17 @@ def run_rank(load: LoadFunction, sender: Any, *, send_result: bool, thread_only:
         return RankRun(0, value=value)
     finally:
         undo_patch()
+        undo_prompts()
         if thread_only:  # a process rank keeps its channel: its threads and atexit handlers may still report
             set_rank_channel(None, thread_only=True)
+
+
+def _post_mortem(exc: BaseException) -> None:
+    """pdb on the failure; whatever ends it (``q``, an interrupt, pdb's own error), the failure is reported next."""
+    try:
+        open_post_mortem(exc)
+    except (Exception, PromptInterrupted, KeyboardInterrupt):
+        pass
 
 
 def exit_code_of(exc: SystemExit) -> int:

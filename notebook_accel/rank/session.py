@@ -9,7 +9,11 @@ one persistent namespace, its ``__main__``: a function the kernel sends gets tha
 the kernel's values it brings never replace a name the rank set itself (``wire.payload.RankNames``).
 
 A reader thread takes commands off the socket: tasks queue for the main thread; ``BreakGroup`` is done at once,
-so a rank blocked in a collective whose peer failed gets an error instead of waiting for ever.
+so a rank blocked in a collective whose peer failed gets an error instead of waiting for ever; a ``PromptAnswer``
+(the line typed at the rank's pdb) goes to the task that waits for it.
+
+A task's exception is kept (with its frames) until the next one fails: ``Session.debug`` opens pdb on it
+(``Debug``).
 """
 from __future__ import annotations
 
@@ -23,17 +27,18 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..wire.channel import EventSender
-from ..wire.commands import (BreakGroup, CommandReceiver, ExecuteCode, Interrupt, NewGroup, RunFunction, Shutdown,
-                             close_fds)
+from ..wire.commands import (BreakGroup, CommandReceiver, Debug, ExecuteCode, Interrupt, NewGroup, PromptAnswer,
+                             QueuedAnswers, RunFunction, Shutdown, close_fds)
 from ..wire.events import RankStarted, TaskDone
 from ..wire.fds import take_fd
 from ..wire.payload import PickledPayload, RankNames, rank_namespace, set_thread_rank_names
 from .device_memory import send_peak_rss
 from .process import (RankSpec, _set_torch_threads, as_launched, capture_output, end_like_python,
                       take_over_process)
+from .prompts import post_mortem as open_post_mortem
 from .run import failure_event, remember_kernel_classes, run_rank
 from .streams import flush_std_streams
 
@@ -82,6 +87,9 @@ class SessionRank:
                  generation: int = 0, thread_rank: bool = False) -> None:
         self.sender = sender
         self.commands = CommandReceiver(command_fd)
+        self.answers = QueuedAnswers()  # lines typed at this rank's prompts, from the reader thread
+        sender.answers = self.answers
+        self.failure: Optional[Tuple[int, BaseException]] = None  # (task, exception) of the last failed task
         self.tasks: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self.busy = False
         self.group = group
@@ -122,6 +130,10 @@ class SessionRank:
                 close_fds(fds)
                 self._interrupt_task_thread()
                 continue
+            if isinstance(command, PromptAnswer):
+                close_fds(fds)
+                self.answers.put(command)
+                continue
             self.tasks.put((command, fds))
 
     def serve(self) -> None:
@@ -143,7 +155,12 @@ class SessionRank:
                 elif isinstance(command, ExecuteCode):
                     # rank 0 answers None, as a launch's rank 0 returns its function's value
                     self._task(command.task_id, lambda: execute_cell(command.code, command.filename),
-                               send_result=self.sender.rank == 0)
+                               send_result=self.sender.rank == 0, keep_failure=True, post_mortem=command.post_mortem,
+                               no_one_types=command.no_one_types)
+                elif isinstance(command, Debug):
+                    close_fds(fds)
+                    self._task(command.task_id, lambda: self._debug(command), send_result=self.sender.rank == 0,
+                               no_one_types=command.no_one_types)
                 elif isinstance(command, NewGroup):
                     close_fds(fds)
                     self._task(command.task_id,
@@ -164,14 +181,31 @@ class SessionRank:
             return function, args, kwargs
 
         send_result = command.return_all or self.sender.rank == 0
-        self._task(command.task_id, load, loader=True, send_result=send_result)
+        self._task(command.task_id, load, loader=True, send_result=send_result, keep_failure=True,
+                   post_mortem=command.post_mortem, no_one_types=command.no_one_types)
 
-    def _task(self, task_id: int, work: Any, *, loader: bool = False, send_result: bool = False) -> None:
-        """Run one task through ``run_rank`` (failure event or result, tqdm capture), then say it is done."""
+    def _debug(self, command: Debug) -> None:
+        """``Session.debug``'s task: pdb on this rank's exception of task ``failed_task``, if this is the rank."""
+        if command.rank != self.sender.rank:
+            return
+        if self.failure is None or self.failure[0] != command.failed_task:
+            raise RuntimeError(f"rank {command.rank} has no exception of that run to debug (it did not fail "
+                               f"there, or a later run failed too)")
+        open_post_mortem(self.failure[1])
+
+    def _task(self, task_id: int, work: Any, *, loader: bool = False, send_result: bool = False,
+              keep_failure: bool = False, post_mortem: bool = False, no_one_types: Optional[str] = None) -> None:
+        """Run one task through ``run_rank`` (failure event or result, tqdm capture), then say it is done. The
+        exception of a user's task (a run, a cell: ``keep_failure``) is kept for ``Session.debug``. ``no_one_types``:
+        why no one can answer the task's prompts, if no one can."""
         load = work if loader else (lambda: (work, (), {}))
+        self.sender.no_one_types = no_one_types
         self.busy = True
         try:
-            run_rank(load, self.sender, send_result=send_result, thread_only=self.thread_rank)
+            run = run_rank(load, self.sender, send_result=send_result, thread_only=self.thread_rank,
+                           post_mortem=post_mortem)
+            if keep_failure and run.exception is not None:
+                self.failure = (task_id, run.exception)
         except BaseException as late:  # an interrupt that came between run_rank's own steps: still a failure
             try:
                 self.sender.send(failure_event(self.sender.rank, late))

@@ -16,8 +16,8 @@ from tqdm.std import tqdm as _tqdm_format  # formatting helpers only (format_met
 from ..formatting import format_bytes, format_value  # noqa: F401  (views.model.format_* for views and tests)
 from ..monitor.metric_log import MetricSummary
 from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, OutputLines,
-                           PeersWaiting, ProgressUpdate, RankEvent, RankExited, RankFailed, RankResult, RankStarted,
-                           RankStatus, ResourceSample, SessionNotice, Status)
+                           PeersWaiting, ProgressUpdate, PromptAnswered, RankEvent, RankExited, RankFailed, RankPrompt,
+                           RankResult, RankStarted, RankStatus, ResourceSample, SessionNotice, Status)
 
 # Colours of ranks 0..9 (matplotlib's tab10), reused in the plots and the rank rows.
 STALL_AFTER_SECONDS = 10.0  # a rank whose progress has not moved this long while its peers advance is stalled
@@ -27,7 +27,8 @@ RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                 "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 STATUS_COLOURS = {Status.STARTING: "#7f7f7f", Status.RUNNING: "#1f77b4", Status.FINISHED: "#2ca02c",
-                  Status.FAILED: "#d62728", Status.STOPPED: "#ff7f0e", Status.TIMEOUT: "#d62728"}
+                  Status.FAILED: "#d62728", Status.STOPPED: "#ff7f0e", Status.TIMEOUT: "#d62728",
+                  RankStatus.AT_PROMPT: "#9467bd"}
 
 
 def rank_colour(rank: int) -> str:
@@ -198,6 +199,7 @@ class RankState:
     finished_loop_count: int = 0
     last_progress_at: Optional[float] = None  # monotonic time a bar of this rank last moved (or it reported)
     last_output_at: Optional[float] = None    # wall-clock time of its last output line
+    prompt: Optional[RankPrompt] = None       # what it waits for while AT_PROMPT (pdb at a breakpoint, input())
 
     def archive(self, bar: BarState, keep: int = 8) -> None:
         self.finished_loops.append(bar.summary_line())
@@ -236,6 +238,7 @@ class LaunchState:
         self.attempt: Optional[AttemptStarted] = None    # set once a restart began
         self.peers_waiting: Optional[PeersWaiting] = None  # a rank finished while others still run
         self.session_notices: List[str] = []  # what a warm session did after this run ("ranks restarted: ...")
+        self.prompt_left_at: Optional[float] = None  # when a rank last left a prompt (peers waited for it till then)
 
     # ------------------------------------------------------------------------------------------ reading
     @property
@@ -299,6 +302,18 @@ class LaunchState:
             if self.status == Status.STARTING and all(r.status != RankStatus.STARTING for r in self.ranks.values()):
                 self.status = Status.RUNNING
             return state
+        if isinstance(event, RankPrompt):
+            state = self.rank(event.rank)
+            if state.status in (RankStatus.STARTING, RankStatus.RUNNING, RankStatus.AT_PROMPT):
+                state.status, state.prompt = RankStatus.AT_PROMPT, event
+            return state
+        if isinstance(event, PromptAnswered):
+            state = self.rank(event.rank)
+            if state.status == RankStatus.AT_PROMPT:
+                # It runs again; the time at the prompt was no stall.
+                state.status, state.prompt = RankStatus.RUNNING, None
+                self.prompt_left_at = time.monotonic()
+            return state
         if isinstance(event, RankResult):
             self.rank(event.rank).status = RankStatus.FINISHED
             return self.rank(event.rank)
@@ -312,7 +327,7 @@ class LaunchState:
             state.exitcode, state.signal_name = event.exitcode, event.signal_name
             if event.stopped and state.status != RankStatus.FAILED:  # a rank that raised stays failed (root cause)
                 state.status = RankStatus.STOPPED
-            elif state.status in (RankStatus.STARTING, RankStatus.RUNNING):
+            elif state.status in (RankStatus.STARTING, RankStatus.RUNNING, RankStatus.AT_PROMPT):
                 state.status = RankStatus.FINISHED if event.exitcode == 0 else RankStatus.EXITED
             return state
         if isinstance(event, LaunchFinished):
@@ -326,7 +341,8 @@ class LaunchState:
                 if event.status == Status.FINISHED:
                     state.status = RankStatus.FINISHED
                     continue
-                if state.rank in event.still_running or state.status in (RankStatus.STARTING, RankStatus.RUNNING):
+                if state.rank in event.still_running or state.status in (RankStatus.STARTING, RankStatus.RUNNING,
+                                                                         RankStatus.AT_PROMPT):
                     state.status = RankStatus.STOPPED
             return self
         return None
@@ -387,11 +403,17 @@ class LaunchState:
     # ------------------------------------------------------------------------------------ stragglers
     def stalled_for(self, state: RankState, now: Optional[float] = None) -> Optional[float]:
         """Seconds since ``state``'s progress last moved, when that is ``stall_after`` or more while a peer
-        moved within ``stall_after`` (a rank that is merely waiting with everyone else is not stalled)."""
+        moved within ``stall_after`` (a rank that is merely waiting with everyone else is not stalled). While a rank
+        sits at a prompt (pdb), and until ``stall_after`` after it left one, no rank is stalled: its peers may be
+        waiting for it in a collective, and the person debugging it is no slow code."""
         if self.finished is not None or state.status != RankStatus.RUNNING or len(self.ranks) < 2:
+            return None
+        if any(peer.status == RankStatus.AT_PROMPT for peer in self.ranks.values()):
             return None
         now = time.monotonic() if now is None else now
         since = state.last_progress_at if state.last_progress_at is not None else self.start_time
+        if self.prompt_left_at is not None:
+            since = max(since, self.prompt_left_at)
         idle = now - since
         if idle < self.stall_after:
             return None
@@ -478,6 +500,8 @@ class LaunchState:
         return " · ".join(parts)
 
     def rank_status_text(self, state: RankState, mark_root: bool = True) -> str:
+        if state.status == RankStatus.AT_PROMPT and state.prompt is not None:
+            return state.prompt.describe()  # "at breakpoint (train.py:12)"
         text = str(state.status)
         if state.root_cause and mark_root:
             text += " (root cause)"

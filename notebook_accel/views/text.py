@@ -12,7 +12,8 @@ Output::
 
 Progress lines are new lines, not carriage-return redraws: ranks interleave, and a log file or a notebook's
 stream output keeps them readable. Each bar prints at most every ``progress_interval`` seconds (only when
-it moved) plus once when it closes.
+it moved) plus once when it closes. A rank that stops in pdb is said once per stop (``[rank 1] notebook_accel: at
+breakpoint (train.py:12)``), not at each step; pdb's own lines and prompt follow.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import time
 from typing import Dict, Optional, TextIO
 
 from ..wire.events import (LaunchFinished, MetricReport, OutputLine, OutputLines, PeersWaiting, ProgressUpdate,
-                           RankEvent, SessionNotice)
+                           PromptAnswered, PromptKind, RankEvent, RankPrompt, SessionNotice)
 from .model import BarState, LaunchState, label_lines
 
 
@@ -48,6 +49,7 @@ class TextView:
         self._printed_n: Dict[int, float] = {}
         self._pending: Dict[int, BarState] = {}
         self._stalled: set = set()
+        self._in_pdb: set = set()  # ranks whose stop in pdb was said (once per stop, not at each step)
 
     # Resolved at write time so a view made before ipykernel swapped sys.stdout still writes to the cell.
     def _out(self, stream: str) -> TextIO:
@@ -64,6 +66,12 @@ class TextView:
                 self._on_bar(changed)
             elif isinstance(event, MetricReport):
                 pass  # shown in the next progress line's postfix and in the summary
+            elif isinstance(event, RankPrompt) and event.kind != PromptKind.INPUT:
+                if event.rank not in self._in_pdb:
+                    self._in_pdb.add(event.rank)
+                    self._out("stdout").write(f"[rank {event.rank}] notebook_accel: {event.describe()}\n")
+            elif isinstance(event, PromptAnswered) and event.ran_on:
+                self._in_pdb.discard(event.rank)
             elif isinstance(event, (PeersWaiting, SessionNotice)):
                 self._out("stdout").write(f"notebook_accel: {event.text}\n")
             elif isinstance(event, LaunchFinished):

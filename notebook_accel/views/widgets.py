@@ -40,8 +40,8 @@ import ipywidgets as widgets
 
 from ..outcome.root_cause import is_collateral
 from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, OutputLines,
-                           PeersWaiting, ProgressUpdate, RankEvent, RankExited, RankFailed, RankResult, RankStacks,
-                           RankStarted, RankStatus, ResourceSample, SessionNotice)
+                           PeersWaiting, ProgressUpdate, PromptAnswered, RankEvent, RankExited, RankFailed, RankPrompt,
+                           RankResult, RankStacks, RankStarted, RankStatus, ResourceSample, SessionNotice)
 from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, launch_title,
                     rank_colour, resource_text)
 from .plot import render_line_plot
@@ -211,6 +211,10 @@ class WidgetView:
                 for rank in sorted(self.state.ranks):
                     self._rank_row(rank)
                 self._draw_header()
+            elif isinstance(event, (RankPrompt, PromptAnswered)):
+                if isinstance(event, RankPrompt):  # pdb's lines above the input box that asks
+                    self._flush_logs(now)
+                self._draw_rank_label(self.state.rank(event.rank))
             elif isinstance(event, (RankStarted, RankResult, RankFailed, RankExited)):
                 self._draw_rank_label(self.state.rank(event.rank))
                 if isinstance(event, RankFailed):

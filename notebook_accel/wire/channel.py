@@ -7,6 +7,10 @@ the launcher and its children can inject a pickle.
 Inside a rank, ``rank_channel()`` returns the sender ``rank.run_rank`` installed (or the inline backend's direct
 sink), and ``None`` outside a launch, so helpers such as ``progress`` and ``report`` degrade to local
 behaviour in a plain script.
+
+A sender also *asks*: a rank at a prompt (pdb, ``input()``) sends a ``RankPrompt`` and waits for the line typed
+where the launch was started (``ask``). Where that line comes from is the sender's ``answers``: any object with
+``next_answer(seq) -> PromptAnswer`` (``wire.commands``: a socket of the rank's own, a session's command socket).
 """
 from __future__ import annotations
 
@@ -14,20 +18,39 @@ import os
 import pickle
 import struct
 import threading
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
-from .events import RankEvent
+from .commands import PromptAnswer
+from .events import RankEvent, RankPrompt
 
 _HEADER = struct.Struct("!I")
 
 
 class EventSender:
-    """Writes events to a pipe fd. Thread-safe: tqdm's monitor thread and the main thread may both send."""
+    """Writes events to a pipe fd. Thread-safe: tqdm's monitor thread and the main thread may both send.
 
-    def __init__(self, fd: int, rank: int) -> None:
+    ``answers``: where the lines typed at this rank's prompts come from (None: nowhere; every prompt is skipped).
+    """
+
+    def __init__(self, fd: int, rank: int, answers: Any = None) -> None:
         self.fd = fd
         self.rank = rank
+        self.answers = answers
+        self.no_one_types: Optional[str] = None  # set once told no one can type (why): prompts are skipped
         self._lock = threading.Lock()
+        self._asking = threading.Lock()
+        self._prompts = 0
+
+    def ask(self, prompt: RankPrompt) -> PromptAnswer:
+        """Send ``prompt`` and block until the kernel answers it. One prompt at a time per rank (another thread of
+        the rank waits its turn)."""
+        with self._asking:
+            self._prompts += 1
+            prompt.seq = self._prompts
+            if self.answers is None:
+                return _unanswerable(prompt.seq)
+            self.send(prompt)
+            return self.answers.next_answer(prompt.seq)
 
     def send(self, event: RankEvent) -> None:
         data = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
@@ -47,17 +70,31 @@ class EventSender:
 
 
 class DirectSender:
-    """The inline backend's sender: hands events straight to a callback in the kernel process."""
+    """The inline backend's sender: hands events straight to a callback in the kernel process, and prompts to
+    ``ask`` (which returns the ``PromptAnswer``)."""
 
-    def __init__(self, rank: int, deliver: Callable[[RankEvent], None]) -> None:
+    def __init__(self, rank: int, deliver: Callable[[RankEvent], None],
+                 ask: Optional[Callable[[RankPrompt], PromptAnswer]] = None) -> None:
         self.rank = rank
         self._deliver = deliver
+        self._ask = ask
+        self.no_one_types: Optional[str] = None
+        self._prompts = 0
 
     def send(self, event: RankEvent) -> None:
         self._deliver(event)
 
+    def ask(self, prompt: RankPrompt) -> PromptAnswer:
+        self._prompts += 1
+        prompt.seq = self._prompts
+        return self._ask(prompt) if self._ask is not None else _unanswerable(prompt.seq)
+
     def close(self) -> None:
         pass
+
+
+def _unanswerable(seq: int) -> PromptAnswer:
+    return PromptAnswer(seq, skipped="this rank has no way to ask")
 
 
 class EventDecoder:

@@ -9,11 +9,17 @@ as ``PickledPayload`` receives them at a launch — the same object sent again s
 Task commands (a function, a cell's code) queue for the rank's main thread; control commands (break the
 process group, shut down) are handled at once by the rank's reader thread, also while the main thread is
 stuck in a collective.
+
+A rank at a prompt (pdb, ``input()``: ``rank.prompts``) gets its line as a ``PromptAnswer``: on the command socket
+of a session's rank (its reader thread hands it to ``QueuedAnswers``), on a socket of its own for a launch's rank
+(``SocketAnswers``, read only while the rank asks). Another transport (a Ray actor's control call) only needs an
+object with ``next_answer(seq)``.
 """
 from __future__ import annotations
 
 import os
 import pickle
+import queue
 import socket
 import struct
 import threading
@@ -41,6 +47,8 @@ class RunFunction(Command):
     buffers: List[Any]
     shared_sizes: List[int]
     return_all: bool = False
+    post_mortem: bool = False   # an exception opens pdb in the frame that raised it, before it is reported
+    no_one_types: Optional[str] = None  # why no one can answer the task's prompts (a headless run), or None
 
 
 @dataclass
@@ -50,6 +58,8 @@ class ExecuteCode(Command):
     task_id: int
     code: str
     filename: str
+    post_mortem: bool = False
+    no_one_types: Optional[str] = None
 
 
 @dataclass
@@ -82,6 +92,27 @@ class Interrupt(Command):
 class Shutdown(Command):
     """End the rank the way a Python program ends (threads joined, atexit handlers run)."""
 
+
+@dataclass
+class Debug(Command):
+    """``Session.debug``: rank ``rank`` opens pdb post-mortem on the exception it raised in task ``failed_task``
+    (the others have nothing to do)."""
+
+    task_id: int
+    rank: int
+    failed_task: int
+    no_one_types: Optional[str] = None
+
+
+@dataclass
+class PromptAnswer(Command):
+    """The line typed at the rank's prompt number ``seq`` (``wire.events.RankPrompt``). ``line`` None: end of
+    input (Ctrl-D). ``skipped``: no one can type where the launch was started (why, in a few words): the rank goes
+    on without stopping."""
+
+    seq: int
+    line: Optional[str] = None
+    skipped: Optional[str] = None
 
 
 def session_socketpair() -> Tuple[socket.socket, socket.socket]:
@@ -150,6 +181,47 @@ class CommandReceiver:
             self.sock.close()
         except OSError:
             pass
+
+
+class SocketAnswers:
+    """A launch rank's answers: read from its own socket (the kernel holds the other end), only while it asks."""
+
+    def __init__(self, fd: int) -> None:
+        self.receiver = CommandReceiver(fd)
+
+    def next_answer(self, seq: int) -> PromptAnswer:
+        while True:
+            try:
+                received = self.receiver.receive()
+            except EOFError:
+                received = None
+            if received is None:  # the kernel is gone (the lifeline ends this rank too)
+                return PromptAnswer(seq, skipped="the launch ended")
+            command, fds = received
+            close_fds(fds)
+            if isinstance(command, PromptAnswer) and command.seq == seq:  # never an answer to an older prompt
+                return command
+
+
+class QueuedAnswers:
+    """A session rank's answers: its reader thread ``put``s them as they come on the command socket."""
+
+    WAKE_SECONDS = 0.1  # a device thread's interrupt is raised in it only while it runs Python code
+
+    def __init__(self) -> None:
+        self._answers: "queue.Queue[PromptAnswer]" = queue.Queue()
+
+    def put(self, answer: PromptAnswer) -> None:
+        self._answers.put(answer)
+
+    def next_answer(self, seq: int) -> PromptAnswer:
+        while True:
+            try:
+                answer = self._answers.get(timeout=self.WAKE_SECONDS)
+            except queue.Empty:
+                continue
+            if answer.seq == seq:
+                return answer
 
 
 def close_fds(fds: List[int]) -> None:

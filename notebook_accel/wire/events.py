@@ -28,14 +28,25 @@ class Status(Choice):
 
 class RankStatus(Choice):
     """How one rank stands, as the views show it. STARTING → RUNNING → FINISHED (returned), FAILED (raised),
-    EXITED (died without an exception, or exited non-zero) or STOPPED (ended by the launcher)."""
+    EXITED (died without an exception, or exited non-zero) or STOPPED (ended by the launcher). RUNNING ⇄
+    AT_PROMPT while the rank waits for a line typed by whoever launched (pdb, ``input()``)."""
 
     STARTING = "starting"
     RUNNING = "running"
+    AT_PROMPT = "at a prompt"
     FINISHED = "finished"
     FAILED = "failed"
     EXITED = "exited"
     STOPPED = "stopped"
+
+
+class PromptKind(Choice):
+    """Why a rank waits for a line: pdb stopped at a breakpoint (``breakpoint()``, ``pdb.set_trace()``,
+    ``torch.distributed.breakpoint``), pdb opened on a failure (post-mortem), or the rank called ``input()``."""
+
+    BREAKPOINT = "breakpoint"
+    POST_MORTEM = "post-mortem"
+    INPUT = "input"
 
 
 class SessionStatus(Choice):
@@ -204,6 +215,46 @@ class ResourceSample(RankEvent):
     device_util: Optional[float] = None     # percent of time a kernel ran (NVML)
     device_peak_allocated: Optional[int] = None  # the rank's framework peak (torch.cuda.max_memory_allocated)
     time: float = field(default_factory=time.time)
+
+
+@dataclass
+class RankPrompt(RankEvent):
+    """The rank waits for a line typed where the launch was started (``rank.prompts``): pdb's ``(Pdb) ``, or the
+    prompt of an ``input()``. Its output up to this point is already in its pipes. ``seq`` counts the rank's
+    prompts: the answer names the one it answers. ``filename``/``lineno``: the frame pdb stands in."""
+
+    prompt: str
+    seq: int = 0
+    kind: PromptKind = PromptKind.INPUT
+    filename: Optional[str] = None
+    lineno: Optional[int] = None
+
+    @property
+    def where(self) -> str:
+        """``train.py:12`` (the file's name, not its path), or "" when the rank is not in pdb."""
+        if self.filename is None:
+            return ""
+        return f"{self.filename.replace(chr(92), '/').rsplit('/', 1)[-1]}:{self.lineno}"
+
+    def describe(self) -> str:
+        """How the views say it: ``at breakpoint (train.py:12)``, ``post-mortem (train.py:12)``, ``waiting for
+        input``."""
+        where = f" ({self.where})" if self.where else ""
+        if self.kind == PromptKind.BREAKPOINT:
+            return f"at breakpoint{where}"
+        if self.kind == PromptKind.POST_MORTEM:
+            return f"post-mortem{where}"
+        return "waiting for input"
+
+
+@dataclass
+class PromptAnswered(RankEvent):
+    """Made in the kernel: rank ``rank``'s prompt ``seq`` got its line (or was withdrawn): it runs again.
+    ``ran_on``: the line lets it run on (pdb's ``c``, ``q``; a withdrawn prompt), not a step it soon comes back from
+    (``n``, ``p x``)."""
+
+    seq: int = 0
+    ran_on: bool = True
 
 
 @dataclass

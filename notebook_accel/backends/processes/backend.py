@@ -9,12 +9,14 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import socket
 import warnings
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ...outcome.root_cause import Outcome
 from ...plan.plan import LaunchPlan
 from ...rank.process import RankSpec, rank_main
+from ...wire.commands import CommandSender, session_socketpair
 from ...wire.fds import PassedFd, make_pipe
 from ..base import Backend, LaunchSink, StopPolicy
 from ..supervisor import RankProcess, Supervisor
@@ -37,14 +39,17 @@ class ProcessBackend(Backend):
         self._lifeline_r, self._lifeline_w = os.pipe()
         self._supervisor: Optional[Supervisor] = None
         self._handles: List[RankProcess] = []
+        self._answer_senders: List[CommandSender] = []
+        self._no_one_types: Optional[str] = None  # told to the ranks: why no one can answer their prompts
 
     def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
+        self._no_one_types = sink.asker.absent
         self._handles = self.start(rendezvous_env)
 
     def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
         self._supervisor = Supervisor(
             self._handles, sink.deliver, sink.tick, policy=policy,
-            expect_results=lambda rank: self.plan.sends_result(rank - self.plan.rank_offset))
+            expect_results=lambda rank: self.plan.sends_result(rank - self.plan.rank_offset), asker=sink.asker)
         return self._supervisor.run()
 
     def _close(self) -> None:
@@ -77,6 +82,9 @@ class ProcessBackend(Backend):
         if self._lifeline_w >= 0:
             os.close(self._lifeline_w)
             self._lifeline_w = -1
+        for sender in self._answer_senders:
+            sender.close()
+        self._answer_senders = []
         self.plan.payload.close()
 
     def _spec_extras(self, rank: int) -> Dict[str, object]:
@@ -87,8 +95,20 @@ class ProcessBackend(Backend):
         """More kernel fds a *forked* ``rank`` inherits and must close (none for a launch's rank)."""
         return []
 
+    answers_own_socket = True  # a launch's rank gets its prompts' answers on a socket of its own
+
+    def _answers_socket(self) -> Tuple[CommandSender, socket.socket]:
+        """A socket pair for one rank's answers (pdb, input(): ``backends.prompts``): the kernel's end (kept until
+        the launch ends) and the rank's end (handed over as the spec's ``answers_fd``, closed here once the rank
+        started)."""
+        kernel, rank_end = session_socketpair()
+        sender = CommandSender(kernel)
+        self._answer_senders.append(sender)
+        return sender, rank_end
+
     def _start_rank(self, rank: int, rendezvous_env: Dict[str, str], started: List[RankProcess]) -> RankProcess:
         pipes = {name: make_pipe() for name in ("stdout", "stderr", "events", "stacks")}
+        answers, answers_end = self._answers_socket() if self.answers_own_socket else (None, None)
         inherited: List[int] = []
         if self.plan.start_method == "fork":
             # A forked rank inherits every fd of the kernel; it must close the kernel's ends, or a pipe would
@@ -96,6 +116,7 @@ class ProcessBackend(Backend):
             inherited = [self._lifeline_w] + [read for read, _ in pipes.values()]
             for other in started:
                 inherited += other.fds
+            inherited += [sender.sock.fileno() for sender in self._answer_senders]
             inherited += self._inherited_fds(rank)
         plan = self.plan
         spec = self.spec_class(
@@ -111,6 +132,8 @@ class ProcessBackend(Backend):
             stacks_fd=PassedFd(pipes["stacks"][1]),
             lifeline_fd=PassedFd(self._lifeline_r),
             inherited_fds=inherited,
+            answers_fd=PassedFd(answers_end.fileno()) if answers_end is not None else None,
+            post_mortem=plan.post_mortem, no_one_types=self._no_one_types,
             **self._spec_extras(rank),
         )
         process = self.context.Process(target=self.rank_target, args=(spec,), name=f"notebook_accel-rank-{rank}")
@@ -123,6 +146,8 @@ class ProcessBackend(Backend):
         finally:
             for _, write in pipes.values():
                 os.close(write)  # the kernel keeps only read ends: EOF once the rank is gone
+            if answers_end is not None:
+                answers_end.close()
         return RankProcess(spec.rank, process, pipes["stdout"][0], pipes["stderr"][0], pipes["events"][0],
-                           pipes["stacks"][0])
+                           pipes["stacks"][0], answers=answers)
 

@@ -48,6 +48,9 @@ class XlaBackend(ProcessBackend):
         self._temp_dir = tempfile.mkdtemp(prefix="notebook_accel-xla-")
         world = self.plan.world_size
         pipes = [{name: make_pipe() for name in ("stdout", "stderr", "events", "stacks")} for _ in range(world)]
+        # Each device thread's prompts (pdb, input()) are answered on a socket of its own (a session's: on its
+        # command socket).
+        answers = [self._answers_socket() for _ in range(world)] if self.answers_own_socket else []
         inherited: List[int] = []
         if self.plan.start_method == "fork":  # the host must close the kernel's ends it inherited
             inherited = [self._lifeline_w] + [read for rank in pipes for read, _ in rank.values()]
@@ -58,7 +61,9 @@ class XlaBackend(ProcessBackend):
             pipes=[tuple(PassedFd(rank[name][1]) for name in ("stdout", "stderr", "events", "stacks"))
                    for rank in pipes],
             lifeline_fd=PassedFd(self._lifeline_r), inherited_fds=inherited,
-            compile_cache=getattr(self.plan, "compile_cache", None), **self._host_spec_extras())
+            compile_cache=getattr(self.plan, "compile_cache", None),
+            answer_fds=[PassedFd(rank_end.fileno()) for _, rank_end in answers] or None,
+            post_mortem=self.plan.post_mortem, no_one_types=self._no_one_types, **self._host_spec_extras())
         process = self.context.Process(target=self.host_target, args=(spec,), name="notebook_accel-xla-host")
         try:
             if self.plan.start_method == "forkserver":
@@ -75,9 +80,12 @@ class XlaBackend(ProcessBackend):
             for rank in pipes:
                 for _, write in rank.values():
                     os.close(write)  # the kernel keeps only read ends
+            for _, rank_end in answers:
+                rank_end.close()
             os.close(self._lifeline_r)
         return [RankProcess(rank, process, pipe["stdout"][0], pipe["stderr"][0], pipe["events"][0],
-                            pipe["stacks"][0]) for rank, pipe in enumerate(pipes)]
+                            pipe["stacks"][0], answers=answers[rank][0] if answers else None)
+                for rank, pipe in enumerate(pipes)]
 
     def host_env(self, rendezvous_env: Dict[str, str]) -> Dict[str, str]:
         """The environment of the host and its workers: the kernel's, torchrun's world-level variables (a rank

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
 from ...wire.channel import EventSender
+from ...wire.commands import SocketAnswers
 from ...wire.events import RankExited, RankStarted
 from ..device_memory import send_peak_rss
 from ..run import failure_event, run_rank
@@ -64,6 +65,9 @@ class DeviceLayout:
     host_pid: int
     compile_cache: Optional[str] = None
     command_fds: Optional[List[int]] = None   # a warm session's command sockets, by rank (inherited)
+    answer_fds: Optional[List[int]] = None    # a launch's: the sockets each rank's prompts are answered on
+    post_mortem: bool = False
+    no_one_types: Optional[str] = None        # why no one can answer the prompts (a headless run), or None
 
 
 def run_device(index: int, layout: DeviceLayout) -> None:
@@ -71,7 +75,9 @@ def run_device(index: int, layout: DeviceLayout) -> None:
     rank = index
     stdout_fd, stderr_fd, events_fd, _ = layout.pipes[rank]
     os.write(layout.registry_fd, f"{os.getpid()} {rank}\n".encode())
-    sender = EventSender(events_fd, rank)
+    answers = SocketAnswers(layout.answer_fds[rank]) if layout.answer_fds is not None else None
+    sender = EventSender(events_fd, rank, answers=answers)
+    sender.no_one_types = layout.no_one_types
     sender.send(RankStarted(rank=rank, pid=os.getpid()))
     exit_code = 1
     routes = []
@@ -85,7 +91,7 @@ def run_device(index: int, layout: DeviceLayout) -> None:
             exit_code = 0
         else:
             exit_code = run_rank(take_call, sender, send_result=layout.return_all or rank == 0,
-                                 thread_only=True).exit_code
+                                 thread_only=True, post_mortem=layout.post_mortem).exit_code
         send_peak_rss(sender)  # the worker process's, as each of its device threads ends
     except BaseException as exc:  # the set-up failed (e.g. the compile cache): this rank's failure, named
         sender.send(failure_event(rank, exc))

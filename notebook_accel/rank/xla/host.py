@@ -51,6 +51,10 @@ class XlaHostSpec:
     # A warm session's: each rank's end of its command socket (``PassedFd``); its device thread then serves
     # tasks (``rank.session``) instead of running one function.
     command_fds: Optional[List[Any]] = None
+    # A launch's: each rank's end of the socket its prompts (pdb, input()) are answered on (``PassedFd``).
+    answer_fds: Optional[List[Any]] = None
+    post_mortem: bool = False  # a device thread's failure opens pdb in the frame that raised
+    no_one_types: Optional[str] = None  # why no one can answer the ranks' prompts (a headless run), or None
 
 
 def host_main(spec: XlaHostSpec) -> None:
@@ -69,7 +73,9 @@ def host_main(spec: XlaHostSpec) -> None:
     layout = DeviceLayout(world_size=spec.world_size, return_all=spec.return_all,
                           pipes=pipes, registry_fd=registry_write, host_pid=os.getpid(),
                           compile_cache=spec.compile_cache,
-                          command_fds=None if spec.command_fds is None else [take_fd(fd) for fd in spec.command_fds])
+                          command_fds=None if spec.command_fds is None else [take_fd(fd) for fd in spec.command_fds],
+                          answer_fds=None if spec.answer_fds is None else [take_fd(fd) for fd in spec.answer_fds],
+                          post_mortem=spec.post_mortem, no_one_types=spec.no_one_types)
     watcher = WorkerWatcher(registry_read, pipes)
     watcher.start()
     exit_code = 0
