@@ -16,6 +16,8 @@ and for ``bash`` blocks:
                 is not run whole)
 and for plain blocks (no language):
   output        what the ``kernel cell`` block above it shows (its last expression's value), compared
+  transcript    an interactive exchange (a pdb prompt answered): WHY names the test files that type it, which
+                must exist
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from typing import List, Optional
 
 PYTHON_HOWS = {"run", "kernel cell", "fake tpu", "signature", "names only"}
 BASH_HOWS = {"ci", "shell", "files"}
-PLAIN_HOWS = {"output"}
+PLAIN_HOWS = {"output", "transcript"}
 
 _FENCE = re.compile(r"^```(?P<lang>\w*)\n(?P<code>.*?)^```", re.S | re.M)
 _MARKER = re.compile(r"<!-- readme-test: (?P<how>[a-z ]+?)(?: \((?P<why>[^)]*)\))? -->\n$")

@@ -107,6 +107,18 @@ def test_blocks_that_cannot_run_here_name_only_real_options(block):
         assert set(keywords) <= accepted, f"{block}: {entry} takes no {sorted(set(keywords) - accepted)}"
 
 
+TRANSCRIPTS = blocks_of_every_page("transcript")
+
+
+@pytest.mark.parametrize("block", TRANSCRIPTS, ids=_ids(TRANSCRIPTS))
+def test_transcript_blocks_name_the_tests_that_type_them(block):
+    """An interactive exchange cannot run unattended: the tests that drive it for real must exist."""
+    named = re.findall(r"tests/test_\w+\.py", block.why or "")
+    assert named, f"{block}: name the tests that type this exchange"
+    for path in named:
+        assert os.path.exists(os.path.join(REPO, path)), f"{block}: {path} does not exist"
+
+
 SIGNATURES = blocks_of_every_page("signature", "python")
 
 
