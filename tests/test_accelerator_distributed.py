@@ -89,7 +89,10 @@ def train_with_accelerator(batch_size: int, shuffle: bool, accumulation: int = 1
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
-    return weights_of(accelerator.unwrap_model(model))
+    # what a user returns from a launch: the DDP-wrapped model's weights under the plain module's names
+    weights = {name: value.detach().cpu().clone() for name, value in accelerator.get_state_dict(model).items()}
+    assert weights.keys() == accelerator.unwrap_model(model).state_dict().keys()
+    return weights
 
 
 def train_plain_pytorch(batch_size: int, shuffle: bool, clip: Optional[float] = None):

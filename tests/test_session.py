@@ -71,6 +71,9 @@ CELL = notebook_cell("""
             raise ValueError("rank 0 gave up")
         dist.all_reduce(torch.ones(1))
 
+    def names_set_on_the_rank():
+        return "model" in globals(), "lr" in globals()
+
     kernel_value = 10   # a name the kernel has: sent with the function that uses it
 
     def add_kernel_value():
@@ -80,6 +83,7 @@ CELL = notebook_cell("""
 """)
 load_model, model_shape, all_reduce_rank = CELL["load_model"], CELL["model_shape"], CELL["all_reduce_rank"]
 rank_zero_fails_while_one_waits, add_kernel_value = CELL["rank_zero_fails_while_one_waits"], CELL["add_kernel_value"]
+names_set_on_the_rank = CELL["names_set_on_the_rank"]
 
 
 # ------------------------------------------------------------------------------------------------- state
@@ -323,6 +327,26 @@ def test_kernel_interrupt_stops_the_run_on_every_rank_and_keeps_the_state(capsys
                 if frame.filename != __file__ and "notebook_accel" not in frame.filename] == [], frames
         assert session.pull("interrupted") == [True, True]
         assert session.run(model_shape) == ((1, 5), 1)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_restart_starts_new_processes_with_a_new_group_and_the_state_is_gone(start_method):
+    # README: "new processes, a new process group: the state is gone".
+    with Session(num_processes=2, start_method=start_method, display="none") as session:
+        session.run(load_model, args=(3,))
+        session.push(lr=0.5)
+        assert session.run(names_set_on_the_rank, return_all=True) == [(True, True)] * 2
+        before = session.pids
+        session.restart()
+        assert session.restarts == 1 and session.status == "idle"
+        assert set(session.pids).isdisjoint(before) and len(session.pids) == 2
+        assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                       for pid in before)  # the old ranks are gone
+        assert session.run(names_set_on_the_rank, return_all=True) == [(False, False)] * 2
+        with pytest.raises(NameError):
+            session.run(model_shape)
+        assert session.run(all_reduce_rank, return_all=True) == [3.0, 3.0]  # the new group works
+        assert session.run(load_model, args=(2,)) == 1  # a fresh namespace: the first load again
 
 
 def test_a_rank_that_dies_restarts_the_session_and_says_state_is_lost():
