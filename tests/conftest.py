@@ -33,6 +33,13 @@ os.makedirs(TORCH_EXTENSIONS)
 os.environ["TORCH_EXTENSIONS_DIR"] = TORCH_EXTENSIONS
 
 
+# NOTEBOOK_ACCEL_CUDA_STAND_IN=1: this machine as one with a CUDA driver and torch's CUDA build (tests/cuda_stand_in.py),
+# installed before any test module imports torch.
+if os.environ.get("NOTEBOOK_ACCEL_CUDA_STAND_IN") == "1":
+    import cuda_stand_in
+
+    cuda_stand_in.install(os.path.join(SESSION_TMP, "cuda_stand_in"))
+
 # Removed at exit after multiprocessing removed its own temp dir inside it (priority -100 runs first).
 multiprocessing.util.Finalize(None, shutil.rmtree, args=(SESSION_TMP,), kwargs={"ignore_errors": True},
                               exitpriority=-101)
