@@ -16,9 +16,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import tiers  # noqa: E402  (tests/ is on the path now)
 
-# On a machine with CUDA, torch.cuda.is_available() loads the CUDA driver into pytest's process, and from then on
-# the launcher (rightly) refuses start_method="fork" in every later test. Asked through NVML, as the launcher
-# asks, it loads no driver: the suite runs the same with or without a GPU, only the CUDA tests change.
+# On a machine with CUDA, torch.cuda.is_available() initializes the CUDA driver in pytest's process (through
+# cudaGetDeviceCount), and from then on the launcher rightly refuses start_method="fork" in every later test. Asked
+# through NVML, as the launcher asks, it initializes nothing: with or without a GPU, only the CUDA tests change.
 os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
 
 # Our own temp dir for the whole session, inherited by every rank and script the tests start, so the
@@ -33,8 +33,8 @@ os.makedirs(TORCH_EXTENSIONS)
 os.environ["TORCH_EXTENSIONS_DIR"] = TORCH_EXTENSIONS
 
 
-# NOTEBOOK_ACCEL_CUDA_STAND_IN=1: this machine as one with a CUDA driver and torch's CUDA build (tests/cuda_stand_in.py),
-# installed before any test module imports torch.
+# NOTEBOOK_ACCEL_CUDA_STAND_IN=1: this machine as one with a CUDA driver and torch's CUDA build (see
+# tests/cuda_stand_in.py), installed before any test module imports torch.
 if os.environ.get("NOTEBOOK_ACCEL_CUDA_STAND_IN") == "1":
     import cuda_stand_in
 
@@ -92,7 +92,6 @@ def no_leftovers():
     assert not new, f"temp entries left behind: {sorted(new)}"
 
 
-
 # ----------------------------------------------------------------------------------------------- tiers
 
 def pytest_ignore_collect(collection_path, config):
@@ -136,3 +135,11 @@ def no_cpp_build():
     shutil.rmtree(TORCH_EXTENSIONS, ignore_errors=True)
     os.makedirs(TORCH_EXTENSIONS, exist_ok=True)
     assert not built, f"a C++ extension was built during this test (in TORCH_EXTENSIONS_DIR): {built}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The notebooks (nbval runs them after tests/, without its fixtures) compile nothing either."""
+    built = os.listdir(TORCH_EXTENSIONS) if os.path.isdir(TORCH_EXTENSIONS) else []
+    if built:
+        print(f"\na C++ extension was built during the run (in TORCH_EXTENSIONS_DIR, by a notebook?): {built}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

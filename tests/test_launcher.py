@@ -10,6 +10,7 @@ import torch
 
 from notebook_accel import LaunchError, notebook_launcher
 from notebook_accel.launcher import start_launch
+from notebook_accel.plan import devices
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -542,3 +543,20 @@ def test_a_rank_that_finished_while_its_peer_waits_is_said_in_one_line_and_the_l
     assert len(seen) == 1 and (seen[0].finished_rank, seen[0].waiting) == (0, [1])
     line = [text for text in out.getvalue().splitlines() if "finished" in text and "waiting for it" in text]
     assert line and "rank 1 in init_process_group, called from test_launcher.py" in line[0], out.getvalue()
+
+
+# ------------------------------------------------------------------------------------ hardware only: MPS
+
+def matmul_on_the_accelerators_device():
+    from notebook_accel import Accelerator
+
+    accelerator = Accelerator()
+    ones = torch.ones(2, 2, device=accelerator.device)
+    return accelerator.device.type, ones @ ones
+
+
+@pytest.mark.skipif(not devices.mps_available(), reason="needs Apple MPS (macOS on Apple silicon): none here")
+def test_one_rank_on_mps_computes_there_and_returns_a_cpu_tensor():
+    kind, value = notebook_launcher(matmul_on_the_accelerators_device, device="mps", num_processes=1,
+                                    start_method="spawn", display="none")
+    assert kind == "mps" and value.device.type == "cpu" and value.tolist() == [[2.0, 2.0], [2.0, 2.0]]

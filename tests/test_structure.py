@@ -208,7 +208,7 @@ def test_every_test_file_has_a_tier_and_every_tier_entry_a_file():
 @pytest.mark.parametrize("markexpr, tier, selected", [
     ("unit", "unit", True), ("unit", "ranks", False), ("not xla", "ranks", True), ("not xla", "xla", False),
     ("unit or kernel", "kernel", True), ("not (browser or xla)", "browser", False),
-    ("unit and timeout", "ranks", None), ("", "unit", None),
+    ("unit and timeout", "ranks", None), ("", "unit", None), ("unit and", "unit", None),
 ])
 def test_a_tier_expression_skips_only_files_it_cannot_select(markexpr, tier, selected):
     import tiers
