@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The TPU backend on the real torch_xla, on its CPU client (no TPU needed): tests marked `xla`.
 #
-# Set-up, once (~7 GB: torch 2.9 from PyPI is a CUDA build; about 5 minutes), in a venv of its own:
+# Set-up, once (7.2 GB: torch 2.9 from PyPI is a CUDA build; 25 minutes on a loaded 2-core machine), in a venv of
+# its own:
 #   python -m venv /work/venvs/xla
 #   /work/venvs/xla/bin/pip install "torch==2.9.*" "torch_xla==2.9.*" cloudpickle ipywidgets ipykernel \
 #       tqdm psutil pytest pytest-timeout
