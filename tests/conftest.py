@@ -14,11 +14,31 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import tiers  # noqa: E402  (tests/ is on the path now)
+
+# On a machine with CUDA, torch.cuda.is_available() initializes the CUDA driver in pytest's process (through
+# cudaGetDeviceCount), and from then on the launcher rightly refuses start_method="fork" in every later test. Asked
+# through NVML, as the launcher asks, it initializes nothing: with or without a GPU, only the CUDA tests change.
+os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+
 # Our own temp dir for the whole session, inherited by every rank and script the tests start, so the
 # leftover check below sees only what this suite made (not other programs sharing /tmp).
 SESSION_TMP = tempfile.mkdtemp(prefix="notebook_accel-tests-")
 os.environ["TMPDIR"] = tempfile.tempdir = SESSION_TMP
 
+# A C++ build (DeepSpeed's ops, torch's cpp_extension) would land here: no test may pay one (a fresh machine has
+# an empty extensions dir; 30 s to minutes of g++ would eat a test's timeout). Checked after every test.
+TORCH_EXTENSIONS = os.path.join(SESSION_TMP, "torch_extensions")
+os.makedirs(TORCH_EXTENSIONS)
+os.environ["TORCH_EXTENSIONS_DIR"] = TORCH_EXTENSIONS
+
+
+# NOTEBOOK_ACCEL_CUDA_STAND_IN=1: this machine as one with a CUDA driver and torch's CUDA build (see
+# tests/cuda_stand_in.py), installed before any test module imports torch.
+if os.environ.get("NOTEBOOK_ACCEL_CUDA_STAND_IN") == "1":
+    import cuda_stand_in
+
+    cuda_stand_in.install(os.path.join(SESSION_TMP, "cuda_stand_in"))
 
 # Removed at exit after multiprocessing removed its own temp dir inside it (priority -100 runs first).
 multiprocessing.util.Finalize(None, shutil.rmtree, args=(SESSION_TMP,), kwargs={"ignore_errors": True},
@@ -70,3 +90,56 @@ def no_leftovers():
     # optimizer.step(), in any process) are not ours.
     new = {name for name in temp_entries() - before if not name.startswith(("pytest-of-", "torchinductor_"))}
     assert not new, f"temp entries left behind: {sorted(new)}"
+
+
+# ----------------------------------------------------------------------------------------------- tiers
+
+def pytest_ignore_collect(collection_path, config):
+    """``pytest -m unit`` does not even import the other tiers' files (DeepSpeed, nbclient, ...)."""
+    tier = tiers.tier_of(collection_path.name) if collection_path.name.startswith("test_") else None
+    if tier is not None and tiers.selects(config.option.markexpr or "", tier) is False:
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test gets its file's tier as a marker (tests/tiers.py); a file without one is an error."""
+    unmapped = set()
+    for item in items:
+        tier = tiers.tier_of(item.path.name)
+        if tier is None:
+            unmapped.add(item.path.name)
+        else:
+            item.add_marker(tier)
+    if unmapped:
+        raise pytest.UsageError(f"test files without a tier in tests/tiers.py: {sorted(unmapped)}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def neutral_working_directory():
+    """Scripts (``python -c``), ranks and kernels the tests start without a ``cwd`` run in the session's temp
+    dir: with the checkout as their working directory, Python would put it first on their path and they would
+    import the checkout instead of the installed package the tests are about (``python -c`` puts the current
+    directory first). Anything a test writes there by mistake is then caught as a leftover, too."""
+    before = os.getcwd()
+    os.chdir(SESSION_TMP)
+    yield
+    os.chdir(before)
+
+
+@pytest.fixture(autouse=True)
+def no_cpp_build():
+    """No test compiles a C++ extension (see TORCH_EXTENSIONS above)."""
+    yield
+    built = os.listdir(TORCH_EXTENSIONS)
+    shutil.rmtree(TORCH_EXTENSIONS, ignore_errors=True)
+    os.makedirs(TORCH_EXTENSIONS, exist_ok=True)
+    assert not built, f"a C++ extension was built during this test (in TORCH_EXTENSIONS_DIR): {built}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The notebooks (nbval runs them after tests/, without its fixtures) compile nothing either."""
+    built = os.listdir(TORCH_EXTENSIONS) if os.path.isdir(TORCH_EXTENSIONS) else []
+    if built:
+        print(f"\na C++ extension was built during the run (in TORCH_EXTENSIONS_DIR, by a notebook?): {built}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

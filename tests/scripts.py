@@ -14,7 +14,9 @@ from notebook_accel.wire.events import OutputLine, OutputLines, RankEvent
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where the notebook_accel under test was imported from: site-packages when the tests run against an
 # installed wheel (as CI does), the checkout in development. Scripts and kernels the tests start import
-# the same one, never silently the checkout.
+# the same one, never silently the checkout: it is first on their PYTHONPATH, and they run in a neutral
+# working directory (conftest.py's ``neutral_working_directory``), since ``python -c`` puts the current
+# directory before PYTHONPATH.
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(notebook_accel.__file__)))
 
 

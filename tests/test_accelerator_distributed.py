@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset, WeightedRandomSampler
 
 from notebook_accel import Accelerator, notebook_launcher
+from notebook_accel.plan.devices import cuda_device_count
 from test_accelerator_units import GlobalRNGSampler, RangeStream, UnevenBatchSampler, index_dataset
 
 pytestmark = pytest.mark.timeout(180)
@@ -89,7 +90,10 @@ def train_with_accelerator(batch_size: int, shuffle: bool, accumulation: int = 1
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
-    return weights_of(accelerator.unwrap_model(model))
+    # what a user returns from a launch: the DDP-wrapped model's weights under the plain module's names
+    weights = {name: value.detach().cpu().clone() for name, value in accelerator.get_state_dict(model).items()}
+    assert weights.keys() == accelerator.unwrap_model(model).state_dict().keys()
+    return weights
 
 
 def train_plain_pytorch(batch_size: int, shuffle: bool, clip: Optional[float] = None):
@@ -368,12 +372,31 @@ def test_bf16_on_cpu_trains_and_save_load_state_resumes_to_the_same_weights(tmp_
 
 
 # ---------------------------------------------------------------------------------------------- 5. CUDA
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
+# Asked through NVML (torch.cuda.is_available() would initialize the driver in pytest's process, and every later
+# fork would be refused); the CUDA work itself runs in a rank started by spawn, never in pytest's process.
+cuda = pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA device (none on this machine)")
+
+
+def on_one_cuda_rank(function) -> Any:
+    return notebook_launcher(function, num_processes=1, device="cuda", start_method="spawn", display="none")
 
 
 @cuda
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_fp16_grad_scaler_on_one_cuda_device():
+    assert on_one_cuda_rank(fp16_grad_scaler_rank) == "ok"
+
+
+@cuda
+@pytest.mark.timeout(180)
+def test_bf16_on_one_cuda_device():
+    outcome = on_one_cuda_rank(bf16_rank)
+    if outcome == "no bf16":
+        pytest.skip("this CUDA device has no bf16")
+    assert outcome == "ok"
+
+
+def fp16_grad_scaler_rank() -> str:
     accelerator = Accelerator(mixed_precision="fp16")
     assert accelerator.device.type == "cuda" and accelerator.scaler is not None
     torch.manual_seed(0)
@@ -410,13 +433,12 @@ def test_fp16_grad_scaler_on_one_cuda_device():
     assert scheduler.get_last_lr() == lr_before
     after = weights_of(model)
     assert all(torch.equal(before[name], after[name]) for name in before)
+    return "ok"
 
 
-@cuda
-@pytest.mark.timeout(120)
-def test_bf16_on_one_cuda_device():
+def bf16_rank() -> str:
     if not torch.cuda.is_bf16_supported():
-        pytest.skip("this CUDA device has no bf16")
+        return "no bf16"
     accelerator = Accelerator(mixed_precision="bf16")
     assert accelerator.scaler is None
     model = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(8, 8)))
@@ -424,3 +446,4 @@ def test_bf16_on_one_cuda_device():
     model[0].register_forward_hook(lambda m, a, out: inner.append(out.dtype))
     out = model(torch.randn(4, 8, device=accelerator.device))
     assert inner == [torch.bfloat16] and out.dtype == torch.float32
+    return "ok"

@@ -304,7 +304,7 @@ def test_prepared_loader_lengths():
 
 
 def test_end_of_dataloader_is_known_on_the_last_batch():
-    accelerator = Accelerator()
+    accelerator = Accelerator(cpu=True)
     loader = accelerator.prepare(DataLoader(index_dataset(10), batch_size=4))
     flags = [loader.end_of_dataloader for _ in loader]
     assert flags == [False, False, True]
@@ -340,13 +340,13 @@ def test_one_process_collectives_are_identities():
 
 # ------------------------------------------------------------------------------------------------ errors
 def test_prepare_rejects_unsupported_objects_with_what_it_accepts():
-    accelerator = Accelerator()
+    accelerator = Accelerator(cpu=True)
     with pytest.raises(TypeError, match=r"accepts torch.nn.Module.*DataLoader.*LRScheduler"):
         accelerator.prepare(torch.nn.Linear(1, 1), index_dataset(3))
 
 
 def test_gather_rejects_non_tensors():
-    accelerator = Accelerator()
+    accelerator = Accelerator(cpu=True)
     with pytest.raises(TypeError, match=r"found a str at batch\['label'\].*gather_for_metrics"):
         accelerator.gather({"x": torch.ones(1), "label": "cat"})
 

@@ -14,10 +14,12 @@ import sys
 import textwrap
 
 import pytest
-import torch
 
-pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (none on this machine)"),
-              pytest.mark.timeout(300)]
+from notebook_accel.plan.devices import cuda_device_count
+
+# Asked through NVML: torch.cuda.is_available() here would initialize the driver in pytest's process.
+GPUS = cuda_device_count()
+pytestmark = [pytest.mark.skipif(GPUS == 0, reason="needs CUDA (none on this machine)"), pytest.mark.timeout(300)]
 
 
 def run_as_kernel(code: str, tmp_path) -> str:
@@ -66,7 +68,7 @@ def test_two_ranks_on_one_gpu_open_the_kernels_tensor_without_a_copy(tmp_path):
     assert "KERNEL SEES 7.0" in out, out
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA devices")
 def test_a_model_on_cuda_0_in_the_kernel_trains_on_every_gpu_with_one_copy_on_gpu_0(tmp_path):
     """The whole launch: forkserver ranks (CUDA is live), ``prepare`` moves the kernel's model to each rank's own
     GPU; rank 1 never allocates on GPU 0."""

@@ -2,7 +2,8 @@
 so the user's torch optimizer runs) and in this process.
 
 - equivalence: ZeRO-1, -2 and -3 on 2 ranks train to the same weights as one plain-PyTorch process with the
-  whole batch (ordered, shuffled, and with gradient accumulation + DeepSpeed's clipping + an LR scheduler);
+  whole batch (ordered, shuffled, and with gradient accumulation + DeepSpeed's clipping + an LR scheduler); the
+  engine runs the stage asked for, and each rank holds half of the optimizer state;
 - ZeRO-3 keeps half the parameters per rank; ``get_state_dict`` gathers the full weights on rank 0;
 - a ZeRO-3 checkpoint from 2 ranks loads in one process without DeepSpeed; ``save_state`` on 1, 2 or 3 ranks (or
   under DDP) resumes under ZeRO-3 on another number of ranks: the same weights, momentum and next step;
@@ -47,6 +48,12 @@ def local_parameters(model: torch.nn.Module) -> int:
     return sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
 
 
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """The bytes of this rank's optimizer state (SGD's momentum): ZeRO-1 and up keep only this rank's partition."""
+    return sum(value.numel() * value.element_size() for state in optimizer.state.values()
+               for value in state.values() if isinstance(value, torch.Tensor))
+
+
 def train_zero(stage: int, batch_size: int, shuffle: bool, accumulation: int = 1, clip=None,
                **plugin_options: Any) -> Dict[str, Any]:
     plugin = DeepSpeedPlugin(zero_stage=stage, gradient_clipping=clip, **plugin_options)
@@ -66,6 +73,8 @@ def train_zero(stage: int, batch_size: int, shuffle: bool, accumulation: int = 1
     return {
         "weights": accelerator.get_state_dict(model),
         "local_parameters": local_parameters(model),
+        "stage": model.zero_optimization_stage(),  # the engine's own word on what it runs
+        "optimizer_bytes": optimizer_state_bytes(optimizer.optimizer),  # the user's torch optimizer, as stepped
         "lr": optimizer.param_groups[0]["lr"],
         "config": {key: model.config[key] for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                                                       "train_batch_size")},  # fmt: skip
@@ -82,11 +91,15 @@ def test_zero_1_2_3_on_two_ranks_train_like_one_process_with_the_whole_batch():
     total = sum(p.numel() for p in fresh_training_objects()[0].parameters())
     for (stage, name), main in ranks[0].items():
         batch, shuffle, steps, clip = EQUIVALENCE_CASES[name]
+        other = ranks[1][(stage, name)]
+        assert main["stage"] == other["stage"] == stage  # not silently another stage (stage 0 trains the same)
+        # every stage partitions the optimizer state (fp32 momentum: 4 bytes a parameter): half of it per rank
+        assert main["optimizer_bytes"] + other["optimizer_bytes"] in range(4 * total, 4 * total + 4 * WORLD + 1)
+        assert main["optimizer_bytes"] < 4 * total * 0.6, f"ZeRO-{stage}: rank 0 holds {main['optimizer_bytes']} B"
         expected = train_plain_pytorch(batch * WORLD * steps, shuffle, clip)
         assert_same_weights(main["weights"], expected, f"ZeRO-{stage}, {name}")
         assert main["config"] == {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": steps,
                                   "train_batch_size": batch * steps * WORLD}  # fmt: skip
-        other = ranks[1][(stage, name)]
         if stage == 3:
             assert other["weights"] == {}  # gathered on rank 0 only
             # each rank keeps half of every parameter (odd sizes are padded to an even split)

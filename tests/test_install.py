@@ -17,7 +17,7 @@ import pytest
 from nbclient import NotebookClient
 
 import notebook_accel
-from scripts import REPO
+from scripts import REPO, run_script, script_env
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -107,3 +107,16 @@ def test_ci_tests_the_installed_package_not_the_checkout():
     # CI's venv may live inside the clone (.venv): what matters is that the package came from an install
     assert not location.startswith(checkout), f"CI imported the checkout: {location}"
     assert f"{os.sep}site-packages{os.sep}" in location, f"not an installed copy: {location}"
+
+
+def test_scripts_and_subprocesses_import_the_notebook_accel_under_test():
+    """What the tests start (``run_script``, a plain ``python -c`` with the scripts' environment) imports the same
+    notebook_accel as pytest, even when pytest runs from the checkout (``python -c`` puts the current directory
+    first on the path: the checkout's copy would win over the installed one)."""
+    code = "import notebook_accel; print(notebook_accel.__file__)"
+    done = run_script(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == notebook_accel.__file__
+    plain = subprocess.run([sys.executable, "-c", code], env=script_env(), capture_output=True, text=True,
+                           timeout=120)
+    assert plain.stdout.strip() == notebook_accel.__file__, plain.stderr[-2000:]

@@ -10,6 +10,8 @@ import torch
 
 from notebook_accel import LaunchError, notebook_launcher
 from notebook_accel.launcher import start_launch
+from notebook_accel.plan import devices
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -179,10 +181,55 @@ def test_exception_on_one_rank_is_the_root_cause_and_stops_the_others():
         notebook_launcher(fail_on_rank_one, num_processes=2, display="none")
     raised_at = time.time()
     failed_at = float(str(caught.value).split(" at ")[1])
-    assert raised_at - failed_at < 3.0, "the failure took too long to reach the kernel"
+    # Rank 0 would wait in its barrier for gloo's 30-minute timeout if the failure did not stop it: bound generously
+    assert raised_at - failed_at < 30.0, "the failure took too long to reach the kernel"
     assert caught.value.rank == 1
     assert "raise ValueError" in str(caught.value.__cause__)  # the remote traceback is attached
     assert any("rank 1 of 2" in note for note in caught.value.__notes__)
+
+
+def fails_after_its_peer(flag_path):
+    """Rank 1 raises at once; rank 0 raises as soon as the kernel has seen that (``flag_path`` appears): two real
+    failures, the second a few milliseconds after the first, both before the peers are stopped."""
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank 1 failed first")
+    while not os.path.exists(flag_path):
+        time.sleep(0.001)
+    raise RuntimeError("rank 0 failed second")
+
+
+class SignalsTheFirstFailure:
+    """A view that creates ``flag_path`` when rank 1's failure reaches the kernel, and notes when each arrived."""
+
+    def __init__(self, flag_path):
+        self.flag_path, self.failed_at = flag_path, {}
+
+    def handle(self, event):
+        from notebook_accel.wire.events import RankFailed
+
+        if isinstance(event, RankFailed):
+            self.failed_at[event.rank] = time.monotonic()
+            if event.rank == 1:
+                open(self.flag_path, "w").close()
+
+    def tick(self):
+        pass
+
+
+def test_of_two_real_failures_the_first_is_the_root_cause(tmp_path):
+    # The rule: the first rank to raise is the root cause, also when another raises its own real error (not a
+    # reaction to the first) a moment later. Only a launch where both failures arrived within the window the
+    # launcher waits for others (0.25 s) tests the rule; under heavy load rank 0 may be stopped first: try again.
+    for attempt in range(3):
+        flag = tmp_path / f"first-failure-seen-{attempt}"
+        view = SignalsTheFirstFailure(str(flag))
+        job = start_launch(fails_after_its_peer, args=(str(flag),), num_processes=2, view=view)
+        with pytest.raises(ValueError, match="rank 1 failed first") as caught:
+            job.wait(60)
+        assert caught.value.rank == 1
+        if 0 in view.failed_at and view.failed_at[0] - view.failed_at[1] < 0.15:
+            return  # both failures were candidates, and the first won
+    pytest.skip(f"rank 0 never failed within 0.15 s of rank 1 (last: {view.failed_at}): the machine is too busy")
 
 
 def dies_without_exception(how):
@@ -236,8 +283,8 @@ def test_timeout_stops_every_rank_and_names_the_hung_ones():
 
 
 def test_launch_panel_style_stop_from_another_thread():
-    job = start_launch(lambda: time.sleep(600), num_processes=2, display="none")
-    time.sleep(1.0)
+    job = start_launch(lambda: print("running", flush=True) or time.sleep(600), num_processes=2, display="none")
+    wait_until(lambda: all(job.outputs.get(rank) for rank in (0, 1)), what="both ranks running")
     job.stop()
     with pytest.raises(KeyboardInterrupt):
         job.wait(30)
@@ -460,23 +507,33 @@ def test_a_rank_that_finished_while_its_peer_waits_is_said_in_one_line_and_the_l
     import io
 
     from notebook_accel.views import TextView
-    from notebook_accel.wire.events import PeersWaiting
+    from notebook_accel.wire.events import PeersWaiting, RankExited
 
     monkeypatch.setenv("NOTEBOOK_ACCEL_PEER_WAIT", "1")
     out = io.StringIO()
-    seen = []
+    seen, finished_at = [], []
 
     class Watching(TextView):
         def handle(self, event):
             if isinstance(event, PeersWaiting):
-                seen.append(event)
+                seen.append((event, time.monotonic()))
+            if isinstance(event, RankExited) and event.rank == 0:
+                finished_at.append(time.monotonic())
             super().handle(event)
 
     job = start_launch(rank_zero_leaves_rank_one_in_a_barrier, num_processes=2,
                        view=Watching(stdout=out, stderr=out))
-    deadline = time.monotonic() + 60
-    while not seen and time.monotonic() < deadline:  # said after 1 s here (30 s by default)
-        time.sleep(0.1)
+    try:
+        deadline = time.monotonic() + 60
+        while not seen and time.monotonic() < deadline:  # said after 1 s here (30 s by default)
+            time.sleep(0.1)
+            # bound on the promise: NOTEBOOK_ACCEL_PEER_WAIT=1 says it about 1 s after rank 0 ended, not 30 s after
+            assert not finished_at or time.monotonic() - finished_at[0] < 12, "NOTEBOOK_ACCEL_PEER_WAIT=1 not heeded"
+        assert seen and seen[0][1] - finished_at[0] < 12
+    except AssertionError:
+        job.stop()
+        raise
+    seen = [event for event, _ in seen]
     assert not job.done  # said, not ended: the user decides
     stacks = job.dump_stacks()
     assert "in rank_zero_leaves_rank_one_in_a_barrier" in stacks[1]  # dump_stacks works as before
@@ -486,3 +543,20 @@ def test_a_rank_that_finished_while_its_peer_waits_is_said_in_one_line_and_the_l
     assert len(seen) == 1 and (seen[0].finished_rank, seen[0].waiting) == (0, [1])
     line = [text for text in out.getvalue().splitlines() if "finished" in text and "waiting for it" in text]
     assert line and "rank 1 in init_process_group, called from test_launcher.py" in line[0], out.getvalue()
+
+
+# ------------------------------------------------------------------------------------ hardware only: MPS
+
+def matmul_on_the_accelerators_device():
+    from notebook_accel import Accelerator
+
+    accelerator = Accelerator()
+    ones = torch.ones(2, 2, device=accelerator.device)
+    return accelerator.device.type, ones @ ones
+
+
+@pytest.mark.skipif(not devices.mps_available(), reason="needs Apple MPS (macOS on Apple silicon): none here")
+def test_one_rank_on_mps_computes_there_and_returns_a_cpu_tensor():
+    kind, value = notebook_launcher(matmul_on_the_accelerators_device, device="mps", num_processes=1,
+                                    start_method="spawn", display="none")
+    assert kind == "mps" and value.device.type == "cpu" and value.tolist() == [[2.0, 2.0], [2.0, 2.0]]

@@ -3,8 +3,10 @@ calling ``notebook_launcher(num_nodes=2, ...)`` as a notebook per node would, wi
 and c10d rendezvous, real gloo ranks and real signals."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -68,6 +70,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 def node_env():
     env = script_env()
     env["GLOO_SOCKET_IFNAME"] = "lo"
@@ -115,6 +122,29 @@ def test_two_nodes_run_four_ranks_with_global_ranks(backend):
     for rank, out in ((0, out0), (1, out0), (2, out1), (3, out1)):  # labelled by global rank on its node
         assert f"[rank {rank}] rank {rank} attempt 0 sum 6" in out
     assert "node rank 0 of 2 · finished" in out0 and "node rank 1 of 2 · finished" in out1
+
+
+@pytest.mark.skipif(shutil.which("etcd") is None or importlib.util.find_spec("etcd") is None,
+                    reason="needs an etcd server binary and python-etcd (torch's etcd rendezvous): none here")
+def test_two_nodes_meet_through_an_etcd_rendezvous(tmp_path):
+    # Where etcd is: README "static, c10d, etcd and plugin backends all work", and node_rank orders the nodes.
+    port, peer_port = free_port(), free_port()
+    server = subprocess.Popen(["etcd", "--data-dir", str(tmp_path / "etcd"), "--enable-v2",
+                               "--listen-client-urls", f"http://127.0.0.1:{port}",
+                               "--advertise-client-urls", f"http://127.0.0.1:{port}",
+                               "--listen-peer-urls", f"http://127.0.0.1:{peer_port}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: listening(port), 60, "etcd to listen")
+        nodes = [start_node(rank, "etcd", port) for rank in (1, 0)]  # node 1 arrives first
+        outcomes = [finish(node) for node in nodes]
+    finally:
+        server.terminate()
+        server.wait(30)
+    (second, _), (first, out0) = outcomes
+    assert [env["RANK"] for env in first["result"]] == ["0", "1"], out0
+    assert [env["RANK"] for env in second["result"]] == ["2", "3"]
+    assert "[rank 3] rank 3 attempt 0 sum 6" in outcomes[0][1]
 
 
 def test_c10d_orders_the_nodes_by_their_node_rank_not_by_arrival():

@@ -44,7 +44,9 @@ FROM_CODE = """
 START_LONG = """
     stopper = launch_panel(long_run, num_processes=2)
     stopper.launch_button.click()          # the button path: returns at once, the launch runs in background
-    time.sleep(2.5)
+    deadline = time.monotonic() + 60       # wait for both ranks (bounded: a hang, not a slow start)
+    while len(rank_pids()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     pids = rank_pids()
     print("STARTED", len(pids), stopper.running)
 """

@@ -76,20 +76,42 @@ def deaf_to_sigterm(how: str):
     if how == "ignores":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
-        signal.signal(signal.SIGTERM, lambda *_: print("TRAPPED SIGTERM, carrying on", flush=True))
+        signal.signal(signal.SIGTERM, lambda *_: print(f"TRAPPED SIGTERM, carrying on at {time.time()!r}", flush=True))
     print("READY", os.getpid(), flush=True)
     while True:
         time.sleep(0.05)
 
 
+class TimedRecorder(Recorder):
+    """Also notes when each event reached the kernel (``time.time()``, the clock the ranks print)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived = []
+
+    def handle(self, event) -> None:
+        super().handle(event)
+        self.arrived.append((time.time(), event))
+
+    def exited_at(self, rank: int) -> float:
+        return next(at for at, event in self.arrived if isinstance(event, RankExited) and event.rank == rank)
+
+
+# The promise is 1 s between SIGTERM and SIGKILL: bounded generously (a loaded machine), far below a grace gone wrong.
+GRACE_BOUND = 8.0
+TIMEOUT = 8
+
+
 @pytest.mark.parametrize("how", ["ignores", "traps"])
 @pytest.mark.parametrize("stopped_by", ["stop", "timeout"])
 def test_a_rank_deaf_to_sigterm_is_killed_by_sigkill_after_the_grace(how, stopped_by):
-    recorder = Recorder()
+    recorder = TimedRecorder()
+    launched = time.time()
     job = start_launch(deaf_to_sigterm, args=(how,), num_processes=2, display="none", view=recorder,
-                       start_method="fork", timeout=8 if stopped_by == "timeout" else None)
+                       start_method="fork", timeout=TIMEOUT if stopped_by == "timeout" else None)
     pids = [int(line.split()[1]) for line in wait_for_lines(job, "READY", 2)]
     started = time.monotonic()
+    stopped_at = time.time()
     if stopped_by == "stop":
         job.stop()
     expected = KeyboardInterrupt if stopped_by == "stop" else LaunchTimeout
@@ -99,8 +121,17 @@ def test_a_rank_deaf_to_sigterm_is_killed_by_sigkill_after_the_grace(how, stoppe
     assert_gone(pids, within=1.0)
     exits = {event.rank: event.signal_name for event in recorder.of(RankExited)}
     assert exits == {0: "SIGKILL", 1: "SIGKILL"}, recorder.of(RankExited)  # SIGTERM did not end them
-    if how == "traps":  # SIGTERM came first, and the rank's handler ran
-        assert all(any("TRAPPED SIGTERM" in line for line in job.outputs[rank]) for rank in (0, 1)), job.outputs
+    last_exit = max(recorder.exited_at(rank) for rank in (0, 1))
+    if stopped_by == "stop":
+        assert last_exit - stopped_at < GRACE_BOUND, f"SIGKILL came {last_exit - stopped_at:.1f} s after stop()"
+    else:  # the timeout counts from the launch; then up to 2 s of stack dumps, then SIGTERM and the grace
+        assert last_exit - launched < TIMEOUT + 2 + GRACE_BOUND, f"ended {last_exit - launched:.1f} s after the launch"
+    if how == "traps":  # SIGTERM came first, and the rank's handler ran; SIGKILL followed about 1 s later
+        for rank in (0, 1):
+            trapped = [line for line in job.outputs[rank] if line.startswith("TRAPPED SIGTERM")]
+            assert trapped, job.outputs
+            grace = recorder.exited_at(rank) - float(trapped[0].split(" at ")[1])
+            assert grace < GRACE_BOUND, f"rank {rank}: SIGKILL {grace:.1f} s after SIGTERM"
 
 
 # ------------------------------------------------------------- 2. the rank's subprocesses and DataLoader workers

@@ -21,6 +21,7 @@ import torch
 
 from notebook_accel import LaunchTimeout, Session
 from notebook_accel.errors import LaunchConfigError, LaunchError
+from notebook_accel.plan.devices import cuda_device_count
 from notebook_accel.wire.events import SessionStatus
 from scripts import run_script
 from waiting import wait_until
@@ -72,6 +73,25 @@ CELL = notebook_cell("""
             raise ValueError("rank 0 gave up")
         dist.all_reduce(torch.ones(1))
 
+    def cuda_all_reduce():
+        import torch.distributed as dist
+
+        value = torch.tensor([float(dist.get_rank() + 1)], device=f"cuda:{os.environ['LOCAL_RANK']}")
+        dist.all_reduce(value)
+        return dist.get_backend(), value.item()
+
+    def rank_zero_fails_while_one_waits_on_cuda():
+        import torch.distributed as dist
+
+        if dist.get_rank() == 0:
+            time.sleep(0.5)   # rank 1 is blocked in the all-reduce by now
+            raise ValueError("rank 0 gave up")
+        dist.all_reduce(torch.ones(1, device=f"cuda:{os.environ['LOCAL_RANK']}"))
+        torch.cuda.synchronize()   # NCCL's all-reduce is queued on the GPU: this is where rank 1 waits
+
+    def names_set_on_the_rank():
+        return "model" in globals(), "lr" in globals()
+
     kernel_value = 10   # a name the kernel has: sent with the function that uses it
 
     def add_kernel_value():
@@ -81,6 +101,9 @@ CELL = notebook_cell("""
 """)
 load_model, model_shape, all_reduce_rank = CELL["load_model"], CELL["model_shape"], CELL["all_reduce_rank"]
 rank_zero_fails_while_one_waits, add_kernel_value = CELL["rank_zero_fails_while_one_waits"], CELL["add_kernel_value"]
+names_set_on_the_rank = CELL["names_set_on_the_rank"]
+cuda_all_reduce = CELL["cuda_all_reduce"]
+rank_zero_fails_while_one_waits_on_cuda = CELL["rank_zero_fails_while_one_waits_on_cuda"]
 
 
 # ------------------------------------------------------------------------------------------------- state
@@ -268,6 +291,20 @@ def test_a_failure_while_a_peer_blocks_in_all_reduce_keeps_the_ranks_and_replace
         assert session.run(all_reduce_rank, return_all=True) == [3.0, 3.0]  # the new group works
 
 
+@pytest.mark.skipif(cuda_device_count() < 2, reason="needs 2 CUDA devices (NCCL): none here")
+def test_a_session_on_two_gpus_keeps_its_nccl_group_and_replaces_it_after_a_failure_mid_collective():
+    # Where the hardware is: README "one process group for the session's life (nccl on CUDA)" and "NCCL
+    # communicators are aborted" when a peer failed in the middle of a collective.
+    with Session(num_processes=2, device="cuda", display="none") as session:
+        assert session.run(cuda_all_reduce, return_all=True) == [("nccl", 3.0)] * 2
+        pids = session.pids
+        with pytest.raises(ValueError, match="rank 0 gave up") as raised:
+            session.run(rank_zero_fails_while_one_waits_on_cuda)
+        assert "process group was replaced" in " ".join(getattr(raised.value, "__notes__", []))
+        assert session.pids == pids and session.restarts == 0
+        assert session.run(cuda_all_reduce, return_all=True) == [("nccl", 3.0)] * 2  # the new group works
+
+
 def test_a_plain_failure_on_every_rank_keeps_the_group():
     def both_fail():
         raise KeyError(f"rank {os.environ['RANK']}")
@@ -324,6 +361,25 @@ def test_kernel_interrupt_stops_the_run_on_every_rank_and_keeps_the_state(capsys
                 if frame.filename != __file__ and "notebook_accel" not in frame.filename] == [], frames
         assert session.pull("interrupted") == [True, True]
         assert session.run(model_shape) == ((1, 5), 1)
+
+
+def test_restart_starts_new_processes_with_a_new_group_and_the_state_is_gone():
+    # README: "new processes, a new process group: the state is gone".
+    with Session(num_processes=2, display="none") as session:
+        session.run(load_model, args=(3,))
+        session.push(lr=0.5)
+        assert session.run(names_set_on_the_rank, return_all=True) == [(True, True)] * 2
+        before = session.pids
+        session.restart()
+        assert session.restarts == 1 and session.status == "idle"
+        assert set(session.pids).isdisjoint(before) and len(session.pids) == 2
+        assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                       for pid in before)  # the old ranks are gone
+        assert session.run(names_set_on_the_rank, return_all=True) == [(False, False)] * 2
+        with pytest.raises(NameError):
+            session.run(model_shape)
+        assert session.run(all_reduce_rank, return_all=True) == [3.0, 3.0]  # the new group works
+        assert session.run(load_model, args=(2,)) == 1  # a fresh namespace: the first load again
 
 
 def test_a_rank_that_dies_restarts_the_session_and_says_state_is_lost():

@@ -190,6 +190,32 @@ def test_every_backend_in_the_table_imports():
     assert all(issubclass(backend_class(name), Backend) for name in BACKENDS)
 
 
+def test_every_test_file_has_a_tier_and_every_tier_entry_a_file():
+    """tests/tiers.py sorts every test file into a tier (conftest.py marks its tests): a new file left out would
+    run in no tier of its own, an entry whose file is gone is a stale line."""
+    import glob
+
+    import tiers
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = {os.path.basename(path) for path in glob.glob(os.path.join(here, "test_*.py"))}
+    assert files - set(tiers.FILES) == set(), "test files without a tier in tests/tiers.py"
+    assert set(tiers.FILES) - files - {"*.ipynb"} == set(), "tiers for test files that do not exist"
+    assert set(tiers.FILES.values()) == set(tiers.TIERS)
+    assert glob.glob(os.path.join(os.path.dirname(here), "notebooks", "*.ipynb"))  # the "*.ipynb" entry's files
+
+
+@pytest.mark.parametrize("markexpr, tier, selected", [
+    ("unit", "unit", True), ("unit", "ranks", False), ("not xla", "ranks", True), ("not xla", "xla", False),
+    ("unit or kernel", "kernel", True), ("not (browser or xla)", "browser", False),
+    ("unit and timeout", "ranks", None), ("", "unit", None), ("unit and", "unit", None),
+])
+def test_a_tier_expression_skips_only_files_it_cannot_select(markexpr, tier, selected):
+    import tiers
+
+    assert tiers.selects(markexpr, tier) is selected
+
+
 def test_the_supervisor_is_extended_through_its_declared_points_not_by_overriding_its_steps():
     # A run on warm ranks differs from a launch in how it stops and when it ends: a StopStrategy and an
     # EndCondition given to the Supervisor. A subclass may configure it (and add accessors), never replace a step.

@@ -305,30 +305,32 @@ def test_a_script_without_a_main_guard_runs_its_body_once(start_method, tmp_path
 
 # ------------------------------------------------------------- 9: a CUDA driver opened by another library
 
-def test_a_loaded_cuda_driver_library_makes_the_launch_use_the_fork_server(tmp_path):
-    """No GPU here: a stand-in shared library *named* libcuda.so.1 is loaded the way cupy or numba load the
-    real one; the check reads /proc/self/maps, so the name is what it sees. Faked for want of hardware."""
-    source = tmp_path / "fake.c"
-    source.write_text("int cuInit(unsigned int flags) { return 0; }\n")
-    library = tmp_path / "libcuda.so.1"
-    built = subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], capture_output=True,
-                           text=True)
-    if built.returncode != 0:
-        pytest.skip(f"no C compiler to build the stand-in library: {built.stderr}")
+def test_a_cuda_driver_initialized_by_another_library_makes_the_launch_use_the_fork_server(tmp_path):
+    """No GPU here: the stand-in driver (tests/cuda_stand_in.py, a libcuda.so.1 with no device) is loaded, as
+    torch's CUDA wheels load the real one at ``import torch``: fork stays safe. Once cupy or numba would have
+    initialized it (``cuInit``), it is not."""
+    import cuda_stand_in
+
+    try:
+        library = cuda_stand_in.build(str(tmp_path / "driver"))["libcuda.so.1"]
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.skip(f"no C compiler to build the stand-in driver: {error}")
     out = ok_script(f"""
         import ctypes
         from notebook_accel.plan.plan import plan_launch
         from notebook_accel.errors import LaunchConfigError
         print("BEFORE", plan_launch(len, args=((),), num_processes=2).start_method)
-        ctypes.CDLL({str(library)!r})
-        print("AFTER", plan_launch(len, args=((),), num_processes=2).start_method)
+        driver = ctypes.CDLL({library!r})
+        print("LOADED", plan_launch(len, args=((),), num_processes=2).start_method)
+        driver.cuInit(0)
+        print("INITIALIZED", plan_launch(len, args=((),), num_processes=2).start_method)
         try:
             plan_launch(len, args=((),), num_processes=2, start_method="fork")
         except LaunchConfigError as error:
             print("REFUSED", error)
     """)
-    assert "BEFORE fork" in out and "AFTER forkserver" in out
-    assert "REFUSED notebook_launcher: start_method='fork' is not safe here: a CUDA driver is loaded in this process" in out
+    assert "BEFORE fork" in out and "LOADED fork" in out and "INITIALIZED forkserver" in out, out
+    assert "REFUSED notebook_launcher: start_method='fork' is not safe here: a CUDA driver is initialized in this process" in out
 
 
 # ------------------------------------------------------------------------ 10: the in-kernel rank's fds
@@ -399,12 +401,14 @@ def test_dump_stacks_on_demand_shows_every_running_rank(start_method):
     job = start_launch(stuck_in_a_collective_like_wait, num_processes=2, display="none",
                        start_method=start_method)
     try:
-        def stacks_once_rank_zero_waits():  # a spawn rank may still be importing torch: ask again
+        def stacks_once_both_wait():  # a rank may still be importing torch or starting (loaded machine): ask again
             stacks = job.dump_stacks()
-            return stacks if "in waiting_for_rank_one" in stacks.get(0, "") else None
+            arrived = ("in waiting_for_rank_one" in stacks.get(0, "")
+                       and "in stuck_in_a_collective_like_wait" in stacks.get(1, ""))
+            return stacks if arrived else None
 
-        stacks = wait_until(stacks_once_rank_zero_waits, timeout=60, what="rank 0 in waiting_for_rank_one",
-                            interval=0.5)
+        stacks = wait_until(stacks_once_both_wait, timeout=60, interval=0.5,
+                            what="rank 0 in waiting_for_rank_one and rank 1 in stuck_in_a_collective_like_wait")
         assert sorted(stacks) == [0, 1]
         assert "in waiting_for_rank_one" in stacks[0]
         assert "in stuck_in_a_collective_like_wait" in stacks[1]

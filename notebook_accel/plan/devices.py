@@ -2,6 +2,7 @@
 CUDA in the kernel."""
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import sys
@@ -116,9 +117,9 @@ def fork_safety() -> Tuple[bool, Optional[str]]:
         return False, "on macOS, system libraries are not fork-safe (CPython's own default there is spawn)"
     if cuda_initialized():
         return False, "CUDA is already initialized in this process, and a forked child cannot use it"
-    if cuda_driver_loaded():
-        return False, ("a CUDA driver is loaded in this process (by a library such as cupy, numba, jax or a C "
-                       "extension), and a forked child cannot use its context")
+    if cuda_driver_initialized():
+        return False, ("a CUDA driver is initialized in this process (by a library such as cupy, numba, jax or a C "
+                       "extension), and a forked child cannot use it")
     if tpu.runtime_initialized():
         return False, ("the XLA runtime is already initialized in this process (an XLA device was used), and "
                        "a forked child cannot use the TPU")
@@ -131,14 +132,31 @@ def fork_safety() -> Tuple[bool, Optional[str]]:
     return True, None
 
 
-def cuda_driver_loaded() -> bool:
-    """The CUDA driver library is mapped into this process: someone (torch, cupy, numba, jax, a C extension)
-    opened it, and a CUDA context may be live. Read from /proc/self/maps, so nothing is initialized."""
+CUDA_ERROR_NOT_INITIALIZED = 3
+
+
+def cuda_driver_initialized() -> bool:
+    """A CUDA driver library is mapped into this process *and* initialized (``cuInit`` ran: cupy, numba, jax, a C
+    extension, torch's own ``cudaGetDeviceCount``): a forked child cannot use it. Mapped alone is harmless, and
+    common: torch's CUDA wheels map it at ``import torch`` (cuBLASLt opens it) without initializing it.
+
+    Nothing is initialized to find out: /proc/self/maps says whether it is mapped; the mapped library itself
+    (opened with ``RTLD_NOLOAD``: never loaded here) answers ``cuCtxGetCurrent`` with CUDA_ERROR_NOT_INITIALIZED
+    until ``cuInit`` ran. A driver that cannot be asked counts as initialized.
+    """
     try:
         with open("/proc/self/maps") as maps:
-            return any("/libcuda.so" in line for line in maps)
+            mapped = [line.split(None, 5)[-1].strip() for line in maps if "/libcuda.so" in line]
     except OSError:  # not Linux
         return False
+    if not mapped:
+        return False
+    try:
+        driver = ctypes.CDLL(mapped[0], mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        context = ctypes.c_void_p()
+        return driver.cuCtxGetCurrent(ctypes.byref(context)) != CUDA_ERROR_NOT_INITIALIZED
+    except (OSError, AttributeError):
+        return True
 
 
 def kernel_process_group() -> Optional[str]:

@@ -19,12 +19,41 @@ spawn import it too. It mirrors the torch_xla 2.9 behaviour notebook_accel relie
   ``rendezvous``, ``mesh_reduce``): a peer that never arrives blocks the others, as XLA's do
   (pytorch/xla#7974). They run on gloo process groups, one per device thread.
 
+- ``module.to(device)`` makes new ``Parameter`` objects holding new tensors, as moving a module to an XLA device
+  does (a CPU and an XLA tensor cannot share a TensorImpl, so ``Module._apply`` cannot swap ``.data`` in place):
+  an optimizer built on the old parameters trains nothing. A second ``.to(device)`` keeps them.
+
 What is fake: a "device" is the CPU (``torch.device("cpu")``), compiling and ``sync()`` do nothing.
 """
+import weakref
+
 import torch
 
-from . import _XLAC
+from . import _XLAC, _fake_runtime
 from ._fake_runtime import current_device
+
+_on_device = weakref.WeakSet()   # parameters .to(device) made: "XLA tensors", moved already
+_plain_module_to = torch.nn.Module.to
+
+
+def _module_to(module, *args, **kwargs):
+    target = torch._C._nn._parse_to(*args, **kwargs)[0]
+    moved = _plain_module_to(module, *args, **kwargs)
+    parameters = list(moved.parameters())
+    if target is None or target.type != "cpu" or not _fake_runtime.initialized or \
+            all(parameter in _on_device for parameter in parameters):
+        return moved  # not a move to the (fake) XLA device of a process using it, or there already
+    previous = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)  # Module._apply: new Parameter objects
+    try:
+        moved._apply(lambda tensor: tensor.clone())  # new tensors, as a copy to another device makes
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(previous)
+    _on_device.update(moved.parameters())
+    return moved
+
+
+torch.nn.Module.to = _module_to
 
 __version__ = "2.9.0+fake"
 

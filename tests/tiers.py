@@ -1,0 +1,89 @@
+"""Every test file's tier, in one table: ``pytest -m unit`` (about a minute) while you work, ``pytest -q`` (all but
+``xla``) before you push, as CI does. conftest.py marks each test with its file's tier and refuses a test file that
+is not in this table, so a new file cannot be left out of its tier.
+
+  unit     in pytest's own process: no rank, no kernel, no browser (a few seconds of subprocesses at most)
+  ranks    real rank processes (launches, sessions, scripts, nodes), gloo on CPU
+  kernel   real Jupyter kernels (nbclient, the notebooks under nbval, the installed wheel)
+  browser  JupyterLab driven in headless Chromium
+  xla      the real torch_xla 2.9 CPU client, in a venv of its own (scripts/test_xla_cpu.sh; not in ``pytest -q``)
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, Optional
+
+TIERS = ("unit", "ranks", "kernel", "browser", "xla")
+
+FILES: Dict[str, str] = {
+    "test_accelerator_units.py": "unit",
+    "test_dashboard.py": "unit",
+    "test_dashboard_debug.py": "unit",
+    "test_doctests.py": "unit",
+    "test_options.py": "unit",
+    "test_outcome.py": "unit",
+    "test_progress.py": "unit",
+    "test_promises_gpu.py": "unit",
+    "test_structure.py": "unit",
+
+    "test_accelerator_distributed.py": "ranks",
+    "test_backend_contract.py": "ranks",
+    "test_cli.py": "ranks",
+    "test_cuda_payload.py": "ranks",
+    "test_cuda_stand_in.py": "ranks",
+    "test_debugging.py": "ranks",
+    "test_deepspeed.py": "ranks",
+    "test_fsdp.py": "ranks",
+    "test_launcher.py": "ranks",
+    "test_launcher_errors.py": "ranks",
+    "test_launcher_signals.py": "ranks",
+    "test_nodes.py": "ranks",
+    "test_output_drain.py": "ranks",
+    "test_promises_cli.py": "ranks",
+    "test_promises_config.py": "ranks",
+    "test_promises_nodes.py": "ranks",
+    "test_promises_stop.py": "ranks",
+    "test_rank_imports.py": "ranks",
+    "test_session.py": "ranks",
+    "test_session_xla.py": "ranks",
+    "test_sharding_config.py": "ranks",
+    "test_torchrun_ranks.py": "ranks",
+    "test_xla_detection.py": "ranks",
+    "test_xla_launch.py": "ranks",
+
+    "test_dashboard_debug_kernel.py": "kernel",
+    "test_dashboard_kernel.py": "kernel",
+    "test_entry_points.py": "kernel",
+    "test_install.py": "kernel",
+    "test_kernel.py": "kernel",
+    "test_panel.py": "kernel",
+    "test_readme.py": "kernel",
+    "test_session_kernel.py": "kernel",
+    "test_stack_dumps_kernel.py": "kernel",
+    "test_xla_notebook.py": "kernel",
+    "*.ipynb": "kernel",   # notebooks/, run cell by cell by nbval
+
+    "test_browser_dashboard.py": "browser",
+
+    "test_xla_real.py": "xla",
+}
+
+
+def tier_of(filename: str) -> Optional[str]:
+    """The tier of a test file (its base name), None if it has none."""
+    if filename.endswith(".ipynb"):
+        return FILES["*.ipynb"]
+    return FILES.get(filename)
+
+
+def selects(markexpr: str, tier: str) -> Optional[bool]:
+    """Whether ``pytest -m markexpr`` can select a test of ``tier``; None when the expression names more than
+    tiers (then only the tests' own markers can tell). Its names are all tiers here, so ``eval`` sees only
+    ``and``, ``or``, ``not``, parentheses and booleans."""
+    names = set(re.findall(r"[A-Za-z_]\w*", markexpr)) - {"and", "or", "not"}
+    if not names or not names <= set(TIERS) or re.search(r"[^\w\s()]", markexpr):
+        return None
+    try:
+        return bool(eval(markexpr, {"__builtins__": {}}, {name: name == tier for name in names}))
+    except SyntaxError:  # pytest says what is wrong with it
+        return None
