@@ -19,6 +19,7 @@ FILES: Dict[str, str] = {
     "test_accelerator_units.py": "unit",
     "test_dashboard.py": "unit",
     "test_dashboard_debug.py": "unit",
+    "test_docs.py": "unit",          # and one mkdocs build, a subprocess of some seconds
     "test_doctests.py": "unit",
     "test_options.py": "unit",
     "test_outcome.py": "unit",
@@ -39,6 +40,7 @@ FILES: Dict[str, str] = {
     "test_launcher_signals.py": "ranks",
     "test_nodes.py": "ranks",
     "test_output_drain.py": "ranks",
+    "test_pdb_terminal.py": "ranks",
     "test_promises_cli.py": "ranks",
     "test_promises_config.py": "ranks",
     "test_promises_nodes.py": "ranks",
@@ -57,6 +59,7 @@ FILES: Dict[str, str] = {
     "test_install.py": "kernel",
     "test_kernel.py": "kernel",
     "test_panel.py": "kernel",
+    "test_pdb_kernel.py": "kernel",
     "test_readme.py": "kernel",
     "test_session_kernel.py": "kernel",
     "test_stack_dumps_kernel.py": "kernel",
