@@ -15,7 +15,7 @@ from typing import Dict, List
 from ...outcome.root_cause import Outcome
 from ...plan.plan import LaunchPlan
 from ...rank.process import RankSpec, rank_main
-from ...wire.fds import PassedFd, make_pipe
+from ...wire.fds import PassedFd, rank_pipes
 from ..base import Backend, LaunchSink, StopPolicy
 from .starting import configure_fork_server, ensure_fork_server, starting_rank_process
 from .supervisor import Supervisor
@@ -120,7 +120,7 @@ class ProcessBackend(Backend):
         return []
 
     def _start_rank(self, rank: int, rendezvous_env: Dict[str, str], started: List[RankProcess]) -> RankProcess:
-        pipes = {name: make_pipe() for name in ("stdout", "stderr", "events", "stacks")}
+        pipes = rank_pipes()
         inherited: List[int] = []
         if self.plan.start_method == "fork":
             # A forked rank inherits every fd of the kernel; it must close the kernel's ends, or a pipe would

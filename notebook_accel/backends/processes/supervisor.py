@@ -22,7 +22,7 @@ from ...errors import LaunchError
 from ...formatting import signal_name
 from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt
 from ...outcome.stacks import fold_inherited_frames, where_waiting
-from ...wire.channel import EventDecoder
+from ...wire.channel import EventDecoder, receive
 from ...wire.events import (OutputLine, OutputLines, PeersWaiting, RankEvent, RankExited, RankFailed, RankResult,
                             RankStacks, RankStarted, Status)
 from ..draining import PipeDrain, held_open_note
@@ -62,7 +62,7 @@ class _RankState:
         self.drains: Dict[int, PipeDrain] = {}
         self.exitcode: Optional[int] = None
         self.failed: Optional[RankFailed] = None
-        self.result: Optional[bytes] = None
+        self.result: Optional[RankResult] = None
         self.stopped_by_us = False
         self.started = False            # sent RankStarted: its SIGUSR1 stack dump is armed
         self.pid = handle.pid           # the process the rank runs in, as its RankStarted says
@@ -173,15 +173,19 @@ class Supervisor:
     # ------------------------------------------------------------------------------------------- reading
 
     def _read(self, state: _RankState, fd: int) -> None:
+        name = state.open_fds[fd]
+        fds: List[int] = []
         try:
-            chunk = os.read(fd, _READ_BYTES)
+            if name == "events":  # a socket: a result's shared-memory files come with its bytes
+                chunk, fds = receive(fd, _READ_BYTES)
+            else:
+                chunk = os.read(fd, _READ_BYTES)
         except OSError:
             chunk = b""
         if fd in state.drains:
             state.drains[fd].got(len(chunk), time.monotonic())
-        name = state.open_fds[fd]
         if name == "events":
-            for event in state.events.feed(chunk):
+            for event in state.events.feed(chunk, fds):
                 self._on_event(state, event)
         elif name == "stacks":
             state.stacks += chunk
@@ -215,7 +219,7 @@ class Supervisor:
             state.started = True
             state.pid = event.pid  # where the rank runs: an XLA device thread's is a worker, not our child
         elif isinstance(event, RankResult):
-            state.result = event.payload
+            state.result = event
         elif isinstance(event, RankFailed):
             state.failed = event
             if self.status is None:
@@ -271,6 +275,8 @@ class Supervisor:
     def _close_fd(self, state: _RankState, fd: int) -> None:
         name = state.open_fds.pop(fd)
         state.drains.pop(fd, None)
+        if name == "events":
+            state.events.close()  # files of a result cut short by the rank's death
         if name in state.partial and state.partial[name]:
             self.deliver(OutputLine(rank=state.handle.rank, stream=name, text=state.partial[name]))
             state.partial[name] = ""
@@ -395,9 +401,11 @@ class Supervisor:
                        stacks=self._timeout_stacks)
 
 
-def _decode_result(rank: int, payload: bytes) -> Any:
+def _decode_result(rank: int, result: RankResult) -> Any:
     try:
-        return pickle.loads(payload)
+        if result.shared is not None:  # its large tensors and arrays, mapped from shared memory
+            return result.shared.load(result.payload)
+        return pickle.loads(result.payload)
     except Exception as err:
         raise LaunchError(f"the return value of rank {rank} could not be unpickled in the kernel: "
                           f"{type(err).__name__}: {err}", rank=rank) from err

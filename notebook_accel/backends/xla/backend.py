@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 
 from ...plan import tpu
 from ...rank.xla.host import XlaHostSpec, host_main
-from ...wire.fds import PassedFd, make_pipe
+from ...wire.fds import PassedFd, rank_pipes
 from ..processes.backend import ProcessBackend, RankProcess
 from ..processes.starting import ensure_fork_server, starting_rank_process
 
@@ -46,7 +46,7 @@ class XlaBackend(ProcessBackend):
         # makes one at import), since a pool worker never runs its interpreter's exit handlers.
         self._temp_dir = tempfile.mkdtemp(prefix="notebook_accel-xla-")
         world = self.plan.world_size
-        pipes = [{name: make_pipe() for name in ("stdout", "stderr", "events", "stacks")} for _ in range(world)]
+        pipes = [rank_pipes() for _ in range(world)]
         inherited: List[int] = []
         if self.plan.start_method == "fork":  # the host must close the kernel's ends it inherited
             inherited = [self._lifeline_w] + [read for rank in pipes for read, _ in rank.values()]
