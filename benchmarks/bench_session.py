@@ -155,11 +155,16 @@ def ray_child(variant: str, elements: int, repeats: int) -> None:
     import ray
 
     as_numpy = variant == "numpy"
+    fix_ray_agent_ports()
     # Ray's own directory, short (its socket paths must fit in 107 bytes) and removed at the end.
     ray_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             object_store_memory=max(1 << 30, 12 * 4 * elements), runtime_env={"env_vars": env_vars},
-             _temp_dir=ray_dir)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 object_store_memory=max(1 << 30, 12 * 4 * elements), runtime_env={"env_vars": env_vars},
+                 _temp_dir=ray_dir)
+    except BaseException:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+        raise
 
     @ray.remote
     class Rank:
@@ -187,6 +192,31 @@ def ray_child(variant: str, elements: int, repeats: int) -> None:
         ray.shutdown()
         shutil.rmtree(ray_dir, ignore_errors=True)
     print(json.dumps(rows))
+
+
+def fix_ray_agent_ports() -> None:
+    """Give Ray's node agents fixed free ports. Left to choose their own, the raylet waits ~15 s for the metrics
+    agent to write its port down and aborts the node on a busy machine, where that agent takes longer to
+    start ("The current node timed out during startup")."""
+    import socket
+
+    from ray._private import parameter
+
+    def free_port() -> int:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+
+    original = parameter.RayParams.__init__
+
+    def with_ports(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        for name in ("metrics_agent_port", "metrics_export_port", "runtime_env_agent_port",
+                     "dashboard_agent_listen_port"):
+            if not getattr(self, name, None):
+                setattr(self, name, free_port())
+
+    parameter.RayParams.__init__ = with_ports
 
 
 def data_table(megabytes: int, repeats: int) -> None:

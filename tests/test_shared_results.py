@@ -80,6 +80,11 @@ CELL = notebook_cell("""
     def one():
         return 1
 
+    def many_tensors(count):
+        import torch
+
+        return {f"t{index}": torch.full((1 << 14,), float(index)) for index in range(count)}   # 64 KiB each
+
     def returns_big_and_slow(megabytes):
         import torch
 
@@ -89,7 +94,7 @@ CELL = notebook_cell("""
 """)
 make_values, keep_values, return_values = CELL["make_values"], CELL["keep_values"], CELL["return_values"]
 bump_big, big_value, one = CELL["bump_big"], CELL["big_value"], CELL["one"]
-returns_big_and_slow = CELL["returns_big_and_slow"]
+returns_big_and_slow, many_tensors = CELL["returns_big_and_slow"], CELL["many_tensors"]
 
 
 def assert_same(got, expected, where="value"):
@@ -200,6 +205,21 @@ def test_large_values_arrive_as_shared_memory_the_kernel_alone_maps_and_frees():
         assert result_mappings() == []
     assert dev_shm() == shm_before
     assert result_fds() == []
+
+
+def test_more_large_tensors_than_one_message_carries_files():
+    from notebook_accel.wire.results import FILES_PER_RESULT
+
+    count = FILES_PER_RESULT + 50   # some files then hold two tensors
+    with Session(num_processes=1, display="none") as session:
+        state = session.run(many_tensors, args=(count,))
+        assert [float(state[f"t{index}"][0]) for index in range(count)] == [float(index) for index in range(count)]
+        assert all(in_a_result_mapping(tensor.data_ptr()) for tensor in state.values())
+        assert result_fds() == []
+        del state
+        session.run(one)
+        gc.collect()
+        assert result_mappings() == []
 
 
 def test_a_rank_that_changes_its_tensor_after_pull_does_not_change_the_kernels():

@@ -21,6 +21,7 @@ from ..wire.events import RankFailed, RankResult
 from ..wire.results import ResultPickler, share_pieces
 # Imported here, not when first used: every process that can start a rank (the kernel, whose forks inherit
 # them; the fork server, which preloads this module) pays for them once instead of in every rank.
+from . import metrics  # noqa: F401  - patch_tqdm's, imported by every rank otherwise
 from .device_memory import maybe_send_device_memory
 from .progress import patch_tqdm
 from .tracebacks import format_user_traceback

@@ -17,8 +17,9 @@ the kernel maps each piece and closes the fd at once (``map_shared``). So:
 
 Example (rank side, then kernel side)::
 
-    pieces, fds = share_pieces(storages, buffers)            # after pickling with a SharingPickler
-    sender.send(RankResult(rank=0, payload=data, shared=pieces), fds)
+    ResultPickler(out, storages, buffers).dump(value)        # large storages and buffers set aside
+    pieces, fds = share_pieces(storages, buffers)
+    sender.send(RankResult(rank=0, payload=out.getvalue(), shared=pieces), fds)
     ...
     value = event.shared.load(event.payload)                 # the decoder mapped the files it received
 """
@@ -40,7 +41,7 @@ _PAGE = mmap.ALLOCATIONGRANULARITY   # each piece is mapped on its own: its offs
 _WRITE_BYTES = 1 << 30          # os.pwrite writes at most ~2 GiB at once on Linux
 FILE_NAME = "notebook_accel-result"
 
-__all__ = ["FILES_PER_RESULT", "SHARED_MIN_BYTES", "ResultPickler", "SharedPieces", "share_pieces"]
+__all__ = ["FILES_PER_RESULT", "ResultPickler", "SharedPieces", "map_shared", "share_pieces"]
 
 
 class ResultPickler(SharingPickler):

@@ -36,9 +36,15 @@ ROOT_CAUSE_WINDOW = 0.25    # after a first failure, how long to collect others 
 TERMINATE_GRACE = 1.0       # SIGTERM, then SIGKILL after this
 STACKS_WAIT = 2.0           # how long a timeout waits for the ranks' stack dumps
 STACKS_QUIET = 0.15         # a dump is complete once its pipe has been quiet this long
+# After reading a rank's output, let more of it gather this long before reading output again (events, stacks
+# and exits are still read at once). A chatty rank's lines then come in a few large reads instead of one read
+# and one wake-up of this loop per write: the kernel's per-line work stops competing with the ranks for the
+# cores. A line written after a quiet spell is read at once.
+OUTPUT_REST = 0.005
 PEER_WAIT_VARIABLE = "NOTEBOOK_ACCEL_PEER_WAIT"  # seconds a rank may have finished while others run, unsaid
 DEFAULT_PEER_WAIT = 30.0
 _READ_BYTES = 1 << 16
+_OUTPUT = ("stdout", "stderr")
 
 
 @dataclass
@@ -94,14 +100,19 @@ class Supervisor:
         self.peer_wait = _peer_wait()
         self._peers_noticed = False
         self.selector = self.selector_class()
+        self.urgent = self.selector_class()   # all but the output pipes: what ``OUTPUT_REST`` never delays
+        self._output_rests_until = 0.0
         # Several ranks may live in one process (an XLA host's device threads and workers): one sentinel each.
         carried: Dict[int, List[_RankState]] = {}
         for state in self.ranks.values():
-            for fd in state.open_fds:
+            for fd, name in state.open_fds.items():
                 self.selector.register(fd, selectors.EVENT_READ, (state, "pipe"))
+                if name not in _OUTPUT:
+                    self.urgent.register(fd, selectors.EVENT_READ, (state, "pipe"))
             carried.setdefault(state.handle.process.sentinel, []).append(state)
         for sentinel, states in carried.items():
             self.selector.register(sentinel, selectors.EVENT_READ, (states, "exit"))
+            self.urgent.register(sentinel, selectors.EVENT_READ, (states, "exit"))
         self.failures: List[Failure] = []
         self.status: Optional[Status] = None    # set once we decided to stop: FAILED | STOPPED | TIMEOUT
         self.still_running: List[int] = []
@@ -126,6 +137,7 @@ class Supervisor:
             raise
         finally:
             self.selector.close()
+            self.urgent.close()
         return self._outcome()
 
     def _finished(self) -> bool:
@@ -136,13 +148,19 @@ class Supervisor:
         """Read what is still in the pipes once the loop ended (nothing is: they were read to EOF)."""
 
     def _poll(self, wait: float) -> None:
-        for key, _ in self.selector.select(wait):
+        resting = self._output_rests_until - time.monotonic()
+        selector = self.urgent if resting > 0 else self.selector
+        read_output = False
+        for key, _ in selector.select(min(wait, resting) if resting > 0 else wait):
             owner, kind = key.data  # a pipe's rank, or for a sentinel the ranks its process carried
             if kind == "pipe":
                 if key.fd in owner.open_fds:  # not already drained to EOF earlier in this batch
+                    read_output = read_output or owner.open_fds[key.fd] in _OUTPUT
                     self._read(owner, key.fd)
             else:
                 self._on_exit(owner)
+        if read_output:
+            self._output_rests_until = time.monotonic() + OUTPUT_REST
 
     def _decide(self, policy: Optional[StopPolicy]) -> None:
         """Stop (asked), fail (the root cause is known), time out — in that order; then escalate and drain.
@@ -231,7 +249,7 @@ class Supervisor:
 
     def _on_exit(self, states: List[_RankState]) -> None:
         process = states[0].handle.process
-        self.selector.unregister(process.sentinel)
+        self._unregister(process.sentinel)
         # Still unreaped: its process group id cannot be reused yet. Kill whatever the rank left running.
         states[0].handle.signal_group(signal.SIGKILL)
         process.join()
@@ -280,8 +298,13 @@ class Supervisor:
         if name in state.partial and state.partial[name]:
             self.deliver(OutputLine(rank=state.handle.rank, stream=name, text=state.partial[name]))
             state.partial[name] = ""
-        self.selector.unregister(fd)
+        self._unregister(fd)
         os.close(fd)
+
+    def _unregister(self, fd: int) -> None:
+        self.selector.unregister(fd)
+        if fd in self.urgent.get_map():
+            self.urgent.unregister(fd)
 
     # ----------------------------------------------------------------------------------- where is each rank
 
