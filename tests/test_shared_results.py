@@ -25,6 +25,8 @@ from notebook_accel import Session, notebook_launcher
 from notebook_accel.errors import LaunchError
 from notebook_accel.rank.run import to_cpu
 
+from scripts import start_script
+
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps and fd")]
 
@@ -85,6 +87,30 @@ CELL = notebook_cell("""
 
         return {f"t{index}": torch.full((1 << 14,), float(index)) for index in range(count)}   # 64 KiB each
 
+    def gathered(megabytes):
+        from notebook_accel import Accelerator
+        from notebook_accel.accelerator.operations import gather_object
+
+        accelerator = Accelerator()
+        mine = torch_full(megabytes, accelerator.process_index)
+        return {"gather": accelerator.gather(mine), "gather_object": gather_object(mine[:4].clone())}
+
+    def torch_full(megabytes, value):
+        import torch
+
+        return torch.full((megabytes << 18,), float(value))
+
+    def big_then_fail(marker, megabytes):
+        import time
+
+        if int(os.environ["RANK"]) == 0:
+            open(marker, "w").close()       # just before its result goes: rank 1 fails once it is sent
+            return torch_full(megabytes, 3)
+        while not os.path.exists(marker):
+            time.sleep(0.01)
+        time.sleep(1.0)
+        raise ValueError("rank 1 fails after rank 0 returned")
+
     def returns_big_and_slow(megabytes):
         import torch
 
@@ -95,6 +121,7 @@ CELL = notebook_cell("""
 make_values, keep_values, return_values = CELL["make_values"], CELL["keep_values"], CELL["return_values"]
 bump_big, big_value, one = CELL["bump_big"], CELL["big_value"], CELL["one"]
 returns_big_and_slow, many_tensors = CELL["returns_big_and_slow"], CELL["many_tensors"]
+gathered, big_then_fail = CELL["gathered"], CELL["big_then_fail"]
 
 
 def assert_same(got, expected, where="value"):
@@ -280,3 +307,76 @@ def test_pulling_200_mb_takes_well_under_a_slow_machines_bound():
         elapsed = time.monotonic() - started
         assert [tensor.shape[0] for tensor in pulled] == [25 << 20] * 2
         assert elapsed < 20.0, f"pulling 2 x 100 MiB took {elapsed:.1f} s"
+
+
+def test_gathered_results_come_back_the_same_through_shared_memory():
+    results = notebook_launcher(gathered, args=(2,), num_processes=2, return_all=True, display="none")
+    expected = torch.cat([torch.full((2 << 18,), 0.0), torch.full((2 << 18,), 1.0)])
+    for rank, result in enumerate(results):
+        assert_same(result["gather"], expected, f"rank {rank}'s gather")
+        assert in_a_result_mapping(result["gather"].data_ptr())
+        assert_same(result["gather_object"], [torch.zeros(4), torch.ones(4)], f"rank {rank}'s gather_object")
+    assert results[0]["gather"].data_ptr() != results[1]["gather"].data_ptr()   # each rank's copy its own
+    del results, result
+    notebook_launcher(one, num_processes=1, display="none")   # ``last_launch()`` now keeps this one
+    gc.collect()
+    assert result_mappings() == []
+
+
+def test_a_failed_launch_frees_the_results_that_came_back(tmp_path):
+    shm_before = dev_shm()
+    with pytest.raises(ValueError, match="rank 1 fails"):
+        notebook_launcher(big_then_fail, args=(str(tmp_path / "returned"), 16), num_processes=2, display="none")
+    assert (tmp_path / "returned").exists()
+    assert result_fds() == []
+    notebook_launcher(one, num_processes=1, display="none")   # ``last_launch()`` now keeps this one
+    gc.collect()
+    assert result_mappings() == []
+    assert dev_shm() == shm_before
+
+
+KERNEL_THAT_EXITS = """
+    import os, signal, torch
+    from notebook_accel import Session, notebook_launcher
+
+    def make():
+        global big
+        big = torch.ones(4 << 20)
+
+    def give():
+        return torch.ones(4 << 20)
+
+    session = Session(num_processes=2, display="none")
+    session.run(make)
+    pulled = session.pull("big")
+    launched = notebook_launcher(give, num_processes=2, return_all=True, display="none")
+    mapped = sum("notebook_accel-result" in line for line in open("/proc/self/maps"))
+    print("ranks", *session.pids, "mapped", mapped, flush=True)
+    if {kill}:
+        os.kill(os.getpid(), signal.SIGKILL)    # the kernel killed while it holds the values and its ranks
+    # else: the kernel exits with the session open and the values alive
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_a_kernel_that_ends_holding_results_leaves_nothing_behind(how):
+    shm_before = dev_shm()
+    kernel = start_script(KERNEL_THAT_EXITS.format(kill=how == "kill"))
+    out, err = kernel.communicate(timeout=240)
+    words = out.split()
+    assert words[:1] == ["ranks"], err
+    ranks = [int(word) for word in words[1:3]]
+    assert int(words[4]) >= 4, out     # 2 pulled and 2 returned tensors were mapped in that kernel
+    deadline = time.monotonic() + 60
+    while any(os.path.exists(f"/proc/{pid}") and not is_zombie(pid) for pid in ranks):
+        assert time.monotonic() < deadline, f"ranks {ranks} outlived their kernel"
+        time.sleep(0.05)
+    assert dev_shm() == shm_before
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
