@@ -13,12 +13,16 @@ Rows:
   array, ``push`` of a fresh tensor, two return values of ``session.run``, and the return values of a launch
   (against the same launch returning ``1``), beside Ray's object store when Ray is installed: 2 actors, the
   driver's ``ray.get`` of what they return and its ``ray.put`` of a fresh tensor they both take, with torch
-  tensors (Ray's default pickling, and ``RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1``) and with numpy arrays (Ray's
-  zero-copy path). Each Ray variant runs in a child process of its own (Ray reads that variable at import).
-  "+ read" rows also sum every value in the kernel (our tensors and Ray's arrays are mapped, not copied, so the
-  first read pays the page mapping). Goal (issue 29): pull and return at least as fast as Ray's object store.
+  tensors under ``RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1`` and with numpy arrays (Ray's zero-copy path) by
+  default (``--ray torch,torch-zero-copy,numpy`` adds Ray's default torch pickling). Ray runs in a child
+  process, one node per setting of that variable (Ray reads it at import); a node that does not start and
+  measure in ``--ray-timeout`` s (90) is skipped, as Ray's raylet misses its own 30 s start limit on a heavily
+  loaded machine. "CPU s": the CPU seconds one operation costs the kernel and the warm ranks together (a
+  loaded machine stretches the wall times, much less this). "+ read" rows also sum every value in the kernel
+  (our tensors and Ray's arrays are mapped, not copied, so the first read pays the page mapping).
+  Goal (issue 29): pull and return at least as fast as Ray's object store.
 
-    python benchmarks/bench_session.py --tables data [--megabytes 100] [--repeats 10]
+    python benchmarks/bench_session.py --tables data [--megabytes 100] [--data-repeats 5] [--ray torch,numpy]
 """
 from __future__ import annotations
 
@@ -26,13 +30,15 @@ import argparse
 import json
 import multiprocessing.util
 import os
+import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch  # noqa: F401  - imported up front, as in a notebook that trains: not part of any timing
 
@@ -105,18 +111,43 @@ def timed_fresh(make: Callable[[], object], call: Callable[[object], object], re
     return times[1:]
 
 
-def our_data_rows(elements: int, repeats: int) -> Dict[str, List[float]]:
+def cpu_seconds(pids: List[int]) -> float:
+    """CPU time used so far by this process (the kernel) and the processes ``pids`` (the warm ranks): what an
+    operation costs whatever else runs on the machine, unlike its wall time on a loaded one."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    used = usage.ru_utime + usage.ru_stime
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        used += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime
+    return used
+
+
+def our_data_rows(elements: int, repeats: int) -> Tuple[Dict[str, List[float]], Dict[str, float]]:
+    """Our rows' times, and for the session's rows the CPU seconds per operation (kernel and ranks)."""
     rows: Dict[str, List[float]] = {}
+    cpu: Dict[str, float] = {}
     with Session(num_processes=2, display="none") as session:
+
+        def measure(name: str, times: Callable[[], List[float]], calls: int) -> None:
+            before = cpu_seconds(session.pids)
+            rows[name] = times()
+            cpu[name] = (cpu_seconds(session.pids) - before) / calls
+
         session.run(make_big, args=(elements,))
-        rows["pull a tensor from each"] = timed(lambda: session.pull("big"), repeats, warmup=1)
-        rows["pull a tensor from each + read"] = timed(lambda: read_all(session.pull("big")), repeats)
-        rows["two return values of run"] = timed(lambda: session.run(give_big, return_all=True), repeats)
+        measure("pull a tensor from each", lambda: timed(lambda: session.pull("big"), repeats, warmup=1),
+                repeats + 1)
+        measure("pull a tensor from each + read", lambda: timed(lambda: read_all(session.pull("big")), repeats),
+                repeats)
+        measure("two return values of run", lambda: timed(lambda: session.run(give_big, return_all=True), repeats),
+                repeats)
         rows["push a fresh tensor to both"] = timed_fresh(lambda: torch.rand(elements),
                                                           lambda value: session.push(fresh=value), repeats)
         session.run(make_big, args=(elements, True))
-        rows["pull a numpy array from each"] = timed(lambda: session.pull("big"), repeats, warmup=1)
-        rows["pull a numpy array from each + read"] = timed(lambda: read_all(session.pull("big")), repeats)
+        measure("pull a numpy array from each", lambda: timed(lambda: session.pull("big"), repeats, warmup=1),
+                repeats + 1)
+        measure("pull a numpy array from each + read",
+                lambda: timed(lambda: read_all(session.pull("big")), repeats), repeats)
     launches = max(3, repeats // 2)
     rows["launch returning a tensor from each"] = timed(
         lambda: notebook_launcher(launch_returning, args=(elements, True), num_processes=2, return_all=True,
@@ -124,51 +155,67 @@ def our_data_rows(elements: int, repeats: int) -> Dict[str, List[float]]:
     rows["the same launch returning 1"] = timed(
         lambda: notebook_launcher(launch_returning, args=(elements, False), num_processes=2, return_all=True,
                                   display="none"), launches, warmup=1)
-    return rows
+    return rows, cpu
 
 
 RAY_VARIANTS = {"torch": "torch tensors", "torch-zero-copy": "torch, zero-copy on", "numpy": "numpy arrays"}
+ZERO_COPY_VARIABLE = "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS"   # Ray reads it at import: one Ray node per setting
 
 
-def ray_data_rows(variant: str, elements: int, repeats: int) -> Optional[Dict[str, List[float]]]:
-    """Ray's rows for one variant, measured in a child process (None: Ray is not installed or failed)."""
+def ray_data_rows(variants: List[str], elements: int, repeats: int,
+                  timeout: float) -> Dict[str, Optional[Dict[str, List[float]]]]:
+    """Ray's rows per variant, measured in child processes, one Ray node per setting of ``ZERO_COPY_VARIABLE``
+    (a variant's rows are None where Ray is not installed, or did not start or finish in ``timeout`` s: on a
+    busy machine its raylet may miss its own 30 s start limit)."""
+    rows: Dict[str, Optional[Dict[str, List[float]]]] = {variant: None for variant in variants}
     try:
         import ray  # noqa: F401
     except ImportError:
-        return None
-    command = [sys.executable, os.path.abspath(__file__), "--ray-child", variant, "--elements", str(elements),
-               "--repeats", str(repeats)]
-    for _ in range(3):  # on a busy machine Ray's node may time out while starting: try again
-        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-        for line in reversed(done.stdout.splitlines()):
-            if line.startswith("{"):
-                return json.loads(line)
-    print(f"Ray ({variant}) failed:\n{done.stderr[-2000:]}", file=sys.stderr)
-    return None
+        return rows
+    groups = [variants]   # numpy arrays go zero-copy either way: with the zero-copy torch variant if it runs
+    if "torch-zero-copy" in variants and "torch" in variants:
+        groups = [[variant for variant in variants if variant != "torch"], ["torch"]]
+    for group in filter(None, groups):
+        # Ray's own directory, short (its socket paths must fit in 107 bytes): made here, so that whatever Ray
+        # started is found by it and ended, and the directory removed, however the child ended.
+        ray_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+        command = [sys.executable, os.path.abspath(__file__), "--ray-child", ",".join(group), "--ray-dir", ray_dir,
+                   "--elements", str(elements), "--repeats", str(repeats)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"Ray ({', '.join(group)}): no result in {timeout:g} s (skipped)", file=sys.stderr)
+            continue
+        finally:
+            end_processes_naming(ray_dir)
+            shutil.rmtree(ray_dir, ignore_errors=True)
+        found = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if found:
+            rows.update(json.loads(found[-1]))
+        else:
+            print(f"Ray ({', '.join(group)}) failed:\n{done.stderr[-1500:]}", file=sys.stderr)
+    return rows
 
 
-def ray_child(variant: str, elements: int, repeats: int) -> None:
-    """In a child process: 2 Ray actors hold the data; print their rows as one JSON line."""
-    env_vars = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"} if variant == "torch-zero-copy" else {}
+def ray_child(variants: List[str], ray_dir: str, elements: int, repeats: int) -> None:
+    """In a child process: 2 Ray actors hold the data; print each variant's rows as one JSON line."""
+    env_vars = {ZERO_COPY_VARIABLE: "1"} if "torch-zero-copy" in variants else {}
     os.environ.update(env_vars)  # before Ray is imported: it reads the variable then
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")   # a local node for this child alone
+    # The raylet aborts the node when its agents take over ~15 s to write their ports down (a busy machine):
+    # give them the time Python's own 30 s wait for the node allows.
+    os.environ.setdefault("RAY_agent_register_timeout_ms", "60000")
     import numpy
     import ray
 
-    as_numpy = variant == "numpy"
     fix_ray_agent_ports()
-    # Ray's own directory, short (its socket paths must fit in 107 bytes) and removed at the end.
-    ray_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 object_store_memory=max(1 << 30, 12 * 4 * elements), runtime_env={"env_vars": env_vars},
-                 _temp_dir=ray_dir)
-    except BaseException:
-        shutil.rmtree(ray_dir, ignore_errors=True)
-        raise
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             object_store_memory=max(1 << 30, 12 * 4 * elements), runtime_env={"env_vars": env_vars},
+             _temp_dir=ray_dir)
 
     @ray.remote
     class Rank:
-        def make(self, count):
+        def make(self, count, as_numpy):
             self.big = numpy.ones(count, dtype=numpy.float32) if as_numpy else torch.ones(count)
 
         def get(self):
@@ -177,21 +224,37 @@ def ray_child(variant: str, elements: int, repeats: int) -> None:
         def take(self, value):
             self.fresh = value
 
+    results = {}
     try:
         actors = [Rank.remote() for _ in range(2)]
-        ray.get([actor.make.remote(elements) for actor in actors])
-        fresh = (lambda: numpy.random.rand(elements).astype(numpy.float32)) if as_numpy else \
-            (lambda: torch.rand(elements))
-        rows = {
-            "pull": timed(lambda: ray.get([actor.get.remote() for actor in actors]), repeats, warmup=1),
-            "pull + read": timed(lambda: read_all(ray.get([actor.get.remote() for actor in actors])), repeats),
-            "push": timed_fresh(fresh, lambda value: ray.get([actor.take.remote(reference) for reference in
-                                                            [ray.put(value)] for actor in actors]), repeats),
-        }
+        for variant in variants:
+            as_numpy = variant == "numpy"
+            ray.get([actor.make.remote(elements, as_numpy) for actor in actors])
+            fresh = (lambda: numpy.random.rand(elements).astype(numpy.float32)) if as_numpy else \
+                (lambda: torch.rand(elements))
+            results[variant] = {
+                "pull": timed(lambda: ray.get([actor.get.remote() for actor in actors]), repeats, warmup=1),
+                "pull + read": timed(lambda: read_all(ray.get([actor.get.remote() for actor in actors])), repeats),
+                "push": timed_fresh(fresh, lambda value: ray.get([actor.take.remote(reference) for reference in
+                                                                [ray.put(value)] for actor in actors]), repeats),
+            }
     finally:
         ray.shutdown()
-        shutil.rmtree(ray_dir, ignore_errors=True)
-    print(json.dumps(rows))
+    print(json.dumps(results))
+
+
+def end_processes_naming(directory: str) -> None:
+    """SIGKILL every process whose command line names ``directory`` (Ray's node processes and agents, which
+    outlive a child killed mid-start), one by one by pid."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if directory.encode() in cmdline.read():
+                    os.kill(int(entry), signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def fix_ray_agent_ports() -> None:
@@ -219,12 +282,13 @@ def fix_ray_agent_ports() -> None:
     parameter.RayParams.__init__ = with_ports
 
 
-def data_table(megabytes: int, repeats: int) -> None:
+def data_table(megabytes: int, repeats: int, ray_variants: List[str], ray_timeout: float) -> None:
     elements = megabytes * (1 << 20) // 4
-    ours = our_data_rows(elements, repeats)
-    ray_rows = {variant: ray_data_rows(variant, elements, repeats) for variant in RAY_VARIANTS}
+    ours, ours_cpu = our_data_rows(elements, repeats)
+    ray_rows = ray_data_rows(ray_variants, elements, repeats, ray_timeout) if ray_variants else {}
     print(f"\nData to and from 2 warm CPU ranks, {megabytes} MiB float32 each (median s, min s)")
-    print(f"{'':44} {'ours':>15}  " + "  ".join(f"{'Ray: ' + name:>22}" for name in RAY_VARIANTS.values()))
+    ray_heads = [f"{'Ray: ' + RAY_VARIANTS[name]:>22}" for name in ray_variants]
+    print(f"{'':44} {'ours':>15} {'CPU s':>6}  " + "  ".join(ray_heads))
     ray_keys = {"pull a tensor from each": "pull", "pull a tensor from each + read": "pull + read",
                 "push a fresh tensor to both": "push"}
 
@@ -234,13 +298,14 @@ def data_table(megabytes: int, repeats: int) -> None:
 
     for name, times in ours.items():
         anchors = []
-        for variant in RAY_VARIANTS:
+        for variant in ray_variants:
             found = ray_rows[variant]
             key = ray_keys.get(name) if variant != "numpy" else \
                 {"pull a numpy array from each": "pull", "pull a numpy array from each + read": "pull + read",
                  "push a fresh tensor to both": "push"}.get(name)
             anchors.append(cell(found.get(key) if found and key else None, 22))
-        print(f"{name:44} {cell(times, 15)}  " + "  ".join(anchors))
+        used = f"{ours_cpu[name]:6.3f}" if name in ours_cpu else f"{'':6}"
+        print(f"{name:44} {cell(times, 15)} {used}  " + "  ".join(anchors))
     fastest = {key: min((statistics.median(rows[key]) for rows in ray_rows.values() if rows), default=None)
                for key in ("pull", "push")}
     if fastest["pull"] is not None:
@@ -277,11 +342,17 @@ def main() -> None:
     parser.add_argument("--tables", default="trivial,second,data",
                         help="which tables, comma-separated: trivial, second, data")
     parser.add_argument("--megabytes", type=int, default=100, help="MiB per rank in the data table")
-    parser.add_argument("--ray-child", choices=sorted(RAY_VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument("--data-repeats", type=int, default=5, help="repeats of each row in the data table")
+    parser.add_argument("--ray", default="torch-zero-copy,numpy",
+                        help=f"Ray's variants beside ours, comma-separated (of {', '.join(RAY_VARIANTS)}), or none")
+    parser.add_argument("--ray-timeout", type=float, default=90.0,
+                        help="seconds for each Ray node to start and measure before its rows are skipped")
+    parser.add_argument("--ray-child", help=argparse.SUPPRESS)
+    parser.add_argument("--ray-dir", help=argparse.SUPPRESS)
     parser.add_argument("--elements", type=int, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.ray_child:
-        ray_child(options.ray_child, options.elements, options.repeats)
+        ray_child(options.ray_child.split(","), options.ray_dir, options.elements, options.repeats)
         return
     scratch = tempfile.mkdtemp(prefix="bench_session-")  # accelerate's torch elastic leaves dirs in TMPDIR
     os.environ["TMPDIR"] = tempfile.tempdir = scratch
@@ -291,7 +362,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, python {sys.version.split()[0]}, "
           f"load average {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
     if "data" in tables:
-        data_table(options.megabytes, min(options.repeats, 10))
+        ray_variants = [variant for variant in options.ray.split(",") if variant in RAY_VARIANTS]
+        data_table(options.megabytes, options.data_repeats, ray_variants, options.ray_timeout)
     if "trivial" in tables:
         trivial_table(options.repeats)
     if "second" in tables:
