@@ -127,6 +127,29 @@ def hold_memory(seconds):
     return rank
 
 
+def test_a_ranks_descendants_are_found_as_psutil_finds_them():
+    import subprocess
+
+    import psutil
+
+    from notebook_accel.monitor.resources import _descendants
+
+    # a child that starts a grandchild: both count for the rank, as DataLoader workers and their helpers do
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                              "grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                              "print(grandchild.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(child.stdout.readline())
+        found = {process.pid for process in _descendants(psutil.Process(), {})}
+        assert {child.pid, grandchild} <= found
+        assert found == {process.pid for process in psutil.Process().children(recursive=True)}
+    finally:
+        for process in psutil.Process(child.pid).children(recursive=True) + [psutil.Process(child.pid)]:
+            process.kill()
+        child.wait()
+        child.stdout.close()
+
+
 def test_memory_and_cpu_per_rank_are_sampled_and_plausible():
     import psutil
 

@@ -40,7 +40,7 @@ from ..errors import LaunchError
 from ..formatting import signal_name
 from ..outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt
 from ..outcome.stacks import fold_inherited_frames, where_waiting
-from ..wire.channel import EventDecoder
+from ..wire.channel import EventDecoder, receive
 from ..wire.commands import CommandSender
 from ..wire.events import (OutputLine, OutputLines, PeersWaiting, PromptKind, RankEvent, RankExited, RankFailed,
                            RankPrompt, RankResult, RankStacks, RankStarted, Status, TaskDone)
@@ -54,9 +54,15 @@ TERMINATE_GRACE = 1.0       # SIGTERM, then SIGKILL after this
 KILLED_WAIT = 1.0           # after Ctrl-C, how long ranks that got SIGKILL may take to be gone
 STACKS_WAIT = 2.0           # how long a timeout waits for the ranks' stack dumps
 STACKS_QUIET = 0.15         # a dump is complete once its pipe has been quiet this long
+# After reading a rank's output, let more of it gather this long before reading output again (events, stacks
+# and exits are still read at once). A chatty rank's lines then come in a few large reads instead of one read
+# and one wake-up of this loop per write: the kernel's per-line work stops competing with the ranks for the
+# cores. A line written after a quiet spell is read at once.
+OUTPUT_REST = 0.005
 PEER_WAIT_VARIABLE = "NOTEBOOK_ACCEL_PEER_WAIT"  # seconds a rank may have finished while others run, unsaid
 DEFAULT_PEER_WAIT = 30.0
 _READ_BYTES = 1 << 16
+_OUTPUT = ("stdout", "stderr")
 
 
 @dataclass
@@ -149,7 +155,7 @@ class RankWatch:
         self.exited_running = 0.0       # the policy's running time then (the time ranks sat at prompts left out)
         self.exitcode: Optional[int] = None
         self.failed: Optional[RankFailed] = None
-        self.result: Optional[bytes] = None
+        self.result: Optional[RankResult] = None
         self.stacks = bytearray()       # everything faulthandler wrote for this rank's dumps
         self.stacks_at = 0.0            # when the last of it arrived
 
@@ -286,14 +292,19 @@ class Supervisor:
         self.peer_wait = _peer_wait()
         self._peers_noticed = False
         self.selector = self.selector_class()
+        self.urgent = self.selector_class()   # all but the output pipes: what ``OUTPUT_REST`` never delays
+        self._output_rests_until = 0.0
         # Several ranks may live in one process (an XLA host's device threads and workers): one sentinel each.
         carried: Dict[int, List[RankWatch]] = {}
         for watch in self.watches.values():
-            for fd in watch.open_fds:
+            for fd, name in watch.open_fds.items():
                 self.selector.register(fd, selectors.EVENT_READ, (watch, "pipe"))
+                if name not in _OUTPUT:
+                    self.urgent.register(fd, selectors.EVENT_READ, (watch, "pipe"))
             carried.setdefault(watch.handle.process.sentinel, []).append(watch)
         for sentinel, watches in carried.items():
             self.selector.register(sentinel, selectors.EVENT_READ, (watches, "exit"))
+            self.urgent.register(sentinel, selectors.EVENT_READ, (watches, "exit"))
         self.failures: List[Failure] = []
         self.status: Optional[Status] = None    # set once we decided to stop: FAILED | STOPPED | TIMEOUT
         self.still_running: List[int] = []      # the ranks it stopped (running when it decided to)
@@ -319,6 +330,7 @@ class Supervisor:
             raise
         finally:
             self.selector.close()
+            self.urgent.close()
         return self._outcome()
 
     def _step(self) -> None:
@@ -343,13 +355,19 @@ class Supervisor:
         return {rank: watch.pid for rank, watch in self.watches.items()}
 
     def _poll(self, wait: float) -> None:
-        for key, _ in self.selector.select(wait):
+        resting = self._output_rests_until - time.monotonic()
+        selector = self.urgent if resting > 0 else self.selector
+        read_output = False
+        for key, _ in selector.select(min(wait, resting) if resting > 0 else wait):
             owner, kind = key.data  # a pipe's rank, or for a sentinel the ranks its process carried
             if kind == "pipe":
                 if key.fd in owner.open_fds:  # not already drained to EOF earlier in this batch
+                    read_output = read_output or owner.open_fds[key.fd] in _OUTPUT
                     self._read(owner, key.fd)
             else:
                 self._on_exit(owner)
+        if read_output:
+            self._output_rests_until = time.monotonic() + OUTPUT_REST
 
     def _decide(self, policy: Optional[StopPolicy]) -> None:
         """Stop (asked), fail (the root cause is known), time out — in that order; then escalate and drain.
@@ -400,15 +418,19 @@ class Supervisor:
 
     def _read(self, watch: RankWatch, fd: int) -> int:
         """Read what is in ``fd`` (one read), pass it on; return how many bytes (0: EOF, and the pipe closed)."""
+        name = watch.open_fds[fd]
+        fds: List[int] = []
         try:
-            chunk = os.read(fd, _READ_BYTES)
+            if name == "events":  # a socket: a result's shared-memory files come with its bytes
+                chunk, fds = receive(fd, _READ_BYTES)
+            else:
+                chunk = os.read(fd, _READ_BYTES)
         except OSError:
             chunk = b""
         if fd in watch.drains:
             watch.drains[fd].got(len(chunk), time.monotonic())
-        name = watch.open_fds[fd]
         if name == "events":
-            for event in watch.events.feed(chunk):
+            for event in watch.events.feed(chunk, fds):
                 self._on_event(watch, event)
         elif name == "stacks":
             watch.stacks += chunk
@@ -451,7 +473,7 @@ class Supervisor:
         elif isinstance(event, RankPrompt):
             self._on_prompt(event)
         elif isinstance(event, RankResult):
-            watch.result = event.payload
+            watch.result = event
             self.desk.withdraw(event.rank)
             self._post_mortem_over(event.rank)
         elif isinstance(event, RankFailed):
@@ -471,7 +493,7 @@ class Supervisor:
 
     def _on_exit(self, watches: List[RankWatch]) -> None:
         process = watches[0].handle.process
-        self.selector.unregister(process.sentinel)
+        self._unregister(process.sentinel)
         # Still unreaped: its process group id cannot be reused yet. Kill whatever the rank left running.
         watches[0].handle.signal_group(signal.SIGKILL)
         process.join()
@@ -523,11 +545,18 @@ class Supervisor:
     def _close_fd(self, watch: RankWatch, fd: int) -> None:
         name = watch.open_fds.pop(fd)
         watch.drains.pop(fd, None)
+        if name == "events":
+            watch.events.close()  # files of a result cut short by the rank's death
         if name in watch.partial and watch.partial[name]:
             self.deliver(OutputLine(rank=watch.rank, stream=name, text=watch.partial[name]))
             watch.partial[name] = ""
-        self.selector.unregister(fd)
+        self._unregister(fd)
         watch.handle.close_fd(fd)
+
+    def _unregister(self, fd: int) -> None:
+        self.selector.unregister(fd)
+        if fd in self.urgent.get_map():
+            self.urgent.unregister(fd)
 
     def close_pipes(self) -> None:
         """Close every pipe still open (what is left in them is lost; partial lines are delivered)."""
@@ -712,9 +741,11 @@ class Supervisor:
                        stacks=self._timeout_stacks)
 
 
-def _decode_result(rank: int, payload: bytes) -> Any:
+def _decode_result(rank: int, result: RankResult) -> Any:
     try:
-        return pickle.loads(payload)
+        if result.shared is not None:  # its large tensors and arrays, mapped from shared memory
+            return result.shared.load(result.payload)
+        return pickle.loads(result.payload)
     except Exception as err:
         raise LaunchError(f"the return value of rank {rank} could not be unpickled in the kernel: "
                           f"{type(err).__name__}: {err}", rank=rank) from err

@@ -6,6 +6,7 @@ the user's function is ``notebook_accel.rank.run``, shared with every other back
 """
 from __future__ import annotations
 
+import _thread
 import atexit
 import ctypes
 import faulthandler
@@ -26,7 +27,7 @@ from ..wire.fds import take_fd
 from .device_memory import send_peak_rss
 from .prompts import forget_kernel_hooks
 from .run import remember_kernel_classes, run_rank
-from .streams import flush_std_streams, line_writer
+from .streams import flush_std_streams, libc, line_writer
 
 # Written into os.environ of every rank, so that code made for torchrun or HF accelerate works unchanged.
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -114,8 +115,13 @@ def as_launched(spec: RankSpec) -> None:
     Inside the rank, multiprocessing's default start method is the platform's, as in a torchrun rank (a
     forkserver or spawn child otherwise inherits its own), so DataLoader workers fork as usual.
     """
-    os.environ.clear()
-    os.environ.update(spec.env)
+    # Only what differs (a forked rank's environment is the kernel's already, but for the rank's variables):
+    # each change is a putenv or unsetenv.
+    for name in [name for name in os.environ if name not in spec.env]:
+        del os.environ[name]
+    for name, value in spec.env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
     try:
         os.chdir(spec.cwd)
     except OSError:  # the kernel's directory is gone; stay where the rank started
@@ -211,7 +217,6 @@ def die_with_launcher(lifeline_fd: Any) -> None:
     """
     if sys.platform.startswith("linux"):
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
             pr_set_pdeathsig = 1
             libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
         except Exception:
@@ -226,7 +231,9 @@ def die_with_launcher(lifeline_fd: Any) -> None:
             pass
         os.killpg(0, signal.SIGKILL)
 
-    threading.Thread(target=watch, name="notebook_accel-lifeline", daemon=True).start()
+    # A bare thread: ``threading.Thread.start`` would wait until it runs (on a busy machine, a wait for the
+    # scheduler in every rank's start). It only blocks in ``read``, and is never joined: a daemon's life.
+    _thread.start_new_thread(watch, ())
 
 
 def _set_torch_threads(threads: int) -> None:
@@ -273,7 +280,6 @@ def _line_buffer_c_stdio() -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
-        libc = ctypes.CDLL(None)
         line_buffered = 1  # _IOLBF
         for name in ("stdout", "stderr"):
             stream = ctypes.c_void_p.in_dll(libc, name)

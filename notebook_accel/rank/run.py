@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bdb
 import io
+import os
 import pickle
 import sys
 from dataclasses import dataclass
@@ -19,8 +20,10 @@ import cloudpickle
 
 from ..wire.channel import set_rank_channel
 from ..wire.events import RankFailed, RankResult
+from ..wire.results import ResultPickler, share_pieces
 # Imported here, not when first used: every process that can start a rank (the kernel, whose forks inherit
 # them; the fork server, which preloads this module) pays for them once instead of in every rank.
+from . import metrics  # noqa: F401  - patch_tqdm's, imported by every rank otherwise
 from .device_memory import maybe_send_device_memory
 from .progress import patch_tqdm
 from .prompts import PromptInterrupted, call_user_function, post_mortem as open_post_mortem, route_prompts
@@ -79,7 +82,7 @@ def run_rank(load: LoadFunction, sender: Any, *, send_result: bool, thread_only:
         try:
             undo_patch()  # delivers the metrics report() still held back, before the result ends the rank
             if send_result:
-                sender.send(RankResult(rank=sender.rank, payload=dumps_result(value)))
+                send_result_event(sender, value)
         except BaseException as exc:  # e.g. a return value that cannot be pickled
             return _failed(sender, exc, lambda: None, 1)
         return RankRun(0, value=value)
@@ -132,16 +135,24 @@ def remember_kernel_classes(main_namespace: Dict[str, Any]) -> None:
             _kernel_classes[name] = value
 
 
-class _KernelClassPickler(cloudpickle.Pickler):
-    """cloudpickle, except that a class the kernel has in its ``__main__`` travels by reference. cloudpickle
-    copies a ``__main__`` class by value, and a forked rank's copy comes back as a *different* class, so
-    ``except MyError`` and ``isinstance(result, Result)`` in the notebook would not match. (A class the rank
+class _KernelClasses:
+    """A cloudpickle pickler, except that a class the kernel has in its ``__main__`` travels by reference.
+    cloudpickle copies a ``__main__`` class by value, and a forked rank's copy comes back as a *different* class,
+    so ``except MyError`` and ``isinstance(result, Result)`` in the notebook would not match. (A class the rank
     got by value from the kernel comes back as the kernel's own anyway: cloudpickle tracks those.)"""
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, type) and _kernel_classes.get(obj.__qualname__) is obj:
             return NotImplemented  # pickle's own way for a class: ``__main__.<name>``, found in the kernel
-        return super().reducer_override(obj)
+        return super().reducer_override(obj)  # type: ignore[misc]
+
+
+class _KernelClassPickler(_KernelClasses, cloudpickle.Pickler):
+    pass
+
+
+class _ResultPickler(_KernelClasses, ResultPickler):
+    """The kernel's classes by name, and large tensors and arrays set aside for shared memory."""
 
 
 def dumps_for_kernel(value: Any) -> bytes:
@@ -151,15 +162,28 @@ def dumps_for_kernel(value: Any) -> bytes:
     return buffer.getvalue()
 
 
-def dumps_result(value: Any) -> bytes:
-    """Pickle the return value with tensors moved to CPU, so the kernel never touches a device."""
+def send_result_event(sender: Any, value: Any) -> None:
+    """Send the return value to the kernel as a ``RankResult``, tensors moved to CPU first (the kernel never
+    touches a device). Where the channel carries files, its large tensors and arrays travel through shared
+    memory, copied once (``wire.results``); otherwise everything is in the pickle."""
     try:
-        return dumps_for_kernel(to_cpu(value))
+        value = to_cpu(value)
+        if not getattr(sender, "passes_files", False):
+            sender.send(RankResult(rank=sender.rank, payload=dumps_for_kernel(value)))
+            return
+        buffer, storages, buffers = io.BytesIO(), [], []
+        _ResultPickler(buffer, storages, buffers).dump(value)
+        shared, fds = share_pieces(storages, buffers)
     except Exception as err:
         raise TypeError(
             f"the function's return value ({type(value).__name__}) cannot be sent back to the kernel: "
             f"{type(err).__name__}: {err}. Return plain data, tensors or a state_dict instead."
         ) from err
+    try:
+        sender.send(RankResult(rank=sender.rank, payload=buffer.getvalue(), shared=shared), fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def to_cpu(value: Any) -> Any:

@@ -6,6 +6,13 @@ import ctypes
 import io
 import sys
 
+# The C library, loaded once where this module is imported (the kernel, whose forked ranks inherit it; the fork
+# server): each ``ctypes.CDLL(None)`` builds new classes, a cost every rank would pay again.
+try:
+    libc = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover - no C library to load (Windows)
+    libc = None
+
 
 def line_writer(fd: int, encoding: str = "utf-8") -> io.TextIOWrapper:
     """A line-buffered text stream on ``fd`` that does not close it."""
@@ -21,6 +28,6 @@ def flush_std_streams() -> None:
         except Exception:
             pass
     try:
-        ctypes.CDLL(None).fflush(None)
+        libc.fflush(None)
     except Exception:
         pass

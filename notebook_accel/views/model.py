@@ -38,10 +38,11 @@ def rank_colour(rank: int) -> str:
 def label_lines(rank: int, lines: List[str]) -> str:
     """``"[rank 1] line\n[rank 1] line\n"``: every line labelled, as one string (one write per block: a C-level
     join, no Python call per line unless a carriage return needs ``clean_line``)."""
-    if any("\r" in line for line in lines):
-        lines = [clean_line(line) for line in lines]
     prefix = f"[rank {rank}] "
-    return prefix + ("\n" + prefix).join(lines) + "\n"
+    text = prefix + ("\n" + prefix).join(lines) + "\n"
+    if "\r" in text:  # looked for once in the whole block, not line by line
+        text = prefix + ("\n" + prefix).join(clean_line(line) for line in lines) + "\n"
+    return text
 
 
 def format_interval(seconds: float) -> str:

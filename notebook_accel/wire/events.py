@@ -146,9 +146,11 @@ class MetricReport(RankEvent):
 
 @dataclass
 class RankResult(RankEvent):
-    """The function's return value, cloudpickled in the rank (tensors already moved to CPU)."""
+    """The function's return value, cloudpickled in the rank (tensors already moved to CPU). ``shared``: where
+    its large tensors and arrays lie, in the shared-memory files sent with this event (``wire.results``)."""
 
     payload: bytes
+    shared: Optional[Any] = None   # results.SharedPieces
 
 
 @dataclass

@@ -6,8 +6,9 @@ multiprocessing when the ``PassedFd`` is pickled (the mechanism that passes a ``
 from __future__ import annotations
 
 import os
+import socket
 from multiprocessing import reduction
-from typing import Any, Tuple
+from typing import Any, Dict, Tuple
 
 try:
     import fcntl
@@ -15,6 +16,7 @@ except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
 PIPE_BYTES = 1 << 20  # larger pipes: a chatty rank blocks less often while the kernel is busy drawing
+RANK_STREAMS = ("stdout", "stderr", "events", "stacks")
 
 
 class PassedFd:
@@ -46,3 +48,21 @@ def make_pipe() -> Tuple[int, int]:
         except OSError:  # over /proc/sys/fs/pipe-max-size for unprivileged users
             pass
     return read, write
+
+
+def event_channel() -> Tuple[int, int]:
+    """``(kernel end, rank end)`` of a rank's event channel: a connected pair of Unix stream sockets (a pipe
+    cannot carry the shared-memory files a result sends beside it), buffered like a pipe."""
+    kernel, rank = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    for end in (kernel, rank):
+        try:
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, PIPE_BYTES)
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, PIPE_BYTES)
+        except OSError:  # over the system's limit: its default size then
+            pass
+    return kernel.detach(), rank.detach()
+
+
+def rank_pipes() -> Dict[str, Tuple[int, int]]:
+    """A new rank's streams, each ``(kernel end, rank end)``: stdout, stderr and stacks pipes, the event channel."""
+    return {name: event_channel() if name == "events" else make_pipe() for name in RANK_STREAMS}

@@ -78,7 +78,7 @@ class Payload:
 
 
 @dataclass
-class _Piece:
+class Piece:
     """Where one shared storage or buffer lies: in ``file`` (an index into the payload's shared fds)."""
 
     file: int
@@ -96,8 +96,8 @@ class PickledPayload:
     """
 
     data: bytes
-    storages: List[_Piece] = field(default_factory=list)
-    buffers: List[_Piece] = field(default_factory=list)
+    storages: List[Piece] = field(default_factory=list)
+    buffers: List[Piece] = field(default_factory=list)
     # kernel: ints (torch's own fds of shared storages, and our buffer file); in a rank: what it received
     shared_fds: List[Any] = field(default_factory=list)
     shared_sizes: List[int] = field(default_factory=list)
@@ -115,7 +115,7 @@ class PickledPayload:
         buffers: List[pickle.PickleBuffer] = []
         cuda_tensors: List[Any] = []
         out = io.BytesIO()
-        pickler = (_SessionPickler if into_rank_namespace else _SharingPickler)(out, storages, buffers, cuda_tensors)
+        pickler = (_SessionPickler if into_rank_namespace else SharingPickler)(out, storages, buffers, cuda_tensors)
         try:
             pickler.dump((function, args, kwargs))
         except Exception as err:
@@ -146,21 +146,21 @@ class PickledPayload:
             for buffer in buffers:
                 layout.append((buffer, end, buffer.raw().nbytes))
                 end += -(-buffer.raw().nbytes // _ALIGN) * _ALIGN
-            fd = _shared_memory_file(end)
+            fd = shared_memory_file(end)
             self._buffer_file = mmap.mmap(fd, end)  # kept while the launch runs: ranks' pages stay shared
             self._release = weakref.finalize(self, _release, self._buffer_file, fd)  # a plan never run
             for buffer, offset, nbytes in layout:
                 self._buffer_file[offset:offset + nbytes] = buffer.raw()
-                self.buffers.append(_Piece(len(self.shared_fds), offset, nbytes))
+                self.buffers.append(Piece(len(self.shared_fds), offset, nbytes))
             self.shared_fds.append(fd)
             self.shared_sizes.append(end)
 
-    def _share_storage(self, storage: Any) -> _Piece:
+    def _share_storage(self, storage: Any) -> Piece:
         """Move the storage into shared memory in place (torch.multiprocessing's file-descriptor way)."""
         fd, size = _untyped(storage)._share_fd_cpu_()  # owned by torch's allocator: never closed by us
         self.shared_fds.append(fd)
         self.shared_sizes.append(size)
-        return _Piece(len(self.shared_fds) - 1, 0, _untyped(storage).nbytes(), _dtype_name(storage))
+        return Piece(len(self.shared_fds) - 1, 0, _untyped(storage).nbytes(), dtype_name(storage))
 
     def close(self) -> None:
         if self._buffer_file is not None:
@@ -184,16 +184,16 @@ class PickledPayload:
             fd = passed if isinstance(passed, int) else passed.fd
             mappings.append(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
             os.close(fd)
-        storages = [_storage_view(mappings[piece.file], piece) for piece in self.storages]
+        storages = [storage_view(mappings[piece.file], piece) for piece in self.storages]
         buffers = [memoryview(mappings[piece.file])[piece.offset:piece.offset + piece.nbytes]
                    for piece in self.buffers]
-        unpickler = _SharedUnpickler(io.BytesIO(self.data), storages, buffers)
+        unpickler = SharedUnpickler(io.BytesIO(self.data), storages, buffers)
         call = unpickler.load()
         _remember_sources(unpickler.load())
         return call
 
 
-class _SharedUnpickler(pickle.Unpickler):
+class SharedUnpickler(pickle.Unpickler):
     def __init__(self, file: io.BytesIO, storages: List[Any], buffers: List[memoryview]) -> None:
         super().__init__(file, buffers=buffers)
         self._storages = storages
@@ -210,7 +210,7 @@ class _SharedUnpickler(pickle.Unpickler):
         return _function_setstate_in_rank if found is _cloudpickle_function_setstate else found
 
 
-class _SharingPickler(cloudpickle.Pickler):
+class SharingPickler(cloudpickle.Pickler):
     """cloudpickle, with large CPU tensor storages and protocol-5 buffers set aside for shared memory, and CUDA
     tensors sent as CUDA IPC handles."""
 
@@ -365,7 +365,7 @@ def _remember_sources(sources: Dict[str, List[str]]) -> None:
         linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
 
 
-class _SessionPickler(_SharingPickler):
+class _SessionPickler(SharingPickler):
     """For a warm session: the globals cloudpickle gives the notebook's functions (one fresh dict per pickle,
     holding the names they use) are the rank's namespace instead, so names only the rank has resolve there and
     ``global x`` in a function sets the rank's ``x`` for later runs and cells. Which of the kernel's values are
@@ -387,13 +387,15 @@ def _untyped(storage: Any) -> Any:
     return storage._untyped_storage  # TypedStorage's own accessors warn that TypedStorage is deprecated
 
 
-def _dtype_name(storage: Any) -> str:
+def dtype_name(storage: Any) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return str(storage.dtype).replace("torch.", "")
 
 
-def _storage_view(mapping: mmap.mmap, piece: _Piece) -> Any:
+def storage_view(mapping: mmap.mmap, piece: Piece) -> Any:
+    """A torch storage of ``piece.dtype`` over ``piece``'s bytes of ``mapping``, without a copy (the storage keeps
+    the mapping alive)."""
     import torch
 
     with warnings.catch_warnings():
@@ -404,14 +406,15 @@ def _storage_view(mapping: mmap.mmap, piece: _Piece) -> Any:
                                           _internal=True)
 
 
-def _shared_memory_file(size: int) -> int:
-    """An anonymous file in memory (Linux memfd; elsewhere an unlinked temp file) of ``size`` bytes."""
+def shared_memory_file(size: int, name: str = "notebook_accel-payload") -> int:
+    """An anonymous file in memory (Linux memfd; elsewhere an unlinked temp file) of ``size`` bytes: gone with
+    the last fd and mapping of it, whoever holds them, so nothing is left behind in /dev/shm or a temp dir."""
     if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("notebook_accel-payload", os.MFD_CLOEXEC)
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
     else:  # pragma: no cover - macOS
         import tempfile
 
-        handle, path = tempfile.mkstemp(prefix="notebook_accel-payload-")
+        handle, path = tempfile.mkstemp(prefix=f"{name}-")
         os.unlink(path)
         fd = handle
     os.ftruncate(fd, size)
@@ -450,7 +453,7 @@ def describe_large_payload(size: int, function: Callable, args: Tuple, kwargs: D
 def _pickled_size(value: Any) -> int:
     """Bytes ``value`` adds to the payload's pickle (what goes to shared memory excluded)."""
     out = io.BytesIO()
-    _SharingPickler(out, [], []).dump(value)
+    SharingPickler(out, [], []).dump(value)
     return out.tell()
 
 

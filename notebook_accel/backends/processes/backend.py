@@ -17,7 +17,7 @@ from ...outcome.root_cause import Outcome
 from ...plan.plan import LaunchPlan
 from ...rank.process import RankSpec, rank_main
 from ...wire.commands import CommandSender, session_socketpair
-from ...wire.fds import PassedFd, make_pipe
+from ...wire.fds import PassedFd, rank_pipes
 from ..base import Backend, LaunchSink, StopPolicy
 from ..supervisor import RankProcess, Supervisor
 from .starting import configure_fork_server, ensure_fork_server, starting_rank_process
@@ -107,7 +107,7 @@ class ProcessBackend(Backend):
         return sender, rank_end
 
     def _start_rank(self, rank: int, rendezvous_env: Dict[str, str], started: List[RankProcess]) -> RankProcess:
-        pipes = {name: make_pipe() for name in ("stdout", "stderr", "events", "stacks")}
+        pipes = rank_pipes()
         answers, answers_end = self._answers_socket() if self.answers_own_socket else (None, None)
         inherited: List[int] = []
         if self.plan.start_method == "fork":

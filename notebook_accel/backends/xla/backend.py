@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 
 from ...plan import tpu
 from ...rank.xla.host import XlaHostSpec, host_main
-from ...wire.fds import PassedFd, make_pipe
+from ...wire.fds import PassedFd, rank_pipes
 from ..processes.backend import ProcessBackend
 from ..processes.starting import ensure_fork_server, starting_rank_process
 from ..supervisor import RankProcess
@@ -47,7 +47,7 @@ class XlaBackend(ProcessBackend):
         # makes one at import), since a pool worker never runs its interpreter's exit handlers.
         self._temp_dir = tempfile.mkdtemp(prefix="notebook_accel-xla-")
         world = self.plan.world_size
-        pipes = [{name: make_pipe() for name in ("stdout", "stderr", "events", "stacks")} for _ in range(world)]
+        pipes = [rank_pipes() for _ in range(world)]
         # Each device thread's prompts (pdb, input()) are answered on a socket of its own (a session's: on its
         # command socket).
         answers = [self._answers_socket() for _ in range(world)] if self.answers_own_socket else []
