@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from . import operations
-from .checkpointing import load_checkpoint, save_checkpoint
+from .checkpointing import load_checkpoint, load_model_weights, save_checkpoint
 from .data_loader import PreparedDataLoader, XlaDeviceLoader, prepare_data_loader
 from .fsdp import FullyShardedDataParallelPlugin, full_state_dict, is_sharded, shard_model
 from .gradient_state import GradientState
@@ -30,15 +30,23 @@ from .precision import (
     resolve_mixed_precision,
 )
 from .rng import set_seed as _set_seed
+from .rng import torch_random_state
+from .sharded_init import ShardedInit, SkippedInit
 from .scheduler import AcceleratedScheduler
 from .state import DistributedType, ProcessState, destroy_process_group, resolve_process_state
 from .zero import DeepSpeedOptimizer, DeepSpeedPlugin, build_engine, engine_state_dict, filled_config, import_deepspeed
-from .zero import is_engine
+from .zero import is_engine, zero_init
 
 __all__ = ["Accelerator"]
 
 Tree = Any
 _PREPARE_ORDER = ("model", "optimizer", "data_loader", "scheduler")  # each needs the ones before it
+
+
+@contextlib.contextmanager
+def _both(first: ContextManager[Any], second: ContextManager[Any]) -> Iterator[None]:
+    with first, second:
+        yield
 
 
 def _is_scheduler(obj: Any) -> bool:
@@ -127,6 +135,7 @@ class Accelerator:
         self._data_loaders: List[PreparedDataLoader] = []
         self._accumulation_count = 0
         self._moved_parameters: Dict[torch.nn.Parameter, torch.nn.Parameter] = {}  # old -> new, see prepare_model
+        self._recordings: List[ShardedInit] = []  # models built by init_module under FSDP2, until prepared
         if seed is not None:
             self.set_seed(seed)
 
@@ -170,7 +179,7 @@ class Accelerator:
                 stacklevel=3,
             )
             return None
-        import_deepspeed()  # a missing install says so now, before any model is built
+        import_deepspeed(on_cpu=self.device.type == "cpu")  # a missing install says so now, before any model is built
         return plugin
 
     @staticmethod
@@ -249,6 +258,51 @@ class Accelerator:
             f"distributed_type={self.distributed_type.value}, mixed_precision={self.mixed_precision!r})"
         )
 
+    # ------------------------------------------------------------------------------------- building a model
+    def init_module(self, empty_init: bool = False) -> ContextManager[Any]:
+        """Build the model inside this block, and no rank holds it whole under FSDP2 or ZeRO-3 (every rank builds
+        it, keeping only its part); elsewhere the block changes nothing.
+
+        - FSDP2: parameters are made on the meta device while this rank records its shard of each as it is
+          initialised (``torch.nn.init``, fills, slices, ``copy.deepcopy``...); ``prepare`` allocates the shards and
+          fills them. The weights are exactly those of the same construction outside the block, from rank 0's random
+          state (as DDP, and ``prepare`` without this block, start every rank from rank 0's weights).
+        - ZeRO-3: ``deepspeed.zero.Init`` with the plugin's config (each module is partitioned as soon as it is
+          built, to rank 0's values).
+        - DDP, one process, TPU, ZeRO-1/2: every rank needs the whole model anyway; a plain block.
+
+        ``empty_init=True`` skips the initialisation (``torch.nn.init`` does nothing, FSDP2 shards are left
+        uninitialised): faster, for weights loaded right after ``prepare`` (:meth:`load_model`, ``load_state``).
+
+        Example::
+
+            with accelerator.init_module():
+                model = MyTransformer()          # under FSDP2: no memory yet
+            optimizer = torch.optim.AdamW(model.parameters())
+            model, optimizer = accelerator.prepare(model, optimizer)   # each rank: its shards, initialised
+        """
+        if self.fsdp_plugin is not None:
+            return self._recording(empty_init)
+        if self.deepspeed_plugin is not None and self.deepspeed_plugin.zero_stage == 3:
+            partitioned = zero_init(self.deepspeed_plugin, accumulation=self.gradient_accumulation_steps,
+                                    world=self.num_processes, mixed_precision=self._mixed_precision)  # fmt: skip
+            return _both(partitioned, SkippedInit()) if empty_init else partitioned
+        return SkippedInit() if empty_init else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _recording(self, empty_init: bool) -> Iterator[ShardedInit]:
+        recording = ShardedInit(self.num_processes, self.process_index, empty=empty_init)
+        with torch_random_state(operations.broadcast_object(torch.get_rng_state())), recording:
+            yield recording
+        self._recordings.append(recording)
+
+    def _recorded_shards(self, model: torch.nn.Module) -> Optional[Dict[str, Optional[torch.Tensor]]]:
+        """This rank's recorded shards of a model built by :meth:`init_module` under FSDP2 (None for any other)."""
+        for recording in self._recordings:
+            if recording.owns(model):
+                return recording.take(model)
+        return None
+
     # -------------------------------------------------------------------------------------------- prepare
     def prepare(self, *objects: Any) -> Any:
         """Prepare models, optimizers, data loaders and LR schedulers; returns them in the same order.
@@ -304,9 +358,14 @@ class Accelerator:
             if model not in self._models:
                 self._models.append(model)
             return model
-        if self.fsdp_plugin is not None:
+        recorded = self._recorded_shards(model) if self.fsdp_plugin is not None else None
+        if self.fsdp_plugin is not None and recorded is None:
             check_model_placement(model, self.device, "FSDP2")
-        if self.device_placement:
+        if recorded is not None:  # its parameters are on the meta device (FSDP2 allocates them), its buffers real
+            for module in model.modules():
+                module._buffers.update({name: buffer.to(self.device) for name, buffer in module._buffers.items()
+                                        if buffer is not None})  # fmt: skip
+        elif self.device_placement:
             before = dict(model.named_parameters())
             model = model.to(self.device)
             # Moving to an XLA device makes new Parameter objects (CPU and XLA tensors cannot share a
@@ -323,7 +382,7 @@ class Accelerator:
 
             xm.broadcast_master_param(model)
         elif self.fsdp_plugin is not None:
-            self._shard(model)
+            self._shard(model, recorded)
         elif self.num_processes > 1:
             options = dict(self.ddp_kwargs)
             if self.device.type == "cuda":
@@ -374,13 +433,15 @@ class Accelerator:
                     prepared[position] = getattr(self, f"prepare_{kind}")(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
-    def _shard(self, model: torch.nn.Module) -> None:
-        """FSDP2 in place. Like DDP at construction, every rank starts from rank 0's weights first (each
-        rank's own init may differ); then an optimizer prepared earlier is pointed at the new parameters."""
+    def _shard(self, model: torch.nn.Module, recorded: Optional[Dict[str, Optional[torch.Tensor]]]) -> None:
+        """FSDP2 in place. Like DDP at construction, every rank starts from rank 0's weights first (each rank's own
+        init may differ; a model from init_module was built from rank 0's random state, and only its buffers are
+        sent); then an optimizer prepared earlier is pointed at the new parameters."""
         with torch.no_grad():
-            for tensor in list(model.parameters()) + list(model.buffers()):
+            for tensor in list(model.buffers()) + (list(model.parameters()) if recorded is None else []):
                 torch.distributed.broadcast(tensor, src=0)
-        moved = shard_model(model, self.fsdp_plugin, self.device, self.num_processes, self._mixed_precision)
+        moved = shard_model(model, self.fsdp_plugin, self.device, self.num_processes, self._mixed_precision,
+                            rows=recorded)  # fmt: skip
         self._moved_parameters.update(moved)
         for optimizer in self._optimizers:
             switch_parameters(optimizer.optimizer, moved)
@@ -696,6 +757,23 @@ class Accelerator:
                 torch.save(weights, path)
         self.wait_for_everyone()
         return path
+
+    def load_model(self, model: torch.nn.Module, path: str, strict: bool = True) -> None:
+        """Full weights from ``path`` into ``model`` (prepared or not; call it on every rank): what
+        :meth:`save_model` wrote (its directory or its file), any ``.safetensors`` / ``torch.save`` file of a state
+        dict, a Hugging Face directory with ``model.safetensors.index.json``, or the ``model.dcp`` of
+        :meth:`save_state`. Under FSDP2 and ZeRO-3 rank 0 reads the file, once, and sends it one tensor at a time:
+        every other rank keeps only its shards, so none holds the whole model (torch.distributed.checkpoint's
+        ``model.dcp``: each rank reads its own shards). With DDP or one process every rank reads it.
+
+        Example::
+
+            with accelerator.init_module(empty_init=True):     # no time spent on weights about to be replaced
+                model = MyModel()
+            model, optimizer = accelerator.prepare(model, optimizer)
+            accelerator.load_model(model, "pretrained/")       # rank 0 reads; each rank keeps its shards
+        """
+        load_model_weights(model, path, strict=strict)
 
     def save(self, obj: Any, path: str) -> None:
         """``torch.save`` on the main process, once every rank got here; all ranks return when it is written.

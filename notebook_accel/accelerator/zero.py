@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import os
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Union
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from .gradient_state import GradientState
 from .optimizer import AcceleratedOptimizer
 
-__all__ = ["DeepSpeedPlugin", "DeepSpeedOptimizer", "build_engine", "filled_config", "is_engine", "engine_state_dict"]
+__all__ = ["DeepSpeedPlugin", "DeepSpeedOptimizer", "build_engine", "filled_config", "is_engine", "engine_state_dict",
+           "zero_init"]
 
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
@@ -114,7 +117,13 @@ class DeepSpeedPlugin:
         )
 
 
-def import_deepspeed() -> Any:
+def import_deepspeed(on_cpu: bool = False) -> Any:
+    """``deepspeed``, or an ImportError that says how to install it. ``on_cpu``: this rank trains on the CPU, which
+    DeepSpeed is told (``DS_ACCELERATOR=cpu``, unless set already) before its first import: it would otherwise pick
+    CUDA wherever a GPU is visible (``Accelerator(cpu=True)`` on a GPU machine), and without one warn from every
+    rank that it is "Setting accelerator to CPU" as if that were a guess."""
+    if on_cpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     try:
         import deepspeed
     except ImportError as error:
@@ -199,6 +208,117 @@ def _no_shared_memory_op_on_cpu(deepspeed: Any) -> None:
 
     if get_accelerator().device_name() == "cpu":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def zero_init(plugin: DeepSpeedPlugin, *, accumulation: int, world: int, mixed_precision: str) -> "ZeroInit":
+    """``deepspeed.zero.Init`` with the plugin's config (see :class:`ZeroInit`). The batch size is not known yet,
+    and does not matter here."""
+    deepspeed = import_deepspeed()
+    _no_shared_memory_op_on_cpu(deepspeed)  # zero.Init starts DeepSpeed's comm backend, which would build it
+    config = filled_config(plugin, micro_batch=1, accumulation=accumulation, world=world,
+                           mixed_precision=mixed_precision)  # fmt: skip
+    config.pop("train_batch_size")  # checked against DeepSpeed's world size, which is 1 until zero.Init starts
+    return ZeroInit(deepspeed, config)
+
+
+class ZeroInit:
+    """``deepspeed.zero.Init``: every module's parameters are partitioned over the ranks as soon as the module is
+    built (each rank builds them, then keeps its partition of rank 0's values), in the dtype ZeRO-3 trains with.
+
+    Three changes to DeepSpeed's defaults keep the model the same as one built outside the block (the same
+    weights from the same random state). DeepSpeed's memory-efficient ``F.linear``, which would replace torch's
+    for the rest of the process, is left off (the engine does not need it). ``copy.deepcopy`` of a partitioned
+    parameter — ``nn.TransformerEncoder`` clones its layer so, after the layer was built and partitioned — would
+    copy the empty local tensor and lose the value: here the copy gathers the parameter (one at a time) and is
+    partitioned in its turn. And a ``torch.nn.init`` function called on a submodule's partitioned parameter by its
+    parent (``nn.MultiheadAttention`` zeroes its ``out_proj.bias`` so) would write nothing: here it runs on the
+    gathered parameter and rank 0's result is partitioned, as DeepSpeed does for ``Module.apply`` — so does any
+    in-place write to the parameter itself (``child.bias.zero_()``). Writes through ``.data`` to an already
+    partitioned parameter (``child.weight.data.normal_()`` in a parent's ``__init__``, outside ``apply``) are still
+    lost, as with DeepSpeed's own ``zero.Init``.
+    """
+
+    def __init__(self, deepspeed: Any, config: Dict[str, Any]) -> None:
+        self._deepspeed = deepspeed
+        self._init = deepspeed.zero.Init(config_dict_or_path=config, mem_efficient_linear=False)
+        self._deepcopy: Any = None
+        self._initialisers: Dict[str, Any] = {}
+        self._writes = _GatheredWrites(deepspeed)
+
+    def __enter__(self) -> "ZeroInit":
+        from .sharded_init import init_functions
+
+        self._init.__enter__()
+        self._deepcopy = torch.nn.Parameter.__deepcopy__
+        torch.nn.Parameter.__deepcopy__ = self._copy_of_partitioned  # type: ignore[method-assign]
+        self._initialisers = init_functions()
+        for name, function in self._initialisers.items():
+            setattr(torch.nn.init, name, self._gathering(function))
+        self._writes.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        self._writes.__exit__(*exc)
+        for name, function in self._initialisers.items():
+            setattr(torch.nn.init, name, function)
+        torch.nn.Parameter.__deepcopy__ = self._deepcopy  # type: ignore[method-assign]
+        return self._init.__exit__(*exc)
+
+    def _gathering(self, initialise: Any) -> Any:
+        writes = self._writes
+
+        @functools.wraps(initialise)
+        def on_the_whole_parameter(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            if not writes.is_partitioned(tensor):
+                return initialise(tensor, *args, **kwargs)
+            with writes.gathered([tensor], modifier_rank=0):  # every rank draws the same: random states move alike
+                initialise(tensor, *args, **kwargs)
+            return tensor
+
+        return on_the_whole_parameter
+
+    @property
+    def _copy_of_partitioned(self) -> Any:
+        zero_init, original, gathered = self._init, self._deepcopy, self._deepspeed.zero.GatheredParameters
+
+        def deepcopy(param: torch.nn.Parameter, memo: Dict[int, Any]) -> torch.nn.Parameter:
+            if not hasattr(param, "ds_id"):
+                return original(param, memo)
+            if id(param) not in memo:  # every rank copies the same parameters in the same order: collectives align
+                with gathered([param]):
+                    copy = torch.nn.Parameter(param.data.clone(), requires_grad=param.requires_grad)
+                zero_init._zero_init_param(copy)
+                memo[id(param)] = copy
+            return memo[id(param)]
+
+        return deepcopy
+
+
+class _GatheredWrites(TorchFunctionMode):
+    """In-place writes to a partitioned parameter (a torch.nn.init function that dispatches, ``zero_``, ``fill_``,
+    ``param[i] = x``...) run on the gathered parameter; rank 0's result is partitioned again."""
+
+    def __init__(self, deepspeed: Any) -> None:
+        super().__init__()
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        self.gathered = deepspeed.zero.GatheredParameters
+        self._partitioned = ZeroParamStatus.NOT_AVAILABLE
+
+    def is_partitioned(self, tensor: Any) -> bool:
+        return getattr(tensor, "ds_status", None) == self._partitioned
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        is_init = getattr(func, "__module__", None) == "torch.nn.init"
+        target = kwargs["tensor"] if is_init and "tensor" in kwargs else (args[0] if args else None)
+        writes = is_init or name == "__setitem__" or (name.endswith("_") and not name.startswith("_")
+                                                      and name not in ("requires_grad_", "share_memory_"))
+        if writes and self.is_partitioned(target):
+            with self.gathered([target], modifier_rank=0):
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
 
 
 def build_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Dict[str, Any]) -> Any:
