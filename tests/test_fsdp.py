@@ -6,7 +6,10 @@
 - ``get_state_dict`` gathers the full weights on rank 0; ``save_state`` on 1, 2 or 3 ranks (or under DDP) resumes
   on another number of ranks: the same weights, momentum and next step;
 - the seeds' Transformer loop with blocks wrapped by class name, bf16 and activation checkpointing;
-- the plugin's refusals and HF accelerate's environment spelling.
+- the plugin's refusals and HF accelerate's environment spelling;
+- ``init_module``: every rank records only its rows of each parameter as the model is built — exactly what a plain
+  construction writes — and prepare makes them its shards: the same model, training, checkpoints and ``load_model``
+  (rank 0 reads, the others receive their shards), at a third of the peak memory of building the whole model.
 """
 from __future__ import annotations
 

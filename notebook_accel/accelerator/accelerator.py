@@ -17,7 +17,7 @@ from .checkpointing import load_checkpoint, load_model_weights, save_checkpoint
 from .data_loader import PreparedDataLoader, XlaDeviceLoader, prepare_data_loader
 from .fsdp import FullyShardedDataParallelPlugin, full_state_dict, is_sharded, shard_model
 from .gradient_state import GradientState
-from .memory import held_bytes, memory_line
+from .memory import held_bytes, memory_line, release_freed_memory
 from .optimizer import AcceleratedOptimizer, move_state_to_params, switch_parameters
 from .placement import check_model_placement
 from .precision import (
@@ -44,9 +44,11 @@ _PREPARE_ORDER = ("model", "optimizer", "data_loader", "scheduler")  # each need
 
 
 @contextlib.contextmanager
-def _both(first: ContextManager[Any], second: ContextManager[Any]) -> Iterator[None]:
+def _then_trimmed(first: ContextManager[Any], second: ContextManager[Any]) -> Iterator[None]:
+    """Both contexts; then the memory the whole parameters took is given back (see release_freed_memory)."""
     with first, second:
         yield
+    release_freed_memory()
 
 
 def _is_scheduler(obj: Any) -> bool:
@@ -136,6 +138,7 @@ class Accelerator:
         self._accumulation_count = 0
         self._moved_parameters: Dict[torch.nn.Parameter, torch.nn.Parameter] = {}  # old -> new, see prepare_model
         self._recordings: List[ShardedInit] = []  # models built by init_module under FSDP2, until prepared
+        self._trim_after_first_backward = False
         if seed is not None:
             self.set_seed(seed)
 
@@ -286,14 +289,15 @@ class Accelerator:
         if self.deepspeed_plugin is not None and self.deepspeed_plugin.zero_stage == 3:
             partitioned = zero_init(self.deepspeed_plugin, accumulation=self.gradient_accumulation_steps,
                                     world=self.num_processes, mixed_precision=self._mixed_precision)  # fmt: skip
-            return _both(partitioned, SkippedInit()) if empty_init else partitioned
+            return _then_trimmed(partitioned, SkippedInit() if empty_init else contextlib.nullcontext())
         return SkippedInit() if empty_init else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _recording(self, empty_init: bool) -> Iterator[ShardedInit]:
         recording = ShardedInit(self.num_processes, self.process_index, empty=empty_init)
-        with torch_random_state(operations.broadcast_object(torch.get_rng_state())), recording:
-            yield recording
+        with torch_random_state(operations.broadcast_object(torch.get_rng_state())):
+            with _then_trimmed(recording, contextlib.nullcontext()):
+                yield recording
         self._recordings.append(recording)
 
     def _recorded_shards(self, model: torch.nn.Module) -> Optional[Dict[str, Optional[torch.Tensor]]]:
@@ -383,6 +387,8 @@ class Accelerator:
             xm.broadcast_master_param(model)
         elif self.fsdp_plugin is not None:
             self._shard(model, recorded)
+            self._trim_after_first_backward = True
+            release_freed_memory()
         elif self.num_processes > 1:
             options = dict(self.ddp_kwargs)
             if self.device.type == "cuda":
@@ -409,17 +415,20 @@ class Accelerator:
         if micro_batch is not None and self.split_batches:
             micro_batch //= self.num_processes
         config = filled_config(self.deepspeed_plugin, micro_batch=micro_batch, world=self.num_processes,
-                               accumulation=self.gradient_accumulation_steps, mixed_precision=self._mixed_precision)
+                               accumulation=self.gradient_accumulation_steps, mixed_precision=self._mixed_precision,
+                               model=model)
         if self.device_placement:
             model = model.to(self.device)
         add_low_precision_forward(model, self._mixed_precision)  # DeepSpeed makes the weights bf16/fp16 itself
         engine = build_engine(model, optimizer, config)
         self._deepspeed_engine = engine
+        self._trim_after_first_backward = True
+        release_freed_memory()
         self._models.append(engine)
         wrapped = DeepSpeedOptimizer(optimizer, engine, self.gradient_state)
         stage = self.deepspeed_plugin.zero_stage
-        wrapped.after_first_step = lambda: self._say_what_is_held(f"DeepSpeed ZeRO-{stage}", engine.module,
-                                                                  optimizer, gradients=False)  # fmt: skip
+        wrapped.after_first_step = lambda: self._after_first_sharded_step(f"DeepSpeed ZeRO-{stage}", engine.module,
+                                                                          optimizer, gradients=False)  # fmt: skip
         self._optimizers.append(wrapped)
         prepared = list(objects)
         for position, kind in enumerate(kinds):
@@ -456,12 +465,14 @@ class Accelerator:
         wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler, xla_world=xla_world)
         sharded = [model for model in self._models if is_sharded(model)]
         if sharded:
-            wrapped.after_first_step = lambda: self._say_what_is_held("FSDP2", sharded[0], optimizer)
+            wrapped.after_first_step = lambda: self._after_first_sharded_step("FSDP2", sharded[0], optimizer)
         self._optimizers.append(wrapped)
         return wrapped
 
-    def _say_what_is_held(self, how: str, model: torch.nn.Module, optimizer: Any, gradients: bool = True) -> None:
-        """One line per rank, in its output on the dashboard: sharding at work (each rank about 1/N)."""
+    def _after_first_sharded_step(self, how: str, model: torch.nn.Module, optimizer: Any, gradients: bool = True) -> None:
+        """One line per rank, in its output on the dashboard: sharding at work (each rank about 1/N); and the
+        memory the step's temporaries freed is given back, as after the first backward."""
+        release_freed_memory()
         builtins.print(memory_line(how, self.num_processes, held_bytes(model, optimizer, gradients)), flush=True)
 
     def prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
@@ -504,12 +515,15 @@ class Accelerator:
             # the engine divides by its accumulation steps and reduces (ZeRO) on the boundary we tell it
             self._deepspeed_engine.set_gradient_accumulation_boundary(self.sync_gradients)
             self._deepspeed_engine.backward(loss, **kwargs)
-            return
-        if self.gradient_accumulation_steps > 1:
-            loss = loss / self.gradient_accumulation_steps
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        loss.backward(**kwargs)
+        else:
+            if self.gradient_accumulation_steps > 1:
+                loss = loss / self.gradient_accumulation_steps
+            if self.scaler is not None:
+                loss = self.scaler.scale(loss)
+            loss.backward(**kwargs)
+        if self._trim_after_first_backward:  # sharded: the gathered layers it freed, before the optimizer state comes
+            self._trim_after_first_backward = False
+            release_freed_memory()
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:

@@ -343,6 +343,9 @@ def _read_weights(files: Sequence[str]) -> Dict[str, torch.Tensor]:
 def load_model_weights(model: torch.nn.Module, path: str, strict: bool = True) -> None:
     """:meth:`Accelerator.load_model`: full weights from ``path`` into ``model``, read by rank 0 only where the
     model is sharded (the others receive their parts), by every rank where each needs the whole model anyway."""
+    if not is_engine(model) and any(param.is_meta or hasattr(param, "ds_id") for param in model.parameters()):
+        raise ValueError("load_model: this model was built by init_module and is not prepared yet (its shards are "
+                         "made by prepare): prepare it first, then load_model")
     sharded = path if os.path.isfile(os.path.join(path, ".metadata")) else os.path.join(path, _sharded_dir("model", 0))
     if os.path.isdir(sharded):  # torch.distributed.checkpoint shards: each rank reads its own
         if is_engine(model):

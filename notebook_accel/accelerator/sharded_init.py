@@ -24,8 +24,6 @@ or kept: the shards are allocated uninitialised, for weights loaded right after 
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import dataclasses
 import functools
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -33,6 +31,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
+
+from .memory import release_freed_memory
 
 __all__ = ["ShardedInit", "SkippedInit", "rows_of", "init_functions"]
 
@@ -52,26 +52,6 @@ _LIKE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "ran
 
 
 _LARGE = 1 << 20
-
-
-@functools.lru_cache(maxsize=None)
-def _malloc_trim() -> Optional[Callable[[int], int]]:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim  # glibc's
-    except (OSError, AttributeError):
-        return None
-
-
-def release_freed_memory() -> None:
-    """Give the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing).
-
-    While a model is recorded, each parameter's whole value (made, then drawn on a scratch tensor) is freed right
-    after this rank's rows are copied out; glibc keeps such blocks in its heap, and the small rows that follow
-    are carved out of them, so the next scratch no longer fits and the heap grows: about twice the rows stay
-    resident. Trimming after each large scratch keeps a rank's memory at its rows."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def init_functions() -> Dict[str, Callable[..., Any]]:

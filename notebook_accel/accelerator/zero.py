@@ -90,6 +90,12 @@ class DeepSpeedPlugin:
             self.gradient_accumulation_steps = config["gradient_accumulation_steps"]
         if self.gradient_clipping is not None:
             config["gradient_clipping"] = self.gradient_clipping
+        if self.hf_ds_config is None and stage == 3:
+            # sized from the model at prepare (DeepSpeed's own defaults, 500M-element buckets and a 1G-element
+            # optimizer step, are made for GPUs with models in the billions: in a notebook they cost a rank more
+            # memory during backward and its step than ZeRO-3 saves)
+            for key in _SIZED_BY_THE_MODEL:
+                zero.setdefault(key, "auto")
         self.hf_ds_config = config
 
     @property
@@ -140,11 +146,39 @@ def _leftover_autos(tree: Any, path: str = "") -> List[str]:
     return [path] if tree == "auto" else []
 
 
+# ZeRO-3's sizes that HF accelerate fills from the model's hidden size h where the config says "auto"
+# (sub_group_size too, here: the optimizer then steps 4·h² elements at a time, not a rank's whole partition)
+_SIZED_BY_THE_MODEL = {
+    "reduce_bucket_size": lambda hidden: hidden * hidden,
+    "stage3_prefetch_bucket_size": lambda hidden: int(0.9 * hidden * hidden),
+    "sub_group_size": lambda hidden: 4 * hidden * hidden,
+}
+_ALSO_HF_AUTO = {"stage3_param_persistence_threshold": lambda hidden: 10 * hidden}
+
+
+def hidden_size(model: torch.nn.Module) -> Optional[int]:
+    """The model's width: a transformers model's ``config.hidden_size``, else the largest of the smaller side of
+    its matrices (a Transformer's d_model); None without matrices."""
+    given = getattr(getattr(model, "config", None), "hidden_size", None)
+    if isinstance(given, int):
+        return given
+    sides = [min(getattr(param, "ds_shape", param.shape)[-2:]) for param in model.parameters()
+             if len(getattr(param, "ds_shape", param.shape)) >= 2]  # fmt: skip
+    return max(sides) if sides else None
+
+
 def filled_config(
-    plugin: DeepSpeedPlugin, *, micro_batch: Optional[int], accumulation: int, world: int, mixed_precision: str
+    plugin: DeepSpeedPlugin, *, micro_batch: Optional[int], accumulation: int, world: int, mixed_precision: str,
+    model: Optional[torch.nn.Module] = None,
 ) -> Dict[str, Any]:
-    """The plugin's config with every "auto" (and every missing size) filled from the launch; refuses leftovers."""
+    """The plugin's config with every "auto" (and every missing size) filled from the launch and the ``model``;
+    refuses leftovers."""
     config = copy.deepcopy(plugin.config)
+    zero = config.get("zero_optimization", {})
+    hidden = hidden_size(model) if model is not None else None
+    for key, size in {**_SIZED_BY_THE_MODEL, **_ALSO_HF_AUTO}.items():
+        if zero.get(key) == "auto" and hidden is not None:
+            zero[key] = size(hidden)
 
     def fill(key: str, value: Any) -> None:
         if config.get(key, "auto") == "auto" and value is not None:
@@ -239,8 +273,18 @@ class ZeroInit:
     """
 
     def __init__(self, deepspeed: Any, config: Dict[str, Any]) -> None:
+        from .memory import release_freed_memory
+
         self._deepspeed = deepspeed
         self._init = deepspeed.zero.Init(config_dict_or_path=config, mem_efficient_linear=False)
+        partition = self._init._post_init_method
+
+        def partition_then_trim(module: torch.nn.Module) -> None:
+            partition(module)  # the module's whole parameters were just freed: see release_freed_memory
+            if sum(getattr(param, "ds_numel", 0) for param in module.parameters(recurse=False)) >= 1 << 18:
+                release_freed_memory()
+
+        self._init._post_init_method = partition_then_trim
         self._deepcopy: Any = None
         self._initialisers: Dict[str, Any] = {}
         self._writes = _GatheredWrites(deepspeed)
