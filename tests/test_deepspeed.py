@@ -367,6 +367,14 @@ def test_init_module_builds_trains_saves_and_loads_the_same_model_partitioned_fr
         assert_same_weights(partitioned[0]["loaded"][how], partitioned[0]["trained"], f"init_module(empty_init), {how}")
 
 
+def test_transformers_from_pretrained_inside_init_module_loads_into_the_partitions(tmp_path):
+    from test_fsdp import pretrained_rank, saved_tiny_gpt2
+
+    saved = saved_tiny_gpt2(str(tmp_path))
+    ranks = launch(pretrained_rank, str(tmp_path), "zero3")
+    assert_same_weights(ranks[0]["weights"], saved, "GPT-2 from_pretrained under ZeRO-3 init_module")
+
+
 def test_deepspeed_is_told_its_ranks_train_on_the_cpu_so_no_rank_warns_that_it_guessed(tmp_path):
     from scripts import start_script
 

@@ -550,3 +550,44 @@ def test_init_module_refuses_what_it_cannot_replay_on_shards_naming_the_paramete
     with pytest.raises(ValueError, match="init_module cannot build this rank's shards: logit: changed in place by "
                                          "Tensor.logit_.*; ghost: it was made on the meta device"):  # fmt: skip
         recording.take(model)
+
+
+def pretrained_rank(directory: str, sharding: str) -> Dict[str, Any]:
+    """transformers' from_pretrained inside init_module: under FSDP2 each rank keeps its rows of every weight as
+    it is loaded; under ZeRO-3 transformers is told (as HF accelerate's zero3_init_flag does) and loads into the
+    partitions."""
+    import transformers
+    from notebook_accel import DeepSpeedPlugin
+
+    if sharding == "fsdp2":
+        accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(
+            transformer_cls_names_to_wrap=["GPT2Block"]))
+    else:
+        accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    with accelerator.init_module():
+        model = transformers.GPT2LMHeadModel.from_pretrained(directory)
+    built_on = sorted({str(param.device) for param in model.parameters()})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if sharding == "fsdp2":
+        model, optimizer = accelerator.prepare(model, optimizer)
+    else:
+        model, optimizer, _ = accelerator.prepare(model, optimizer, DataLoader(TensorDataset(torch.zeros(4, 1)),
+                                                                               batch_size=2))  # fmt: skip
+    return {"built_on": built_on, "weights": accelerator.get_state_dict(model)}
+
+
+def saved_tiny_gpt2(directory: str) -> Dict[str, torch.Tensor]:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64,
+                                     bos_token_id=0, eos_token_id=0)  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config)
+    model.save_pretrained(directory)
+    return {name: value.clone() for name, value in model.state_dict().items()}
+
+
+def test_transformers_from_pretrained_inside_init_module_loads_each_ranks_shards(tmp_path):
+    saved = saved_tiny_gpt2(str(tmp_path))
+    ranks = launch(pretrained_rank, str(tmp_path), "fsdp2")
+    assert ranks[0]["built_on"] == ["meta"]  # each rank kept its rows of the weights as they were loaded
+    assert_same_weights(ranks[0]["weights"], saved, "GPT-2 from_pretrained under FSDP2 init_module")

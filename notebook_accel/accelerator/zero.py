@@ -276,6 +276,8 @@ class ZeroInit:
         from .memory import release_freed_memory
 
         self._deepspeed = deepspeed
+        self._config = config
+        self._transformers: Any = None
         self._init = deepspeed.zero.Init(config_dict_or_path=config, mem_efficient_linear=False)
         partition = self._init._post_init_method
 
@@ -292,6 +294,7 @@ class ZeroInit:
     def __enter__(self) -> "ZeroInit":
         from .sharded_init import init_functions
 
+        self._transformers = _transformers_sees_zero3(self._config)
         self._init.__enter__()
         self._deepcopy = torch.nn.Parameter.__deepcopy__
         torch.nn.Parameter.__deepcopy__ = self._copy_of_partitioned  # type: ignore[method-assign]
@@ -302,6 +305,7 @@ class ZeroInit:
         return self
 
     def __exit__(self, *exc: Any) -> Any:
+        self._transformers = None  # from_pretrained outside the block loads as usual again
         self._writes.__exit__(*exc)
         for name, function in self._initialisers.items():
             setattr(torch.nn.init, name, function)
@@ -336,6 +340,22 @@ class ZeroInit:
             return memo[id(param)]
 
         return deepcopy
+
+
+def _transformers_sees_zero3(config: Dict[str, Any]) -> Any:
+    """Where transformers is in use (imported), tell it ZeRO-3 is on, as HF accelerate's ``zero3_init_flag`` does:
+    ``from_pretrained`` inside the block then loads each weight into its partitioned parameter (gathered one module
+    at a time) instead of into the empty local tensors. transformers keeps only a weak reference: the returned
+    object must be kept alive for as long as it should see it."""
+    import sys
+
+    if "transformers" not in sys.modules:
+        return None
+    try:
+        from transformers.integrations import HfDeepSpeedConfig
+    except ImportError:
+        return None
+    return HfDeepSpeedConfig(config)
 
 
 class _GatheredWrites(TorchFunctionMode):
