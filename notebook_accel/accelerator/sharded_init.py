@@ -49,9 +49,7 @@ _HARMLESS = {"requires_grad_", "retain_grad", "share_memory_"}  # in place, but 
 _MOVES = {"to", "cuda", "cpu", "float", "double", "half", "bfloat16", "clone", "contiguous"}
 _NEW = {"new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", "new_empty_strided"}
 _LIKE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like"}
-
-
-_LARGE = 1 << 20
+_LARGE = 1 << 20  # bytes: a scratch tensor this big is given back to the system once its rows are copied out
 
 
 def init_functions() -> Dict[str, Callable[..., Any]]:
