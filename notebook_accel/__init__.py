@@ -27,6 +27,8 @@ _EXPORTS = {
     "Launch": ".launcher",
     "LaunchError": ".errors",
     "LaunchTimeout": ".errors",
+    "LaunchConfigError": ".errors",
+    "LaunchConfigTypeError": ".errors",
     "Accelerator": ".accelerator",
     "FullyShardedDataParallelPlugin": ".accelerator",
     "DeepSpeedPlugin": ".accelerator",
@@ -42,7 +44,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .accelerator import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin
-    from .errors import LaunchError, LaunchTimeout
+    from .errors import LaunchConfigError, LaunchConfigTypeError, LaunchError, LaunchTimeout
     from .launcher import Launch, last_launch, notebook_launcher, start_launch
     from .panel import launch_panel
     from .plan.config import write_basic_config

@@ -31,7 +31,22 @@ class LaunchTimeout(LaunchError, TimeoutError):
 
 
 class LaunchConfigError(ValueError):
-    """Bad input to the launcher, raised before any process starts."""
+    """Bad input to the launcher, raised before any process starts.
+
+    ``entry_point`` is the call it was given to (``"Session.run"``), set by that entry point; the message starts
+    with it: ``Session.run: display='bogus' is not one of 'auto', 'widgets', 'text', 'none'``.
+    """
+
+    entry_point: Optional[str] = None
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{self.entry_point}: {text}" if self.entry_point else text
+
+
+class LaunchConfigTypeError(LaunchConfigError, TypeError):
+    """An option or argument of the wrong type (``return_all="yes"``, an unknown keyword): a ``LaunchConfigError``
+    that is also the ``TypeError`` Python raises for such mistakes."""
 
 
 def one_line(error: BaseException) -> str:

@@ -7,17 +7,16 @@ ranks, turning what they send into events for the view → the outcome is return
 from __future__ import annotations
 
 import asyncio
-import inspect
 import threading
 import time
 import warnings
 from collections import defaultdict
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 from .backends import Backend, LaunchSink, backend_for
 from .backends.rendezvous import HostedStore
-from .errors import LaunchConfigError, LaunchError, LaunchTimeout, one_line
+from .errors import LaunchError, LaunchTimeout, one_line
 from .monitor.metric_log import MetricLog
 from .monitor.resources import ResourceSampler
 from .outcome.oom import explain as explain_out_of_memory
@@ -25,11 +24,12 @@ from .outcome.oom import kind_of_failure, oom_kill_count
 from .outcome.raising import root_cause_exception
 from .outcome.root_cause import Outcome
 from .outcome.stacks import fold_inherited_frames, fold_stack_dump
-from .plan.config import fill_from_config
-from .plan.options import launcher_parameters, options_help, with_defaults
+from .plan.entry_points import entry_point
+from .plan.options import PathLike, launch_settings
 from .plan.plan import LaunchPlan, plan_launch
 from .rank.tracebacks import without_launcher_frames
 from .views import NullView, View, make_view
+from .wire.choices import DeviceName, DisplayName, MixedPrecisionName, RendezvousBackendName, StartMethodName
 from .wire.events import LaunchFinished, MetricReport, OutputLine, OutputLines, RankEvent, Status
 
 
@@ -281,8 +281,29 @@ def last_launch() -> Optional[Launch]:
     return _last_launch
 
 
-def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
-                      num_processes: Optional[int] = None, **options: Any) -> Union[Any, List[Any]]:
+@entry_point("notebook_launcher")
+def notebook_launcher(function: Callable[..., Any], args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
+                      num_processes: Optional[int] = None, *,
+                      device: Optional[DeviceName] = None,
+                      mixed_precision: MixedPrecisionName = "no",
+                      start_method: StartMethodName = "auto",
+                      master_addr: str = "127.0.0.1",
+                      use_port: Optional[int] = None,
+                      timeout: Optional[float] = None,
+                      return_all: bool = False,
+                      display: DisplayName = "auto",
+                      compile_cache: Optional[PathLike] = None,
+                      fsdp_config: Optional[Mapping[str, Any]] = None,
+                      deepspeed_config: Optional[Mapping[str, Any]] = None,
+                      num_nodes: int = 1,
+                      node_rank: Optional[int] = None,
+                      rdzv_backend: Union[RendezvousBackendName, str] = "static",
+                      rdzv_endpoint: Optional[str] = None,
+                      rdzv_id: Optional[str] = None,
+                      rdzv_conf: Optional[Dict[str, Any]] = None,
+                      max_restarts: int = 0,
+                      monitor_interval: float = 0.1,
+                      config: Union[bool, PathLike, None] = None) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return rank 0's return value.
 
     Each rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
@@ -292,7 +313,10 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
     Args:
         function: any callable, also one defined in the notebook, a closure or a lambda (it is cloudpickled).
         args, kwargs: its arguments (``args`` must be a tuple).
-{options}
+        {options}
+
+    Every option is checked before any process starts (``LaunchConfigError``, naming this function); with
+    ``config``, what this call writes wins over the saved file, even a value equal to the default.
 
     On a TPU (``device="xla"``, the default on a TPU runtime) every rank is a TPU core: the launcher starts
     one host process that calls ``torch_xla``'s ``xmp.spawn``; ``RANK`` is set where a process drives one
@@ -311,15 +335,8 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
         [0.0, 0.1]
     """
     __tracebackhide__ = True  # noqa: F841
-    config = options.pop("config", None)
-    with_defaults(options, caller="notebook_launcher")  # names an unknown option before reading any file
-    # What the user wrote wins over the config file, even a value equal to the default; num_processes=None is
-    # "the launcher decides", so the file may decide it.
-    given = dict(options, **({} if num_processes is None else {"num_processes": num_processes}))
-    try:
-        plan = plan_launch(function, args, kwargs, **fill_from_config(config, given))
-    except LaunchConfigError as refused:  # the user's input, not our bug: no planner frames above the message
-        raise without_launcher_frames(refused) from None
+    # @entry_point resolved the options (given > saved config > defaults) and checked them
+    plan = plan_launch(function, args, kwargs, **launch_settings(locals()))
     launch = Launch(plan)
     try:
         return launch.run()
@@ -332,9 +349,29 @@ def notebook_launcher(function: Callable, args: tuple = (), kwargs: Optional[Dic
         raise without_launcher_frames(root_cause)
 
 
-def start_launch(function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
-                 num_processes: Optional[int] = None, *, view: Optional[View] = None,
-                 **options: Any) -> Launch:
+@entry_point("start_launch")
+def start_launch(function: Callable[..., Any], args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
+                 num_processes: Optional[int] = None, *,
+                 view: Optional[View] = None,
+                 device: Optional[DeviceName] = None,
+                 mixed_precision: MixedPrecisionName = "no",
+                 start_method: StartMethodName = "auto",
+                 master_addr: str = "127.0.0.1",
+                 use_port: Optional[int] = None,
+                 timeout: Optional[float] = None,
+                 return_all: bool = False,
+                 display: DisplayName = "auto",
+                 compile_cache: Optional[PathLike] = None,
+                 fsdp_config: Optional[Mapping[str, Any]] = None,
+                 deepspeed_config: Optional[Mapping[str, Any]] = None,
+                 num_nodes: int = 1,
+                 node_rank: Optional[int] = None,
+                 rdzv_backend: Union[RendezvousBackendName, str] = "static",
+                 rdzv_endpoint: Optional[str] = None,
+                 rdzv_id: Optional[str] = None,
+                 rdzv_conf: Optional[Dict[str, Any]] = None,
+                 max_restarts: int = 0,
+                 monitor_interval: float = 0.1) -> Launch:
     """Like ``notebook_launcher`` but in a background thread: returns a ``Launch`` at once.
 
     Options (the same as ``notebook_launcher``'s, below) are checked, and errors raised, before it returns.
@@ -342,26 +379,10 @@ def start_launch(function: Callable, args: tuple = (), kwargs: Optional[Dict[str
 
     Args:
         view: where the launch's events go (a dashboard, a recorder); None = the ``display`` option's.
-{options}
+        {options}
 
     >>> job = start_launch(train, num_processes=2, display="none")   # doctest: +SKIP
     >>> job.wait()                                                     # doctest: +SKIP
     """
-    try:
-        plan = plan_launch(function, args, kwargs, num_processes, allow_inline=False, **options)
-    except LaunchConfigError as refused:  # the user's input, not our bug: no planner frames above the message
-        raise without_launcher_frames(refused) from None
+    plan = plan_launch(function, args, kwargs, allow_inline=False, **launch_settings(locals()))
     return Launch(plan, view=view).run_in_background()
-
-
-def _describe_options(launcher: Callable, *, config: bool) -> None:
-    """Give ``launcher`` the signature and "Args" lines of every option in ``plan.options``, so ``help()``,
-    ``inspect.signature`` and Jupyter's Shift-Tab list them with their defaults (its ``**options`` takes them)."""
-    leading = [parameter for parameter in inspect.signature(launcher).parameters.values()
-               if parameter.kind is not inspect.Parameter.VAR_KEYWORD]
-    launcher.__signature__ = launcher_parameters(leading, config=config)  # type: ignore[attr-defined]
-    launcher.__doc__ = (launcher.__doc__ or "").replace("{options}", options_help(config=config))
-
-
-_describe_options(notebook_launcher, config=True)
-_describe_options(start_launch, config=False)

@@ -14,37 +14,31 @@ from __future__ import annotations
 
 import threading
 from html import escape
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import ipywidgets as widgets
 
-from .errors import one_line
-from .plan.config import load_config
+from .errors import LaunchConfigError, one_line
 from .plan.devices import available_devices
-from .plan.options import check_precision_for_device, precisions_for
+from .plan.entry_points import entry_point
+from .plan.options import OPTIONS, PathLike, check_option, check_precision_for_device, launch_settings, precisions_for
 from .views.widgets import WidgetView
-from .wire.choices import MixedPrecision
+from .wire.choices import DeviceName, MixedPrecision, MixedPrecisionName, RendezvousBackendName, StartMethodName
 from .wire.events import LaunchFinished, Status
 
 __all__ = ["launch_panel", "LaunchPanel"]
 
 
-
 class LaunchPanel(widgets.VBox):
-    """Device picker + Launch/Stop buttons + the launch's dashboard. Made by ``launch_panel``."""
+    """Device picker + Launch/Stop buttons + the launch's dashboard. Made by ``launch_panel``, which checks the
+    ``options`` (launch settings, but ``display``: the panel shows its own dashboard)."""
 
-    def __init__(self, function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
-                 **launcher_options: Any) -> None:
-        if "display" in launcher_options or "view" in launcher_options:
-            raise TypeError("launch_panel shows its own dashboard; do not pass display= or view=")
+    def __init__(self, function: Callable[..., Any], args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
+                 options: Optional[Mapping[str, Any]] = None) -> None:
         self.function = function
         self.args = args
         self.kwargs = kwargs
-        self._options = dict(launcher_options)
-        config = self._options.pop("config", None)
-        if config:  # the saved defaults preset the panel only when asked: a shared notebook carries its own
-            for name, value in load_config(None if config is True else config).launcher_options().items():
-                self._options.setdefault(name, value)
+        self._options = {name: value for name, value in (options or {}).items() if name != "display"}
         self._launch = None
         self._view: Optional[WidgetView] = None
         self._lock = threading.RLock()
@@ -56,8 +50,7 @@ class LaunchPanel(widgets.VBox):
         device = wanted_device if wanted_device in by_kind else self.devices[0].kind
         wanted_processes = self._options.pop("num_processes", None)
         wanted_precision = self._options.pop("mixed_precision", MixedPrecision.NO.value)
-        if wanted_precision not in MixedPrecision.values():
-            raise ValueError(f"mixed_precision must be one of {MixedPrecision.values()}, got {wanted_precision!r}")
+        check_option(OPTIONS["mixed_precision"], wanted_precision)
         check_precision_for_device(wanted_precision, device)  # what the launcher would refuse, refused now
 
         self.devices_html = widgets.HTML(value=self._devices_html())
@@ -100,7 +93,7 @@ class LaunchPanel(widgets.VBox):
     def device(self, kind: str) -> None:
         kinds = [info.kind for info in self.devices]
         if kind not in kinds:
-            raise ValueError(f"device must be one of {kinds} here, got {kind!r}")
+            raise LaunchConfigError(f"device must be one of {kinds} here, got {kind!r}")
         self.device_picker.value = kind
 
     @property
@@ -111,7 +104,8 @@ class LaunchPanel(widgets.VBox):
     def num_processes(self, value: int) -> None:
         low, high = self.processes_picker.min, self.processes_picker.max
         if not isinstance(value, int) or not low <= value <= high:
-            raise ValueError(f"num_processes must be an int from {low} to {high} on {self.device}, got {value!r}")
+            raise LaunchConfigError(f"num_processes must be an int from {low} to {high} on {self.device}, "
+                                    f"got {value!r}")
         self.processes_picker.value = value
 
     @property
@@ -120,8 +114,7 @@ class LaunchPanel(widgets.VBox):
 
     @mixed_precision.setter
     def mixed_precision(self, value: str) -> None:
-        if value not in MixedPrecision.values():
-            raise ValueError(f"mixed_precision must be one of {MixedPrecision.values()}, got {value!r}")
+        check_option(OPTIONS["mixed_precision"], value)
         check_precision_for_device(value, self.device)  # e.g. fp16 on CPU: the launcher's own message
         self.precision_picker.value = value
 
@@ -275,15 +268,40 @@ class LaunchPanel(widgets.VBox):
         return f'<div style="font-size:13px">Devices here — {items}</div>'
 
 
-def launch_panel(function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
-                 **launcher_options: Any) -> LaunchPanel:
+@entry_point("launch_panel")
+def launch_panel(function: Callable[..., Any], args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
+                 num_processes: Optional[int] = None, *,
+                 device: Optional[DeviceName] = None,
+                 mixed_precision: MixedPrecisionName = "no",
+                 start_method: StartMethodName = "auto",
+                 master_addr: str = "127.0.0.1",
+                 use_port: Optional[int] = None,
+                 timeout: Optional[float] = None,
+                 return_all: bool = False,
+                 compile_cache: Optional[PathLike] = None,
+                 fsdp_config: Optional[Mapping[str, Any]] = None,
+                 deepspeed_config: Optional[Mapping[str, Any]] = None,
+                 num_nodes: int = 1,
+                 node_rank: Optional[int] = None,
+                 rdzv_backend: Union[RendezvousBackendName, str] = "static",
+                 rdzv_endpoint: Optional[str] = None,
+                 rdzv_id: Optional[str] = None,
+                 rdzv_conf: Optional[Dict[str, Any]] = None,
+                 max_restarts: int = 0,
+                 monitor_interval: float = 0.1,
+                 config: Union[bool, PathLike, None] = None) -> LaunchPanel:
     """A widget to launch ``function`` interactively: device, number of processes, precision, Launch, Stop.
 
-    ``launcher_options`` are ``notebook_launcher``'s (``num_processes``, ``device``, ``mixed_precision``
-    preset the pickers; ``timeout``, ``return_all``, ``start_method``... are passed through;
-    ``config=True`` or a path takes the saved defaults of ``notebook-accel config`` for the rest). Example::
+    The options are ``notebook_launcher``'s but ``display`` (the panel shows its own dashboard):
+    ``num_processes``, ``device``, ``mixed_precision`` preset the pickers (``None``: every accelerator; two ranks
+    on CPU); the others are passed to each launch. Example::
 
         panel = launch_panel(train, args=(3e-4,), timeout=3600)
         panel          # in a notebook: press Launch; panel.result holds rank 0's return value afterwards
+
+    Args:
+        function, args, kwargs: what each launch runs, as for ``notebook_launcher``.
+        {options}
     """
-    return LaunchPanel(function, args, kwargs, **launcher_options)
+    # @entry_point resolved the options (given > saved config > defaults) and checked them
+    return LaunchPanel(function, args, kwargs, launch_settings(locals()))

@@ -23,19 +23,19 @@ import sys
 import threading
 import weakref
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
-from .backends.processes.supervisor import Supervisor
+from .backends.base import StopPolicy
 from .backends.rendezvous import HostedStore
 from .backends.session import SessionProcesses, SessionRunBackend, SessionSupervisor, SessionXlaHost, send_quietly
-from .backends.base import StopPolicy
-from .errors import LaunchConfigError
+from .backends.supervisor import RankProcess, Supervisor
+from .errors import LaunchConfigError, LaunchConfigTypeError
 from .launcher import Launch
 from .outcome.raising import root_cause_exception
 from .outcome.root_cause import Outcome
-from .plan.config import fill_from_config
-from .plan.options import with_defaults
-from .plan.plan import LaunchPlan, plan_launch
+from .plan.entry_points import entry_point
+from .plan.options import PathLike, launch_settings
+from .plan.plan import LaunchPlan, check_call, plan_launch
 from .rank.session import set_on_rank, value_on_rank
 from .rank.tracebacks import without_launcher_frames
 from .views import OutputView, make_view
@@ -43,16 +43,14 @@ from .monitor.resources import ResourceSampler
 from .views.model import label_lines
 from .views.session import SessionSummary, SessionView
 from .wire.channel import rank_channel
+from .wire.choices import DeviceName, DisplayName, MixedPrecisionName, StartMethodName
 from .wire.commands import Command, ExecuteCode, NewGroup, RunFunction, Shutdown
-from .wire.events import OutputLine, OutputLines, RankEvent, RankStarted, ResourceSample, SessionNotice, Status
+from .wire.events import (OutputLine, OutputLines, RankEvent, RankStarted, ResourceSample, SessionNotice,
+                          SessionStatus, Status)
 from .wire.payload import PickledPayload
 
-DEFAULT_RECOVER_TIMEOUT = 5.0   # s a rank may take to come back to idle after an interrupt before a restart
 START_TIMEOUT = 300.0           # s the ranks may take to start and join the process group
 CLOSE_GRACE = 35.0              # s the ranks may take to end like a program (threads joined: 30 s by default)
-# Launcher options a session cannot take yet, with the value that means "not used".
-_NOT_FOR_SESSIONS = {"num_nodes": 1, "node_rank": None, "rdzv_backend": "static", "rdzv_endpoint": None,
-                     "rdzv_id": None, "rdzv_conf": None, "max_restarts": 0}
 
 _open_sessions: "List[weakref.ref[Session]]" = []
 # How a session's ranks start, by the backend a launch would use: local processes, or a TPU host's device threads.
@@ -61,16 +59,6 @@ SESSION_RANKS = {"processes": SessionProcesses, "xla": SessionXlaHost}
 
 class Session:
     """Ranks that stay up across cells: ``run`` functions and ``%%ranks`` cells on them, keeping their state.
-
-    Args:
-        num_processes: ranks to start, as for ``notebook_launcher`` (None: every GPU; 1 on CPU).
-        recover_timeout: seconds an interrupted rank may take to return to idle (a failed peer, Ctrl-C, a
-            timeout) before the whole session is restarted (its state lost): a rank stuck in a C++ call.
-        **options: the launcher's options (``device``, ``mixed_precision``, ``start_method``, ``display``,
-            ``timeout`` — the default for each run —, ``master_addr``, ``use_port``, ``config``). Several nodes
-            and ``max_restarts`` are refused for now. On TPU (``device="xla"``) the XLA host's device threads
-            are the warm ranks, each with a namespace of its own. ``display="none"`` turns the session's row and
-            the runs' dashboards off; a ``%%ranks`` cell still shows what the ranks printed, labelled.
 
     Each rank keeps one namespace. A name the rank set itself (``global x`` in a run, a ``%%ranks`` cell,
     ``push``) is its own: a run's function sees it, and the kernel's same-named global never replaces it (a
@@ -82,15 +70,34 @@ class Session:
     ['0', '1']
     """
 
-    def __init__(self, num_processes: Optional[int] = None, *, recover_timeout: float = DEFAULT_RECOVER_TIMEOUT,
-                 **options: Any) -> None:
+    @entry_point("Session")
+    def __init__(self, num_processes: Optional[int] = None, *,
+                 device: Optional[DeviceName] = None,
+                 mixed_precision: MixedPrecisionName = "no",
+                 start_method: StartMethodName = "auto",
+                 master_addr: str = "127.0.0.1",
+                 use_port: Optional[int] = None,
+                 timeout: Optional[float] = None,
+                 display: DisplayName = "auto",
+                 compile_cache: Optional[PathLike] = None,
+                 fsdp_config: Optional[Mapping[str, Any]] = None,
+                 deepspeed_config: Optional[Mapping[str, Any]] = None,
+                 recover_timeout: float = 5.0,
+                 config: Union[bool, PathLike, None] = None) -> None:
+        """Start the ranks, on this machine, and join them in one process group.
+
+        The launcher's options, less those of several nodes and restarts (``notebook_launcher`` has them) and
+        ``return_all`` (chosen per run); ``timeout`` and ``display`` are the default of each run. On TPU
+        (``device="xla"``) the XLA host's device threads are the warm ranks, each with a namespace of its own.
+        ``display="none"`` turns the session's row and the runs' dashboards off; a ``%%ranks`` cell still shows
+        what the ranks printed, labelled.
+
+        Args:
+            {options}
+        """
         __tracebackhide__ = True  # noqa: F841
-        try:
-            self._plan = _plan_session(num_processes, options)
-        except LaunchConfigError as refused:
-            raise without_launcher_frames(refused) from None
-        if isinstance(recover_timeout, bool) or not isinstance(recover_timeout, (int, float)) or recover_timeout <= 0:
-            raise LaunchConfigError(f"recover_timeout must be a positive number of seconds, got {recover_timeout!r}")
+        # @entry_point resolved the options (given > saved config > defaults) and checked them
+        self._plan = _plan_session(launch_settings(locals()))
         self.recover_timeout = float(recover_timeout)
         self.num_processes = self._plan.world_size
         self.device = self._plan.device
@@ -100,11 +107,11 @@ class Session:
         self._tasks = itertools.count(1)
         self._generation = 0   # of the process group: each new group meets under its own keys in the store
         self._lock = threading.Lock()
-        self._state = "starting"
+        self._state = SessionStatus.STARTING
         self._closed = False
         self._store = HostedStore(self._plan.master_addr, self._plan.use_port, self._plan.world_size)
         self._processes: Optional[Union[SessionProcesses, SessionXlaHost]] = None
-        self._ranks: List[Any] = []
+        self._handles: List[RankProcess] = []
         self.view = SessionView(self._plan.display)
         self._samples: Dict[int, ResourceSample] = {}
         self._sampler: Optional[ResourceSampler] = None
@@ -121,17 +128,23 @@ class Session:
 
     # ------------------------------------------------------------------------------------------ public API
 
-    def run(self, function: Callable, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None,
-            return_all: bool = False, timeout: Optional[float] = None, display: Optional[str] = None) -> Any:
+    @entry_point("Session.run")
+    def run(self, function: Callable[..., Any], args: tuple = (), kwargs: Optional[Dict[str, Any]] = None, *,
+            timeout: Optional[float] = None,
+            return_all: bool = False,
+            display: Optional[DisplayName] = None) -> Any:
         """Run ``function(*args, **kwargs)`` on every rank, in its namespace; return rank 0's value (a list by
         rank with ``return_all``) or raise the root cause, as ``notebook_launcher`` does.
 
         The function's globals are the rank's namespace: names only the rank has resolve there, ``global x``
         keeps ``x`` on the rank for later runs, and the names it uses that the kernel has are sent with it —
         except those the rank set itself (``global``, ``%%ranks``, ``push``): the rank's own value wins.
+
+        Args:
+            {options}
         """
         __tracebackhide__ = True  # noqa: F841
-        _check_call(function, args, kwargs)
+        check_call(function, args, kwargs)
         payload = PickledPayload.create(function, args, kwargs or {}, into_rank_namespace=True)
         try:
             command = RunFunction(task_id=0, data=payload.data, storages=payload.storages, buffers=payload.buffers,
@@ -142,13 +155,20 @@ class Session:
         finally:
             payload.close()
 
-    def execute(self, code: str, timeout: Optional[float] = None, display: Optional[str] = None) -> None:
+    @entry_point("Session.execute")
+    def execute(self, code: str, *,
+                timeout: Optional[float] = None,
+                display: Optional[DisplayName] = None) -> None:
         """Run a cell's source on every rank, in its namespace (what ``%%ranks`` does); a last expression's
         value is printed by each rank, labelled with its rank. With ``display="none"`` the ranks' output is
-        still shown (a cell the user typed shows what it printed), without a dashboard."""
+        still shown (a cell the user typed shows what it printed), without a dashboard.
+
+        Args:
+            {options}
+        """
         __tracebackhide__ = True  # noqa: F841
         if not isinstance(code, str):
-            raise TypeError(f"code must be a str, got {type(code).__name__}")
+            raise LaunchConfigTypeError(f"code must be a str, got {type(code).__name__}")
         try:
             compile(code, "<%%ranks>", "exec")
         except SyntaxError as error:  # the user's cell, said before anything is sent
@@ -182,8 +202,8 @@ class Session:
             self._shutdown(graceful=True)
 
     @property
-    def status(self) -> str:
-        """"starting", "idle", "busy" (a run or cell is running) or "closed"."""
+    def status(self) -> SessionStatus:
+        """``SessionStatus``: "starting", "idle", "busy" (a run or cell is running) or "closed" (a ``str``)."""
         return self._state
 
     @property
@@ -210,7 +230,7 @@ class Session:
         __tracebackhide__ = True  # noqa: F841
         self._check_open()
         plan = dataclasses.replace(self._plan, function_name=name, return_all=return_all,
-                                   timeout=self._plan.timeout if timeout is None else _seconds(timeout),
+                                   timeout=self._plan.timeout if timeout is None else float(timeout),
                                    display=display or self._plan.display)
         # No dashboard is no dashboard; but a cell the user typed shows what it printed.
         view = OutputView() if typed_cell and plan.display == "none" else make_view(plan.display)
@@ -218,7 +238,7 @@ class Session:
             task_id = next(self._tasks)
             command.task_id = task_id  # type: ignore[attr-defined]
             notices: List[str] = []
-            backend = SessionRunBackend(plan, processes=self._processes, ranks=self._ranks, task_id=task_id,
+            backend = SessionRunBackend(plan, processes=self._processes, handles=self._handles, task_id=task_id,
                                         command=command, fds=fds, recover_timeout=self.recover_timeout,
                                         after=lambda supervisor, deliver: notices.extend(
                                             self._recover(supervisor, deliver)))
@@ -276,7 +296,7 @@ class Session:
         assert self._processes is not None
         task_id = command.task_id if command is not None else 0  # type: ignore[attr-defined]
         supervisor = SessionSupervisor(
-            self._ranks, _print_output, lambda: None, policy=StopPolicy.starting_now(timeout, threading.Event()),
+            self._handles, _print_output, lambda: None, policy=StopPolicy.starting_now(timeout, threading.Event()),
             expect_results=lambda rank: False, task_id=task_id, recover_timeout=self.recover_timeout,
             processes=self._processes)
         if command is not None:
@@ -288,9 +308,9 @@ class Session:
 
     def _start_ranks(self) -> None:
         """Start the rank processes and wait until each joined the process group (task 0)."""
-        self._state = "starting"
+        self._state = SessionStatus.STARTING
         processes = SESSION_RANKS[self._plan.backend](self._plan, _group_backend(self._plan.device), self._generation)
-        self._ranks = processes.start(self._store.env())
+        self._handles = processes.start(self._store.env())
         self._processes = processes
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, processes.kill)
@@ -301,10 +321,11 @@ class Session:
                 raise root_cause_exception(outcome.root, self._plan.world_size, exitcode=outcome.root.exitcode,
                                            last_output=[], local_exception=None)
             raise RuntimeError(f"the session's ranks did not start: {outcome.status}")
-        self._state = "idle"
+        processes.pids.update(supervisor.pids)  # where each rank runs, as it said (a TPU rank: its worker)
+        self._state = SessionStatus.IDLE
         self._sampler = ResourceSampler(self._keep_sample, device=self.device)
         self._samples = {}
-        for handle in self._ranks:
+        for handle in self._handles:
             self._sampler.observe(RankStarted(rank=handle.rank, pid=self._processes.pids[handle.rank]))
         self._sampler.tick()
         self._show()
@@ -315,7 +336,7 @@ class Session:
 
     def _show(self) -> None:
         """Update the session's row (memory sampled at most once a second)."""
-        if self._sampler is not None and self._state != "closed":
+        if self._sampler is not None and self._state != SessionStatus.CLOSED:
             self._sampler.tick()
         self.view.update(SessionSummary(
             num_processes=self.num_processes, device=self.device, start_method=str(self.start_method),
@@ -334,27 +355,25 @@ class Session:
         if self._processes is not None:
             self._processes.kill()
             self._processes = None
-        self._ranks = []
+        self._handles = []
 
     def _shutdown(self, *, graceful: bool) -> None:
         self._closed = True
         try:
-            if graceful and self._processes is not None and self._ranks:
+            if graceful and self._processes is not None and self._handles:
                 for sender in self._processes.commands.values():
                     send_quietly(sender, Shutdown())
                 policy = StopPolicy.starting_now(CLOSE_GRACE, threading.Event())
-                try:  # a launch's supervisor: reads the last output, ends whatever outlives the grace
-                    Supervisor(self._ranks, _print_output, lambda: None, policy=policy,
-                               expect_results=lambda rank: False).run()
-                finally:  # it closed every read end, at EOF or when it gave up
-                    self._processes.closed_fds.update(fd for handle in self._ranks for fd in handle.fds)
+                # A launch's supervisor: reads the last output, ends whatever outlives the grace.
+                Supervisor(self._handles, _print_output, lambda: None, policy=policy,
+                           expect_results=lambda rank: False).run()
         finally:
             self._kill_ranks()
             self._finalizer.detach()
             if self._sampler is not None:
                 self._sampler.close()
             self._store.close()
-            self._state = "closed"
+            self._state = SessionStatus.CLOSED
             self._notice = None
             self._show()
 
@@ -369,33 +388,21 @@ class Session:
         """One task at a time: the session is "busy" meanwhile, and its row says so."""
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this session is busy with another run; wait for it (one task at a time)")
-        self._state = "busy"
+        self._state = SessionStatus.BUSY
         self._notice = None  # the row's "last: ..." told of the task before this one
         self._show()
         try:
             yield
         finally:
-            self._state = "closed" if self._closed else "idle"
+            self._state = SessionStatus.CLOSED if self._closed else SessionStatus.IDLE
             self._lock.release()
             self._show()
 
 
 # --------------------------------------------------------------------------------------------- helpers
 
-def _plan_session(num_processes: Optional[int], options: Dict[str, Any]) -> LaunchPlan:
-    config = options.pop("config", None)
-    with_defaults(options, caller="Session")  # names an unknown option
-    for name, unused in _NOT_FOR_SESSIONS.items():
-        if name in options and options[name] != unused:
-            raise LaunchConfigError(
-                f"{name}={options[name]!r}: a Session keeps its ranks on this machine only (several nodes and "
-                f"max_restarts are not supported for sessions yet); use notebook_launcher for them")
-    given = dict(options, **({} if num_processes is None else {"num_processes": num_processes}))
-    given = {name: value for name, value in fill_from_config(config, given).items()
-             if name not in _NOT_FOR_SESSIONS}
-    if "return_all" in given:
-        raise LaunchConfigError("return_all is chosen per run: session.run(fn, return_all=True)")
-    plan = plan_launch(_nothing, (), None, allow_inline=False, **given)
+def _plan_session(settings: Dict[str, Any]) -> LaunchPlan:
+    plan = plan_launch(_nothing, (), None, allow_inline=False, **settings)
     if plan.backend not in SESSION_RANKS:
         raise LaunchConfigError(f"device={plan.device!r}: a Session cannot keep {plan.backend} ranks warm; use "
                                 f"notebook_launcher")
@@ -408,21 +415,6 @@ def _nothing() -> None:
 
 def _group_backend(device: str) -> Optional[str]:
     return "nccl" if device == "cuda" else None if device == "xla" else "gloo"
-
-
-def _check_call(function: Any, args: Any, kwargs: Any) -> None:
-    if not callable(function):
-        raise TypeError(f"function must be callable, got {type(function).__name__}: {function!r}")
-    if not isinstance(args, tuple):
-        raise TypeError(f"args must be a tuple, got {type(args).__name__}; for one argument write args=(x,)")
-    if kwargs is not None and (not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs)):
-        raise TypeError(f"kwargs must be a dict of str keys or None, got {type(kwargs).__name__}")
-
-
-def _seconds(timeout: Any) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise LaunchConfigError(f"timeout must be None or a positive number of seconds, got {timeout!r}")
-    return float(timeout)
 
 
 def _add_note(error: BaseException, note: str) -> None:
@@ -440,6 +432,6 @@ def last_session() -> Optional[Session]:
     """The most recently opened session that is still open (what ``%%ranks`` uses without a name)."""
     for reference in reversed(_open_sessions):
         session = reference()
-        if session is not None and session.status != "closed":
+        if session is not None and session.status != SessionStatus.CLOSED:
             return session
     return None

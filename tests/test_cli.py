@@ -126,6 +126,9 @@ def test_bad_options_fail_before_any_process_starts(home):
     assert uneven.returncode == 2 and "does not divide evenly" in uneven.stderr
     no_endpoint = cli(home, "launch", "--num-nodes", "2", "train.py")
     assert no_endpoint.returncode == 2 and "needs rdzv_endpoint" in no_endpoint.stderr
+    negative = cli(home, "launch", "--timeout", "-5", "train.py")  # checked by the table, as in a notebook
+    assert negative.returncode == 2 and negative.stderr.strip().splitlines()[-1] == (
+        "notebook-accel launch: timeout must be None or a positive number of seconds, got -5.0"), negative.stderr
     (home / "hf" / "notebook_accel").mkdir(parents=True)
     (home / "hf" / "notebook_accel" / "default_config.yaml").write_text("num_procs: 2\n")
     typo = cli(home, "launch", "train.py")

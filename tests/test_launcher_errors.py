@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from notebook_accel import notebook_launcher, start_launch
-from notebook_accel.errors import LaunchConfigError
+from notebook_accel.errors import LaunchConfigError, LaunchConfigTypeError
 from notebook_accel.plan import devices
 
 pytestmark = pytest.mark.timeout(60)
@@ -29,10 +29,10 @@ def no_children_started():
 
 
 @pytest.mark.parametrize("call, error, message", [
-    (lambda: notebook_launcher("train"), TypeError, "function must be callable"),
-    (lambda: notebook_launcher(ok, args=[1]), TypeError, r"args must be a tuple.*args=\(x,\)"),
-    (lambda: notebook_launcher(ok, args=5), TypeError, "args must be a tuple"),
-    (lambda: notebook_launcher(ok, kwargs=[("a", 1)]), TypeError, "kwargs must be a dict"),
+    (lambda: notebook_launcher("train"), LaunchConfigTypeError, "function must be callable"),
+    (lambda: notebook_launcher(ok, args=[1]), LaunchConfigTypeError, r"args must be a tuple.*args=\(x,\)"),
+    (lambda: notebook_launcher(ok, args=5), LaunchConfigTypeError, "args must be a tuple"),
+    (lambda: notebook_launcher(ok, kwargs=[("a", 1)]), LaunchConfigTypeError, "kwargs must be a dict"),
     (lambda: notebook_launcher(ok, num_processes=0), LaunchConfigError, "positive int"),
     (lambda: notebook_launcher(ok, num_processes=-2), LaunchConfigError, "positive int"),
     (lambda: notebook_launcher(ok, num_processes=1.5), LaunchConfigError, "positive int"),
@@ -54,12 +54,15 @@ def no_children_started():
     (lambda: notebook_launcher(ok, timeout=0), LaunchConfigError, "positive number of seconds"),
     (lambda: notebook_launcher(ok, timeout="10"), LaunchConfigError, "positive number of seconds"),
     (lambda: notebook_launcher(ok, use_port=70000), LaunchConfigError, "1..65535"),
-    (lambda: notebook_launcher(ok, return_all="yes"), TypeError, "return_all must be True or False"),
-    (lambda: notebook_launcher(ok, master_addr=""), TypeError, "master_addr"),
+    (lambda: notebook_launcher(ok, return_all="yes"), LaunchConfigTypeError, "return_all must be True or False"),
+    (lambda: notebook_launcher(ok, master_addr=5), LaunchConfigTypeError, "master_addr must be a host name"),
+    (lambda: notebook_launcher(ok, master_addr=""), LaunchConfigError, "master_addr must be a host name"),
+    (lambda: notebook_launcher(ok, timout=5), LaunchConfigTypeError, "did you mean 'timeout'"),
 ])
 def test_bad_input_is_refused_before_any_process_starts(call, error, message):
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message) as refused:
         call()
+    assert str(refused.value).startswith("notebook_launcher: ")  # the call the user wrote
     assert no_children_started() == []
 
 

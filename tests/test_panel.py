@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from notebook_accel import launch_panel
+from notebook_accel import LaunchConfigError, LaunchConfigTypeError, launch_panel
 from notebook_accel.plan.devices import available_devices
 from notebook_accel.panel import LaunchPanel
 from scripts import PACKAGE_ROOT
@@ -113,9 +113,9 @@ def test_panel_settings_are_checked():
     assert devices[-1].kind == "cpu"
     assert panel.device == devices[0].kind
     assert panel.processes_picker.max == devices[0].count
-    with pytest.raises(ValueError, match="num_processes"):
+    with pytest.raises(LaunchConfigError, match="num_processes"):
         panel.num_processes = devices[0].count + 1
-    with pytest.raises(ValueError, match="mixed_precision"):
+    with pytest.raises(LaunchConfigError, match="mixed_precision"):
         panel.mixed_precision = "fp64"
     panel.mixed_precision = "bf16"
     assert panel.precision_picker.value == "bf16"
@@ -123,8 +123,10 @@ def test_panel_settings_are_checked():
     with pytest.raises(RuntimeError, match="nothing was launched"):
         panel.wait()
     assert "LaunchPanel(print" in panel._repr_mimebundle_()["text/plain"]
-    with pytest.raises(TypeError, match="display"):
+    with pytest.raises(LaunchConfigTypeError, match="^launch_panel: unexpected keyword argument 'display'"):
         launch_panel(print, display="text")
+    with pytest.raises(LaunchConfigError, match="^launch_panel: mixed_precision='fp64' is not one of"):
+        launch_panel(print, mixed_precision="fp64")  # was a plain ValueError
 
 
 def launched_settings():

@@ -21,6 +21,7 @@ import torch
 
 from notebook_accel import LaunchTimeout, Session
 from notebook_accel.errors import LaunchConfigError, LaunchError
+from notebook_accel.wire.events import SessionStatus
 from scripts import run_script
 from waiting import wait_until
 
@@ -102,7 +103,7 @@ def test_state_lives_on_the_ranks_across_runs_and_cells(start_method, capsys):
         assert session.run(all_reduce_rank, return_all=True) == [3.0, 3.0]  # the session's group, live
         assert session.pids == pids and session.status == "idle" and session.restarts == 0
         assert session.runs == 8
-    assert session.status == "closed"
+    assert session.status == "closed" and session.status is SessionStatus.CLOSED
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                    for pid in pids)
 
@@ -460,17 +461,29 @@ def test_a_killed_kernel_takes_its_ranks_along():
 # ------------------------------------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("options, message", [
-    ({"num_nodes": 2}, "several nodes and max_restarts are not supported for sessions"),
-    ({"max_restarts": 1}, "several nodes and max_restarts are not supported for sessions"),
-    ({"return_all": True}, "return_all is chosen per run"),
-    ({"recover_timeout": 0}, "recover_timeout must be a positive number"),
-    ({"bogus": 1}, "bogus"),
+    ({"num_nodes": 2}, "^Session: unexpected keyword argument 'num_nodes': notebook_launcher, start_launch and "
+                       "launch_panel take it, Session does not$"),
+    ({"max_restarts": 1}, "^Session: unexpected keyword argument 'max_restarts': .* take it, Session does not$"),
+    ({"return_all": True}, "^Session: unexpected keyword argument 'return_all': .*Session.run take it"),
+    ({"recover_timeout": 0}, "^Session: recover_timeout must be a positive number"),
+    ({"bogus": 1}, "^Session: unexpected keyword argument 'bogus'$"),
+    ({"dispaly": "none"}, "did you mean 'display'"),
 ])
 def test_options_a_session_cannot_take_are_refused_before_any_rank_starts(options, message):
     before = psutil.Process().children(recursive=True)
-    with pytest.raises((LaunchConfigError, TypeError), match=message):
+    with pytest.raises(LaunchConfigError, match=message):
         Session(num_processes=2, display="none", **options)
     assert psutil.Process().children(recursive=True) == before
+
+
+def test_a_runs_options_are_checked_as_the_sessions_are():
+    with Session(num_processes=1, display="none") as session:
+        with pytest.raises(LaunchConfigError, match="^Session.run: display='bogus' is not one of 'auto', "):
+            session.run(len, args=((),), display="bogus")  # was accepted, and showed text
+        with pytest.raises(LaunchConfigError, match="^Session.execute: timeout must be None or a positive number"):
+            session.execute("1", timeout=-5)
+        assert session.runs == 0
+        assert session.run(len, args=((),), display="none", timeout=30) == 0
 
 
 def test_an_unpicklable_capture_is_named_before_anything_is_sent():

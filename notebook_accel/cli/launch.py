@@ -125,7 +125,7 @@ def run_launch(options: argparse.Namespace) -> int:
         plan = plan_launch(run_main, (target, list(options.target_args), options.module), None,
                            merged.pop("num_processes", None), display=options.display,
                            allow_inline=False, **merged)
-    except (LaunchConfigError, TypeError) as err:
+    except LaunchConfigError as err:  # every bad option, of any kind (plan.options checks them all)
         print(f"notebook-accel launch: {err}", file=sys.stderr)
         return EXIT_BAD_OPTIONS
     plan.function_name = script_label(options.target, options.target_args, options.module)

@@ -27,7 +27,7 @@ import dataclasses
 import os
 from typing import Any, Callable, Dict, Optional, Union
 
-from ..errors import LaunchConfigError
+from ..errors import LaunchConfigError, LaunchConfigTypeError
 from ..wire.choices import Device, MixedPrecision, RendezvousBackend, StartMethod
 from .options import SAVED_OPTIONS, check_precision_for_device, precisions_for
 from .sharding import DEEPSPEED_KEYS, FSDP_KEYS, sharding_environment
@@ -56,20 +56,19 @@ LaunchConfig = dataclasses.make_dataclass(
                                                  "launcher decides)."})
 
 
-def fill_from_config(config: Union[bool, str, None], given: Dict[str, Any]) -> Dict[str, Any]:
-    """The options the user ``given`` (those win, even when equal to a default), plus the config file's values
-    for the ones not given. ``config``: ``None``/``False`` (the file is ignored), ``True`` (the default file) or
-    a path.
+def saved_options(config: Union[bool, str, "os.PathLike[str]", None]) -> Dict[str, Any]:
+    """The config file's values (``None`` ones left out), for the options a call did not give (the caller's win,
+    even when equal to a default: ``plan.entry_points.resolve_options``). ``config``: ``None``/``False`` (the file
+    is ignored: ``{}``), ``True`` (the default file) or a path.
 
-    >>> fill_from_config(None, {"mixed_precision": "no"})
-    {'mixed_precision': 'no'}
+    >>> saved_options(None)
+    {}
     """
     if config is None or config is False:
-        return dict(given)
+        return {}
     if not isinstance(config, (bool, str, os.PathLike)):
-        raise LaunchConfigError(f"config must be True, False, None or a path, got {config!r}")
-    saved = load_config(None if config is True else os.fspath(config)).launcher_options()
-    return {**saved, **given}
+        raise LaunchConfigTypeError(f"config must be True, False, None or a path, got {config!r}")
+    return load_config(None if config is True else os.fspath(config)).launcher_options()
 
 
 def hf_home() -> str:

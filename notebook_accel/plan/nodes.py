@@ -10,7 +10,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-from ..errors import LaunchConfigError
+from ..errors import LaunchConfigError, LaunchConfigTypeError
 from .options import NODE_OPTION_NAMES, OPTIONS
 
 DEFAULT_RDZV_ID = "none"             # torchrun's default run id
@@ -58,7 +58,7 @@ def check_node_options(**given: Any) -> Optional[NodeOptions]:
     """
     unknown = sorted(set(given) - set(NODE_OPTION_NAMES))
     if unknown:
-        raise TypeError(f"unexpected launcher option(s): {', '.join(unknown)}")
+        raise LaunchConfigTypeError(f"unexpected launcher option(s): {', '.join(unknown)}")
     values = {name: OPTIONS[name].default for name in NODE_OPTION_NAMES}
     values.update(given)
     num_nodes, node_rank, rdzv_backend = values["num_nodes"], values["node_rank"], values["rdzv_backend"]

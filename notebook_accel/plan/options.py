@@ -1,119 +1,302 @@
-"""Every launcher option, once: its name, default, allowed values and help.
+"""Every option of the public entry points, once: its name, type, default, allowed values, who takes it, help.
 
-``notebook_launcher`` and ``start_launch`` take these as keyword arguments (their signatures and docstrings
-are built from this table), ``plan_launch`` fills and checks them, the config file saves the ones marked
-``saved``, the CLI offers the allowed values, and the panel its pickers. Adding an option is one entry here
-plus the code that uses it.
+The entry points — ``notebook_launcher``, ``start_launch``, ``launch_panel``, ``Session``, ``Session.run`` and
+``Session.execute`` — write their options out as typed keyword-only parameters, so that editors complete them and
+type checkers check them; ``tests/test_entry_points.py`` fails when a ``def`` line drifts from this table (names, order,
+defaults, types). ``plan.entry_points`` checks every call against it, the config file saves the options marked
+``saved``, the CLI offers the allowed values and the panel its pickers.
+
+Adding an option is one ``Option`` here (``takers``: the entry points that take it), one parameter line in the
+``def`` of each of them — as ``expected_parameters(entry)`` prints it — and the code that uses it.
 
 >>> OPTIONS["mixed_precision"].default, OPTIONS["mixed_precision"].choices.values()
 ('no', ('no', 'fp16', 'bf16'))
 """
 from __future__ import annotations
 
+import difflib
 import inspect
+import numbers
+import os
 import textwrap
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Optional, Tuple, Type
+from typing import (Any, Callable, Dict, FrozenSet, List, Literal, Mapping, Optional, Sequence, Tuple, Type, Union,
+                    get_args, get_origin)
 
-from ..errors import LaunchConfigError
-from ..wire.choices import Choice, Device, Display, MixedPrecision, RendezvousBackend, StartMethod
+from ..errors import LaunchConfigError, LaunchConfigTypeError
+from ..wire.choices import (Choice, Device, DeviceName, Display, DisplayName, MixedPrecision, MixedPrecisionName,
+                            RendezvousBackend, RendezvousBackendName, StartMethod, StartMethodName)
+
+# The public entry points, as a user writes them, with their own parameters (not options), in ``def`` order.
+NOTEBOOK_LAUNCHER, START_LAUNCH, LAUNCH_PANEL = "notebook_launcher", "start_launch", "launch_panel"
+SESSION, SESSION_RUN, SESSION_EXECUTE = "Session", "Session.run", "Session.execute"
+ENTRY_POINTS: Dict[str, Tuple[str, ...]] = {
+    NOTEBOOK_LAUNCHER: ("function", "args", "kwargs"),
+    START_LAUNCH: ("function", "args", "kwargs", "view"),
+    LAUNCH_PANEL: ("function", "args", "kwargs"),
+    SESSION: ("self",),
+    SESSION_RUN: ("self", "function", "args", "kwargs"),
+    SESSION_EXECUTE: ("self", "code"),
+}
+LAUNCHES = frozenset({NOTEBOOK_LAUNCHER, START_LAUNCH, LAUNCH_PANEL})
+EVERYWHERE = LAUNCHES | {SESSION}                # a launch's settings; a session keeps them for its runs
+RUNS = frozenset({SESSION_RUN, SESSION_EXECUTE})  # one task on a session's ranks: None there is the session's value
+
+PathLike = Union[str, os.PathLike]  # a path as ``open`` takes it
+
+
+def _anything(value: Any) -> bool:
+    return True
+
+
+def _positive(value: Any) -> bool:
+    return value > 0
+
+
+def _at_least_zero(value: Any) -> bool:
+    return value >= 0
+
+
+def _port(value: Any) -> bool:
+    return 0 < value < 65536
+
+
+def _not_empty(value: Any) -> bool:
+    return len(value) > 0
+
+
+def _str_keys(value: Any) -> bool:
+    return all(isinstance(key, str) for key in value)
 
 
 @dataclass(frozen=True)
 class Option:
-    """One launcher option. ``choices``: the Enum of its allowed values (checked by ``check_choice``), or the
-    names we offer where others are allowed too (``open_choices``). ``saved``: the config file keeps it.
-    ``nodes``: it belongs to the multi-node / restart options (``plan.nodes``)."""
+    """One option. ``annotation``: its type as every ``def`` writes it (a ``Literal`` alias for a choice);
+    ``expects``: what a good value is, for messages; ``valid``: what the type does not say (a range; never asked of
+    ``None``). ``choices``: the Enum of the allowed values, or the names we offer where others are allowed too
+    (``open_choices``). ``takers``: the entry points that take it. ``saved``: the config file keeps it. ``nodes``: a
+    multi-node / restart option (``plan.nodes``). ``positional``: also the entry points' 4th (or 1st) positional."""
 
     name: str
+    annotation: Any
     default: Any
     help: str
+    takers: FrozenSet[str] = EVERYWHERE
+    expects: str = ""
+    valid: Callable[[Any], bool] = _anything
     choices: Optional[Type[Choice]] = None
     open_choices: bool = False
     saved: bool = False
     nodes: bool = False
+    positional: bool = False
+
+    def refusal(self, value: Any) -> str:
+        """What is wrong with ``value``, as the error says it."""
+        if self.choices is not None and not self.open_choices:
+            allowed = ", ".join(repr(choice) for choice in self.choices.values())
+            return f"{self.name}={value!r} is not one of {allowed}"
+        return f"{self.name} must be {self.expects}, got {value!r}"
+
+
+def _choice(name: str, annotation: Any, enum: Type[Choice], default: Any, help: str, **more: Any) -> Option:
+    """An option whose values are ``enum``'s (its ``Literal`` twin is the type)."""
+    closed = not more.get("open_choices", False)
+    return Option(name, annotation, default, help, choices=enum,
+                  valid=(lambda value: value in enum.values()) if closed else _not_empty, **more)
 
 
 LAUNCHER_OPTIONS: Tuple[Option, ...] = (
-    Option("num_processes", None, "ranks to start; None = every device of the kind (GPUs, TPU cores), 1 on CPU. "
-           "One rank runs in the kernel process itself.", saved=True),
-    Option("device", None, "the device the ranks use; None = the best one here.", choices=Device, saved=True),
-    Option("mixed_precision", MixedPrecision.NO.value, "exported as ``ACCELERATE_MIXED_PRECISION``.",
-           choices=MixedPrecision, saved=True),
-    Option("start_method", StartMethod.AUTO.value, "\"auto\" (fork when safe, else a warm forkserver), or one "
-           "named.", choices=StartMethod, saved=True),
-    Option("master_addr", "127.0.0.1", "the rendezvous address."),
-    Option("use_port", None, "the rendezvous port; None lets the launcher hold a free one."),
-    Option("timeout", None, "seconds; past it every rank is stopped and ``LaunchTimeout`` (a ``TimeoutError``) "
-           "raised."),
-    Option("return_all", False, "return a list of every rank's value (by rank) instead of rank 0's."),
-    Option("display", Display.AUTO.value, "\"auto\" (dashboard in a notebook, text elsewhere), or one named.",
-           choices=Display),
-    Option("compile_cache", None, "XLA only, opt-in: a directory for torch_xla's persistent compilation cache "
-           "(one subdirectory per worker process), so relaunching the same program skips recompiling."),
-    Option("fsdp_config", None, "shard with FSDP2 in every rank: accelerate's ``fsdp_config`` keys (e.g. "
-           "``{\"fsdp_transformer_layer_cls_to_wrap\": \"GPT2Block\"}``), set in the ranks as the ``ACCELERATE_USE_FSDP`` "
-           "/ ``FSDP_*`` variables ``Accelerator()`` (ours and HF accelerate's) builds its plugin from.", saved=True),
-    Option("deepspeed_config", None, "train with DeepSpeed ZeRO in every rank: accelerate's ``deepspeed_config`` keys "
-           "(e.g. ``{\"zero_stage\": 3}``), set as ``ACCELERATE_USE_DEEPSPEED`` / ``ACCELERATE_DEEPSPEED_*``.",
+    Option("num_processes", Optional[int], None, "ranks to start; None = every device of the kind (GPUs, TPU "
+           "cores), 1 on CPU. One rank runs in the kernel process itself.", expects="a positive int or None",
+           valid=_positive, saved=True, positional=True),
+    _choice("device", Optional[DeviceName], Device, None, "the device the ranks use; None = the best one here.",
+            saved=True),
+    _choice("mixed_precision", MixedPrecisionName, MixedPrecision, MixedPrecision.NO.value,
+            "exported as ``ACCELERATE_MIXED_PRECISION``.", saved=True),
+    _choice("start_method", StartMethodName, StartMethod, StartMethod.AUTO.value, "\"auto\" (fork when safe, else a "
+            "warm forkserver), or one named.", saved=True),
+    Option("master_addr", str, "127.0.0.1", "the rendezvous address.",
+           expects="a host name or address string", valid=_not_empty),
+    Option("use_port", Optional[int], None, "the rendezvous port; None lets the launcher hold a free one.",
+           expects="None or a port number in 1..65535", valid=_port),
+    Option("timeout", Optional[float], None, "seconds; past it every rank is stopped and ``LaunchTimeout`` (a "
+           "``TimeoutError``) raised.", takers=EVERYWHERE | RUNS,
+           expects="None or a positive number of seconds", valid=_positive),
+    Option("return_all", bool, False, "return a list of every rank's value (by rank) instead of rank 0's.",
+           takers=LAUNCHES | {SESSION_RUN}, expects="True or False"),
+    _choice("display", DisplayName, Display, Display.AUTO.value, "\"auto\" (dashboard in a notebook, text "
+            "elsewhere), or one named.", takers=(EVERYWHERE - {LAUNCH_PANEL}) | RUNS),
+    Option("compile_cache", Optional[PathLike], None, "XLA only, opt-in: a directory for torch_xla's persistent "
+           "compilation cache (one subdirectory per worker process), so relaunching the same program skips "
+           "recompiling.", expects="a directory path or None"),
+    Option("fsdp_config", Optional[Mapping[str, Any]], None, "shard with FSDP2 in every rank: accelerate's "
+           "``fsdp_config`` keys (e.g. ``{\"fsdp_transformer_layer_cls_to_wrap\": \"GPT2Block\"}``), set in the ranks "
+           "as the ``ACCELERATE_USE_FSDP`` / ``FSDP_*`` variables ``Accelerator()`` (ours and HF accelerate's) builds "
+           "its plugin from.", expects="a mapping of accelerate's fsdp_config keys, or None", saved=True),
+    Option("deepspeed_config", Optional[Mapping[str, Any]], None, "train with DeepSpeed ZeRO in every rank: "
+           "accelerate's ``deepspeed_config`` keys (e.g. ``{\"zero_stage\": 3}``), set as ``ACCELERATE_USE_DEEPSPEED`` "
+           "/ ``ACCELERATE_DEEPSPEED_*``.", expects="a mapping of accelerate's deepspeed_config keys, or None",
            saved=True),
-    Option("num_nodes", 1, "several machines, one notebook (or ``notebook-accel launch``) per node; "
-           "``num_processes`` is per node and global ranks follow the node order.", saved=True, nodes=True),
-    Option("node_rank", None, "this node's place: 0 on the first machine, 1 on the second, ... Global ranks follow "
-           "it with every rendezvous backend. None: 0 with \"static\"; the order the nodes joined in with "
-           "\"c10d\" and \"etcd\" (give it on every node or on none).", saved=True, nodes=True),
-    Option("rdzv_backend", RendezvousBackend.STATIC.value, "torch elastic's rendezvous: \"static\" (node 0 at "
-           "``rdzv_endpoint``), \"c10d\", \"etcd\" or a registered plugin. The rendezvous store is a TCP listener "
-           "without authentication: trusted networks only.", choices=RendezvousBackend, open_choices=True,
-           saved=True, nodes=True),
-    Option("rdzv_endpoint", None, "\"host:port\" of node 0 (static) or of the rendezvous store.", saved=True,
+    Option("num_nodes", int, 1, "several machines, one notebook (or ``notebook-accel launch``) per node; "
+           "``num_processes`` is per node and global ranks follow the node order.", takers=LAUNCHES,
+           expects="a positive int", valid=_positive, saved=True, nodes=True),
+    Option("node_rank", Optional[int], None, "this node's place: 0 on the first machine, 1 on the second, ... Global "
+           "ranks follow it with every rendezvous backend. None: 0 with \"static\"; the order the nodes joined in "
+           "with \"c10d\" and \"etcd\" (give it on every node or on none).", takers=LAUNCHES,
+           expects="None or an int >= 0", valid=_at_least_zero, saved=True, nodes=True),
+    _choice("rdzv_backend", Union[RendezvousBackendName, str], RendezvousBackend, RendezvousBackend.STATIC.value,
+            "torch elastic's rendezvous: \"static\" (node 0 at ``rdzv_endpoint``), \"c10d\", \"etcd\" or a registered "
+            "plugin. The rendezvous store is a TCP listener without authentication: trusted networks only.",
+            takers=LAUNCHES, expects="a rendezvous backend name", open_choices=True, saved=True, nodes=True),
+    Option("rdzv_endpoint", Optional[str], None, "\"host:port\" of node 0 (static) or of the rendezvous store.",
+           takers=LAUNCHES, expects="a 'host:port' string or None", saved=True, nodes=True),
+    Option("rdzv_id", Optional[str], None, "the run id every node names (torchrun's ``--rdzv-id``).",
+           takers=LAUNCHES, expects="a non-empty string or None", valid=_not_empty, saved=True, nodes=True),
+    Option("rdzv_conf", Optional[Dict[str, Any]], None, "more rendezvous settings, e.g. ``{\"join_timeout\": 60, "
+           "\"node_timeout\": 30}``.", takers=LAUNCHES, expects="a dict of str keys or None", valid=_str_keys,
            nodes=True),
-    Option("rdzv_id", None, "the run id every node names (torchrun's ``--rdzv-id``).", saved=True, nodes=True),
-    Option("rdzv_conf", None, "more rendezvous settings, e.g. ``{\"join_timeout\": 60, \"node_timeout\": 30}``.",
+    Option("max_restarts", int, 0, "after a failure, stop every rank on every node and run the whole world again "
+           "this many times (``TORCHELASTIC_RESTART_COUNT`` tells the function which attempt it is). Never after an "
+           "interrupt or a timeout.", takers=LAUNCHES, expects="an int >= 0", valid=_at_least_zero, saved=True,
            nodes=True),
-    Option("max_restarts", 0, "after a failure, stop every rank on every node and run the whole world again this "
-           "many times (``TORCHELASTIC_RESTART_COUNT`` tells the function which attempt it is). Never after an "
-           "interrupt or a timeout.", saved=True, nodes=True),
-    Option("monitor_interval", 0.1, "seconds between checks of the other nodes' state.", nodes=True),
+    Option("monitor_interval", float, 0.1, "seconds between checks of the other nodes' state.", takers=LAUNCHES,
+           expects="a positive number of seconds", valid=_positive, nodes=True),
 )
 
-OPTIONS: Dict[str, Option] = {option.name: option for option in LAUNCHER_OPTIONS}
+# A session's own: not a launch setting.
+SESSION_OPTIONS: Tuple[Option, ...] = (
+    Option("recover_timeout", float, 5.0, "seconds an interrupted rank may take to return to idle (a failed peer, "
+           "Ctrl-C, a timeout) before the whole session is restarted (its state lost): a rank stuck in a C++ call.",
+           takers=frozenset({SESSION}), expects="a positive number of seconds", valid=_positive),
+)
+
+# Where to read saved defaults from, not a launch setting.
+CONFIG_OPTION = Option("config", Union[bool, PathLike, None], None, "``True`` or a path: take the saved defaults "
+                       "(``notebook-accel config``) for the options not given here. Off by default: a shared "
+                       "notebook carries its own settings.", takers=frozenset({NOTEBOOK_LAUNCHER, LAUNCH_PANEL, SESSION}),
+                       expects="True, False, None or a path")
+
+# The table: every option of every entry point, in the order their ``def`` lines write them.
+ALL_OPTIONS: Tuple[Option, ...] = LAUNCHER_OPTIONS + SESSION_OPTIONS + (CONFIG_OPTION,)
+OPTIONS: Dict[str, Option] = {option.name: option for option in LAUNCHER_OPTIONS}  # a launch's settings
 SAVED_OPTIONS: Tuple[Option, ...] = tuple(option for option in LAUNCHER_OPTIONS if option.saved)
 NODE_OPTION_NAMES: Tuple[str, ...] = tuple(option.name for option in LAUNCHER_OPTIONS if option.nodes)
+_BY_NAME: Dict[str, Option] = {option.name: option for option in ALL_OPTIONS}
+assert all(option.takers <= set(ENTRY_POINTS) for option in ALL_OPTIONS), "a taker that is no entry point"
 
-# ``config`` is the launcher's own: where to read saved defaults from, not a launch setting.
-CONFIG_OPTION = Option("config", None, "``True`` or a path: take the saved defaults (``notebook-accel config``) "
-                                       "for the options left at their defaults here. Off by default: a shared "
-                                       "notebook carries its own settings.")
+
+def options_for(entry: str) -> Tuple[Option, ...]:
+    """The options ``entry`` (a name in ``ENTRY_POINTS``) takes, in ``def`` order."""
+    return tuple(option for option in ALL_OPTIONS if entry in option.takers)
+
+
+def parameter_for(entry: str, option: Option) -> Tuple[Any, Any]:
+    """``(annotation, default)`` of ``option`` in ``entry``'s ``def``: the table's, except that a session's run
+    takes ``None`` for "the session's value" (``Session(timeout=60)`` is every run's default)."""
+    if entry in RUNS and SESSION in option.takers:
+        return Optional[option.annotation], None
+    return option.annotation, option.default
+
+
+def expected_parameters(entry: str) -> List[inspect.Parameter]:
+    """The parameters ``entry``'s ``def`` writes for its options; ``str()`` of one is the line to write.
+
+    >>> for parameter in expected_parameters("Session.execute"):
+    ...     print(parameter)
+    timeout: Optional[float] = None
+    display: Optional[Literal['auto', 'widgets', 'text', 'none']] = None
+    """
+    parameters = []
+    for option in options_for(entry):
+        annotation, default = parameter_for(entry, option)
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if option.positional else inspect.Parameter.KEYWORD_ONLY
+        parameters.append(inspect.Parameter(option.name, kind, default=default, annotation=annotation))
+    return parameters
+
+
+# ---------------------------------------------------------------------------------------------- checking
+
+def conforms(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` has the type ``annotation`` names, for the few kinds of type options have (``bool`` is no
+    number here; a ``Literal`` asks for the type of its values, the choice itself is ``Option.valid``'s).
+
+    >>> conforms(5, Optional[float]), conforms(True, int), conforms("bogus", DisplayName)
+    (True, False, True)
+    """
+    origin = get_origin(annotation)
+    if annotation is Any:
+        return True
+    if origin is Union:
+        return any(conforms(value, member) for member in get_args(annotation))
+    if origin is Literal:
+        return any(isinstance(value, type(member)) for member in get_args(annotation))
+    annotation = origin or annotation  # Dict[str, Any] -> dict, Mapping[...] -> collections.abc.Mapping
+    if annotation is type(None):
+        return value is None
+    if annotation in (int, float) and isinstance(value, bool):
+        return False
+    if annotation is float:
+        return isinstance(value, numbers.Real)
+    if annotation is int:
+        return isinstance(value, numbers.Integral)
+    return isinstance(value, annotation)
+
+
+def check_option(option: Option, value: Any, annotation: Any = None) -> None:
+    """``LaunchConfigTypeError`` when ``value`` is not of the option's type (``annotation``: another one, e.g. a
+    run's ``Optional``), ``LaunchConfigError`` when it is out of its range or not one of its choices."""
+    if not conforms(value, option.annotation if annotation is None else annotation):
+        raise LaunchConfigTypeError(option.refusal(value))
+    if value is not None and not option.valid(value):
+        raise LaunchConfigError(option.refusal(value))
 
 
 def defaults() -> Dict[str, Any]:
-    """``{name: default}`` for every launcher option."""
+    """``{name: default}`` for every launch setting."""
     return {option.name: option.default for option in LAUNCHER_OPTIONS}
 
 
-def with_defaults(given: Dict[str, Any], *, caller: str = "the launcher") -> Dict[str, Any]:
-    """Every option's value: the ``given`` ones, the table's defaults for the rest; a ``TypeError`` naming
-    any option the table does not know (as Python names an unexpected keyword argument).
+def launch_options(given: Mapping[str, Any]) -> Dict[str, Any]:
+    """Every launch setting's value — the ``given`` ones, the table's defaults for the rest — each checked.
 
-    >>> with_defaults({"timeout": 5})["timeout"], with_defaults({})["display"]
+    >>> launch_options({"timeout": 5})["timeout"], launch_options({})["display"]
     (5, 'auto')
+    >>> launch_options({"timout": 5})
+    Traceback (most recent call last):
+    ...
+    notebook_accel.errors.LaunchConfigTypeError: unexpected keyword argument 'timout'; did you mean 'timeout'?
     """
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
-        raise TypeError(f"unexpected launcher option(s) for {caller}: {', '.join(unknown)}")
+    for name in given:
+        if name not in OPTIONS:
+            raise LaunchConfigTypeError(unexpected_keyword("plan_launch", name, list(OPTIONS)))
     values = defaults()
     values.update(given)
+    for name, value in values.items():
+        check_option(OPTIONS[name], value)
     return values
 
 
-def check_choice(name: str, value: Any) -> None:
-    """A clear ``LaunchConfigError`` when ``value`` is not one of option ``name``'s allowed values."""
-    choices = OPTIONS[name].choices
-    if choices is None or OPTIONS[name].open_choices or value in choices.values():
-        return
-    allowed = ", ".join(repr(choice) for choice in choices.values())
-    raise LaunchConfigError(f"{name}={value!r} is not one of {allowed}")
+def launch_settings(values: Mapping[str, Any]) -> Dict[str, Any]:
+    """The launch settings among ``values`` (an entry point's ``locals()``), for ``plan_launch``."""
+    return {name: values[name] for name in OPTIONS if name in values}
+
+
+def unexpected_keyword(entry: str, name: str, accepted: Sequence[str]) -> str:
+    """What to say about keyword ``name`` that ``entry`` does not take: who takes it, or the option meant.
+
+    >>> unexpected_keyword("Session", "timout", ["num_processes", "timeout", "display"])
+    "unexpected keyword argument 'timout'; did you mean 'timeout'?"
+    >>> unexpected_keyword("Session", "num_nodes", ["num_processes", "timeout"])
+    "unexpected keyword argument 'num_nodes': notebook_launcher, start_launch and launch_panel take it, Session does not"
+    """
+    said = f"unexpected keyword argument {name!r}"
+    option = _BY_NAME.get(name)
+    if option is not None:  # another entry point's option (before guessing: num_nodes is not num_processes)
+        takers = [taker for taker in ENTRY_POINTS if taker in option.takers]
+        listed = ", ".join(takers[:-1]) + (" and " if len(takers) > 1 else "") + takers[-1]
+        return f"{said}: {listed} take{'s' if len(takers) == 1 else ''} it, {entry} does not"
+    meant = difflib.get_close_matches(name, accepted, n=1)
+    return f"{said}; did you mean {meant[0]!r}?" if meant else said
 
 
 def check_precision_for_device(mixed_precision: Any, device: Any) -> None:
@@ -145,24 +328,14 @@ def precisions_for(device: Any) -> Tuple[str, ...]:
     return tuple(allowed)
 
 
-def launcher_parameters(leading: Iterable[inspect.Parameter], *, config: bool) -> inspect.Signature:
-    """The signature ``help()``, ``inspect.signature`` and Jupyter's Shift-Tab show for a launcher function:
-    its ``leading`` parameters, then every option as keyword-only with its default (and ``config``)."""
-    parameters = list(leading)
-    seen = {parameter.name for parameter in parameters}
-    keyword = inspect.Parameter.KEYWORD_ONLY
-    for option in LAUNCHER_OPTIONS + ((CONFIG_OPTION,) if config else ()):
-        if option.name not in seen:
-            parameters.append(inspect.Parameter(option.name, keyword, default=option.default))
-    return inspect.Signature(parameters)
-
-
-def options_help(*, config: bool, indent: str = "        ") -> str:
-    """The "Args" lines for every option, for a launcher function's docstring."""
+def options_help(entry: str, indent: str = "        ") -> str:
+    """The "Args" lines of ``entry``'s options, for its docstring."""
     lines = []
-    for option in LAUNCHER_OPTIONS + ((CONFIG_OPTION,) if config else ()):
+    for option in options_for(entry):
+        _, default = parameter_for(entry, option)
         allowed = f" One of {' | '.join(repr(value) for value in option.choices.values())}." \
             if option.choices is not None and not option.open_choices else ""
-        text = f"{option.name}: {option.help}{allowed} Default: {option.default!r}."
+        said = "None (the session's)" if entry in RUNS and SESSION in option.takers else repr(default)
+        text = f"{option.name}: {option.help}{allowed} Default: {said}."
         lines.append(textwrap.fill(text, width=110, initial_indent=indent, subsequent_indent=indent + "    "))
     return "\n".join(lines)

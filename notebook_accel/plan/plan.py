@@ -2,21 +2,20 @@
 from __future__ import annotations
 
 import multiprocessing
-import numbers
 import os
 import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from ..errors import LaunchConfigError
+from ..errors import LaunchConfigError, LaunchConfigTypeError
 from ..wire.channel import rank_channel
 from ..wire.choices import MixedPrecision, StartMethod
 from ..wire.events import LaunchStarted
 from ..wire.payload import Payload
 from . import devices as environment
 from .nodes import NodeOptions, check_node_options
-from .options import NODE_OPTION_NAMES, check_choice, check_precision_for_device, with_defaults
+from .options import NODE_OPTION_NAMES, check_precision_for_device, launch_options
 from .sharding import check_sharding_for_device, sharding_environment
 
 MIXED_PRECISIONS = MixedPrecision.values()  # kept for callers of the old names
@@ -110,42 +109,20 @@ class LaunchPlan:
 
 def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_processes: Any = None, *,
                 allow_inline: bool = True, **options: Any) -> LaunchPlan:
-    """Validate every option (``plan.options`` names them and their defaults) and serialize the function;
-    raise a clear error on the first bad one, before any process starts.
+    """Check every option (``plan.options``: their types, ranges and defaults; an entry point has resolved them
+    already) and the ones that depend on this machine, and serialize the function; raise a clear
+    ``LaunchConfigError`` on the first bad one, before any process starts.
 
     >>> plan_launch(print, num_processes=1, device="cpu", start_method="spawn").backend  # doctest: +SKIP
     'processes'
     """
-    options = with_defaults(dict(options, num_processes=num_processes), caller="plan_launch")
+    options = launch_options(dict(options, num_processes=num_processes))
     device, mixed_precision, start_method = options["device"], options["mixed_precision"], options["start_method"]
     master_addr, use_port, timeout = options["master_addr"], options["use_port"], options["timeout"]
     return_all, display, compile_cache = options["return_all"], options["display"], options["compile_cache"]
     if rank_channel() is not None:
         raise RuntimeError("notebook_launcher was called inside a launched rank; launches cannot be nested")
-    if not callable(function):
-        raise TypeError(f"function must be callable, got {type(function).__name__}: {function!r}")
-    if not isinstance(args, tuple):
-        raise TypeError(f"args must be a tuple, got {type(args).__name__}; for one argument write args=(x,)")
-    if kwargs is None:
-        kwargs = {}
-    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
-        raise TypeError(f"kwargs must be a dict of str keys or None, got {type(kwargs).__name__}")
-    for name in ("mixed_precision", "start_method", "display"):
-        check_choice(name, options[name])
-    if device is not None:
-        check_choice("device", device)
-    if not isinstance(return_all, bool):
-        raise TypeError(f"return_all must be True or False, got {return_all!r}")
-    if not isinstance(master_addr, str) or not master_addr:
-        raise TypeError(f"master_addr must be a host name or address string, got {master_addr!r}")
-    if use_port is not None and (not _is_int(use_port) or not 0 < use_port < 65536):
-        raise LaunchConfigError(f"use_port must be None or a port number in 1..65535, got {use_port!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)
-                                or not timeout > 0):
-        raise LaunchConfigError(f"timeout must be None or a positive number of seconds, got {timeout!r}")
-
-    if compile_cache is not None and not isinstance(compile_cache, (str, os.PathLike)):
-        raise TypeError(f"compile_cache must be a directory path or None, got {compile_cache!r}")
+    check_call(function, args, kwargs)
     nodes = check_node_options(**{name: options[name] for name in NODE_OPTION_NAMES})
     sharding_env = sharding_environment(options["fsdp_config"], options["deepspeed_config"])
 
@@ -167,7 +144,7 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
         raise LaunchConfigError("several nodes and max_restarts are not supported on TPU (device='xla') yet")
     backend = "xla" if device == "xla" else "nodes" if nodes is not None else "inline" if inline else "processes"
 
-    payload = Payload(function, args, kwargs)
+    payload = Payload(function, args, kwargs or {})
     start = (None if backend == "inline" else _resolve_xla_start_method(start_method) if backend == "xla"
              else _resolve_start_method(start_method))
     if start in ("forkserver", "spawn"):
@@ -184,8 +161,15 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
     )
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+def check_call(function: Any, args: Any, kwargs: Any) -> None:
+    """What a launch or a session's run is given to call: a callable, a tuple of arguments, a dict of keywords."""
+    if not callable(function):
+        raise LaunchConfigTypeError(f"function must be callable, got {type(function).__name__}: {function!r}")
+    if not isinstance(args, tuple):
+        raise LaunchConfigTypeError(f"args must be a tuple, got {type(args).__name__}; for one argument write "
+                                    f"args=(x,)")
+    if kwargs is not None and (not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs)):
+        raise LaunchConfigTypeError(f"kwargs must be a dict of str keys or None, got {type(kwargs).__name__}")
 
 
 def _check_device(device: str) -> int:
@@ -221,8 +205,6 @@ def _check_xla() -> int:
 def _resolve_world_size(num_processes: Any, device: str, available: int) -> int:
     if num_processes is None:
         return 1 if device == "cpu" else available
-    if not _is_int(num_processes) or num_processes < 1:
-        raise LaunchConfigError(f"num_processes must be a positive int or None, got {num_processes!r}")
     if device == "xla" and num_processes not in (1, available):
         # xmp.spawn runs on one device (nprocs=1) or on all of them (nprocs=None), nothing in between.
         raise LaunchConfigError(

@@ -5,6 +5,9 @@ the environment the launch sets (``NOTEBOOK_ACCEL_DEVICE``, ``ACCELERATE_MIXED_P
 them to the views. The launcher, the plan, the CLI, the config file, the panel and the Accelerator import
 them from here. A member equals its value (``MixedPrecision.BF16 == "bf16"``), so plain strings keep working.
 
+Each Enum has a ``Literal`` twin (``DeviceName``...) for the public signatures: editors complete its values and
+type checkers check them; ``tests/test_entry_points.py`` ties each twin to its Enum.
+
 >>> MixedPrecision.values()
 ('no', 'fp16', 'bf16')
 >>> f"{Device.CPU}"
@@ -13,7 +16,7 @@ them from here. A member equals its value (``MixedPrecision.BF16 == "bf16"``), s
 from __future__ import annotations
 
 import enum
-from typing import Tuple
+from typing import Literal, Tuple
 
 
 class Choice(str, enum.Enum):
@@ -70,3 +73,11 @@ class RendezvousBackend(Choice):
     C10D = "c10d"
     ETCD = "etcd"
     ETCD_V2 = "etcd-v2"
+
+
+# The allowed values as types, for signatures (the same strings as the Enums above: a test compares them).
+DeviceName = Literal["cuda", "cpu", "xla", "mps"]
+MixedPrecisionName = Literal["no", "fp16", "bf16"]
+StartMethodName = Literal["auto", "fork", "forkserver", "spawn"]
+DisplayName = Literal["auto", "widgets", "text", "none"]
+RendezvousBackendName = Literal["static", "c10d", "etcd", "etcd-v2"]
