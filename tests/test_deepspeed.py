@@ -354,9 +354,13 @@ def init_module_rank(directory: str, use_init_module: bool) -> Dict[str, Any]:
 
 
 @pytest.mark.timeout(600)  # six engines on two ranks
-def test_init_module_builds_trains_saves_and_loads_the_same_model_partitioned_from_the_start(tmp_path):
+def test_init_module_builds_trains_saves_and_loads_the_same_model_partitioned_from_the_start(tmp_path, monkeypatch):
+    extensions = tmp_path / "torch_extensions"  # zero.Init starts DeepSpeed's comm backend before any engine:
+    extensions.mkdir()  # it must not build the shared-memory op either
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
     plain = launch(init_module_rank, str(tmp_path / "plain"), False)
     partitioned = launch(init_module_rank, str(tmp_path / "partitioned"), True)
+    assert list(extensions.iterdir()) == [], f"written in TORCH_EXTENSIONS_DIR: {list(extensions.rglob('*'))[:5]}"
     assert plain[0]["partitioned"] == [False] and partitioned[0]["partitioned"] == [True]  # zero.Init at work
     for what in ("initial", "trained"):  # bit for bit: deep-copied layers, MultiheadAttention's zeroed bias...
         assert partitioned[0][what].keys() == plain[0][what].keys()
