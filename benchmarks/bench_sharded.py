@@ -155,7 +155,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     total = sum(p.numel() for p in make_model(args.width, args.layers).parameters())
     print(f"{total / 1e6:.0f}M parameters ({format_bytes(total * 4)} fp32), AdamW, 2 CPU ranks, "
           f"batch 4 x 32 x {args.width} per rank, median of {args.steps - 1} steps, "
-          f"{os.cpu_count()} CPU cores, torch {torch.__version__}\n")
+          f"{os.cpu_count()} CPU cores, torch {torch.__version__}\n", flush=True)
     with_accelerate = not args.ours_only and importlib.util.find_spec("accelerate") is not None
     if not args.ours_only and not with_accelerate:
         print("(HF accelerate is not installed: pip install '.[bench]' for its rows)\n")
@@ -166,22 +166,24 @@ def main(argv: Optional[List[str]] = None) -> None:
             plan.append(("ours", config, True))
         if with_accelerate:
             plan.append(("accelerate", config, False))
-    rows = [(library, config, init_module, run(library, config, init_module, args))
-            for library, config, init_module in plan]  # fmt: skip
-    ddp = next(result for library, config, init_module, result in rows if (library, config) == ("ours", "DDP"))
     header = f"{'library':<11}{'config':<20}{'step s':>8}{'vs DDP':>8}{'params/rank':>13}{'optim/rank':>12}"
-    print(header + f"{'peak RSS':>10}{'peak growth':>13}{'vs DDP':>8}  model")
-    for library, config, init_module, result in rows:
+    print(header + f"{'peak RSS':>10}{'peak growth':>13}{'vs DDP':>8}  model", flush=True)
+    ddp: Dict[str, Any] = {}
+    for library, config, init_module in plan:  # each row as it is measured: a loaded machine takes minutes a row
+        result = run(library, config, init_module, args)
+        if (library, config) == ("ours", "DDP"):
+            ddp = result  # the first row: the ratios' base
         name = config + (" +init_module" if init_module else "")
         if "error" in result:
-            print(f"{library:<11}{name:<20}  {result['error']}")
+            print(f"{library:<11}{name:<20}  {result['error']}", flush=True)
             continue
         growth = result["growth"]
         ratio = f"{growth / ddp['growth']:>7.2f}x" if growth and ddp.get("growth") else f"{'-':>8}"
-        print(f"{library:<11}{name:<20}{result['step']:>8.3f}{result['step'] / ddp['step']:>7.2f}x"
+        step_ratio = f"{result['step'] / ddp['step']:>7.2f}x" if "step" in ddp else f"{'-':>8}"
+        print(f"{library:<11}{name:<20}{result['step']:>8.3f}{step_ratio}"
               f"{format_bytes(result['parameters']):>13}{format_bytes(result['optimizer']):>12}"
               f"{format_bytes(result['peak_rss']):>10}{format_bytes(growth) if growth else '-':>13}{ratio}"
-              f"  {result['kind']}")
+              f"  {result['kind']}", flush=True)
 
 
 if __name__ == "__main__":
