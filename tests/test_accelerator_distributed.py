@@ -7,7 +7,9 @@ Four launches, each grouping several checks (a launch costs ~0.1-2 s):
 2. sharding with a global-RNG sampler, a WeightedRandomSampler, a batch_sampler and an IterableDataset,
    gather_for_metrics on an odd-sized eval set, and the collectives;
 3. the seeds' example: torch.nn.Transformer, Adam, DataLoader, prepare, backward;
-4. bf16 autocast on CPU (chosen by the launcher) + save_state / load_state resuming to the same weights.
+4. bf16 autocast on CPU (chosen by the launcher) + save_state / load_state resuming to the same weights;
+5. ``init_module`` with DDP and in one process: a plain block (the same model, losses, checkpoints), and
+   ``empty_init`` + ``load_model`` restores saved weights.
 """
 from __future__ import annotations
 
@@ -447,3 +449,57 @@ def bf16_rank() -> str:
     out = model(torch.randn(4, 8, device=accelerator.device))
     assert inner == [torch.bfloat16] and out.dtype == torch.float32
     return "ok"
+
+
+# ------------------------------------------------------------------- 5. init_module where no rank shards
+def init_module_plain_rank(directory: str) -> Dict[str, Any]:
+    """The same training with the model built inside ``init_module`` and outside it: under DDP and in one
+    process the block changes nothing (the model is real, on the CPU, with the same weights and losses)."""
+    results: Dict[str, Any] = {}
+    for inside in (False, True):
+        accelerator = Accelerator(cpu=True)
+        torch.manual_seed(0)
+        with accelerator.init_module() if inside else contextlib.nullcontext():
+            model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+        built_on = sorted({str(param.device) for param in model.parameters()})
+        initial = weights_of(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        loader = DataLoader(teacher_data(), batch_size=8)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        losses = []
+        for x, y in loader:
+            loss = F.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        results[f"inside={inside}"] = {"built_on": built_on, "initial": initial, "losses": losses,
+                                       "trained": weights_of(accelerator.unwrap_model(model))}  # fmt: skip
+        if inside:  # save, then load into a model whose initialisation was skipped
+            accelerator.save_model(model, os.path.join(directory, "final"))
+            again = Accelerator(cpu=True)
+            with again.init_module(empty_init=True):
+                fresh = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+            fresh = again.prepare(fresh)
+            again.load_model(fresh, os.path.join(directory, "final"))
+            results["loaded"] = weights_of(again.unwrap_model(fresh))
+    return results
+
+
+def assert_init_module_is_a_plain_block(result: Dict[str, Any], what: str) -> None:
+    plain, inside = result["inside=False"], result["inside=True"]
+    assert inside["built_on"] == plain["built_on"] == ["cpu"], what  # a real model, not meta or partitioned
+    for key in ("initial", "trained"):
+        assert inside[key].keys() == plain[key].keys()
+        for name, value in plain[key].items():
+            assert torch.equal(inside[key][name], value), f"{what}: {key} {name}"
+    assert inside["losses"] == plain["losses"] and plain["losses"][-1] < plain["losses"][0], what
+    assert_same_weights(result["loaded"], inside["trained"], f"{what}: load_model after init_module(empty_init)")
+
+
+def test_init_module_is_a_plain_block_under_ddp_and_in_one_process(tmp_path):
+    ranks = launch(init_module_plain_rank, str(tmp_path / "ddp"))
+    for rank, result in enumerate(ranks):
+        assert_init_module_is_a_plain_block(result, f"DDP, rank {rank}")
+    assert_same_weights(ranks[1]["inside=True"]["trained"], ranks[0]["inside=True"]["trained"], "DDP ranks agree")
+    assert_init_module_is_a_plain_block(init_module_plain_rank(str(tmp_path / "one")), "one process")

@@ -9,7 +9,10 @@ so the user's torch optimizer runs) and in this process.
   under DDP) resumes under ZeRO-3 on another number of ranks: the same weights, momentum and next step;
 - the seeds' Transformer loop under ZeRO-3 with bf16;
 - the config is filled from the launch (no "auto" left), and bad input is refused with one message;
-- a ZeRO ``prepare`` on CPU ranks compiles nothing (DeepSpeed's shared-memory collective op is not built).
+- a ZeRO ``prepare`` on CPU ranks compiles nothing (DeepSpeed's shared-memory collective op is not built), and
+  DeepSpeed is told the ranks train on the CPU (no rank warns that it guessed);
+- ``init_module`` (``deepspeed.zero.Init``) builds, trains, saves and loads the same model as a plain construction;
+  ``load_model`` (rank 0 reads, the others receive their partitions) into an engine built with ``empty_init``.
 """
 from __future__ import annotations
 
@@ -326,6 +329,98 @@ def test_a_zero_prepare_on_cpu_ranks_builds_no_cpp_op(tmp_path, monkeypatch):
     assert [rank["shm_op"] for rank in ranks] == [False, False]
 
 
+def init_module_rank(directory: str, use_init_module: bool) -> Dict[str, Any]:
+    import contextlib
+
+    from test_fsdp import TinyLM
+
+    tokens = torch.randint(1, 20, (8, 6), generator=torch.Generator().manual_seed(1))
+    accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    torch.manual_seed(0)
+    with accelerator.init_module() if use_init_module else contextlib.nullcontext():
+        model = TinyLM()
+    partitioned = sorted({hasattr(param, "ds_id") for param in model.parameters()})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(TensorDataset(tokens), batch_size=4))
+    initial = accelerator.get_state_dict(model)
+    for _ in range(2):
+        for (batch,) in loader:
+            accelerator.backward(F.cross_entropy(model(batch).flatten(0, 1), batch.flatten()))
+            optimizer.step()
+            optimizer.zero_grad()
+    trained = accelerator.get_state_dict(model)
+    accelerator.save_state(os.path.join(directory, "state"))
+    accelerator.save_model(model, os.path.join(directory, "final"), safe_serialization=False)
+    loaded = {}
+    for how in ("load_state", "load_model"):  # into fresh engines whose partitions were never initialised
+        again = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+        with again.init_module(empty_init=True):
+            fresh = TinyLM()
+        fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+        fresh, fresh_optimizer, _ = again.prepare(fresh, fresh_optimizer, DataLoader(TensorDataset(tokens), batch_size=4))
+        if how == "load_state":
+            again.load_state(os.path.join(directory, "state"))
+        else:
+            again.load_model(fresh, os.path.join(directory, "final"))
+        loaded[how] = again.get_state_dict(fresh)
+    return {"partitioned": partitioned, "initial": initial, "trained": trained, "loaded": loaded}
+
+
+@pytest.mark.timeout(600)  # six engines on two ranks
+def test_init_module_builds_trains_saves_and_loads_the_same_model_partitioned_from_the_start(tmp_path, monkeypatch):
+    extensions = tmp_path / "torch_extensions"  # zero.Init starts DeepSpeed's comm backend before any engine:
+    extensions.mkdir()  # it must not build the shared-memory op either
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
+    plain = launch(init_module_rank, str(tmp_path / "plain"), False)
+    partitioned = launch(init_module_rank, str(tmp_path / "partitioned"), True)
+    assert list(extensions.iterdir()) == [], f"written in TORCH_EXTENSIONS_DIR: {list(extensions.rglob('*'))[:5]}"
+    assert plain[0]["partitioned"] == [False] and partitioned[0]["partitioned"] == [True]  # zero.Init at work
+    for what in ("initial", "trained"):  # bit for bit: deep-copied layers, MultiheadAttention's zeroed bias...
+        assert partitioned[0][what].keys() == plain[0][what].keys()
+        for name, value in plain[0][what].items():
+            assert torch.equal(partitioned[0][what][name], value), f"{what}: {name}"
+    assert partitioned[1]["trained"] == {}  # gathered on rank 0 only
+    for how in ("load_state", "load_model"):
+        assert_same_weights(partitioned[0]["loaded"][how], partitioned[0]["trained"], f"init_module(empty_init), {how}")
+
+
+def test_transformers_from_pretrained_inside_init_module_loads_into_the_partitions(tmp_path):
+    from test_fsdp import pretrained_rank, saved_tiny_gpt2
+
+    saved = saved_tiny_gpt2(str(tmp_path))
+    ranks = launch(pretrained_rank, str(tmp_path), "zero3")
+    assert_same_weights(ranks[0]["weights"], saved, "GPT-2 from_pretrained under ZeRO-3 init_module")
+
+
+def test_deepspeed_is_told_its_ranks_train_on_the_cpu_so_no_rank_warns_that_it_guessed(tmp_path):
+    from scripts import start_script
+
+    # a fresh process (this one imported DeepSpeed already), started away from the checkout so that it imports
+    # the notebook_accel under test
+    script = start_script("""
+        import torch
+        from notebook_accel import notebook_launcher
+
+        def rank():
+            import os
+            from notebook_accel import Accelerator, DeepSpeedPlugin
+            torch.set_num_threads(1)
+            Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))  # imports DeepSpeed
+            from deepspeed.accelerator import get_accelerator
+            return os.environ.get("DS_ACCELERATOR"), get_accelerator().device_name()
+
+        print("ranks:", notebook_launcher(rank, num_processes=2, device="cpu", display="text", return_all=True))
+    """, cwd=str(tmp_path))
+    try:
+        stdout, stderr = script.communicate(timeout=280)
+    finally:
+        script.kill()
+    printed = stdout + stderr
+    assert script.returncode == 0, printed
+    assert "ranks: [('cpu', 'cpu'), ('cpu', 'cpu')]" in stdout, printed
+    assert "Setting accelerator to CPU" not in printed, printed  # DeepSpeed's "we were unable to detect it"
+
+
 def test_a_model_prepared_without_its_optimizer_is_refused_with_one_message():
     messages = launch(prepare_alone_rank)
     assert all("prepare exactly one model and its optimizer" in message for message in messages)
@@ -347,6 +442,24 @@ def test_the_config_is_filled_from_the_launch_and_leftover_autos_are_refused():
     with pytest.raises(ValueError, match="differs from the Accelerator's 1"):
         filled_config(DeepSpeedPlugin(gradient_accumulation_steps=4), micro_batch=2, accumulation=1, world=2,
                       mixed_precision="no")  # fmt: skip
+
+
+def test_zero3s_bucket_and_step_sizes_come_from_the_models_width_as_hf_accelerate_fills_auto():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))  # width 64
+    config = filled_config(DeepSpeedPlugin(zero_stage=3), micro_batch=2, accumulation=1, world=2,
+                           mixed_precision="no", model=model)  # fmt: skip
+    assert config["zero_optimization"] == {"stage": 3, "reduce_bucket_size": 64 * 64,
+                                           "stage3_prefetch_bucket_size": int(0.9 * 64 * 64),
+                                           "sub_group_size": 4 * 64 * 64}  # fmt: skip
+    given = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 3, "reduce_bucket_size": 1000,
+                                                                "stage3_param_persistence_threshold": "auto"}})
+    config = filled_config(given, micro_batch=2, accumulation=1, world=2, mixed_precision="no", model=model)
+    assert config["zero_optimization"] == {"stage": 3, "reduce_bucket_size": 1000,
+                                           "stage3_param_persistence_threshold": 640}  # fmt: skip
+    # with no model (zero.Init, before it is built) an "auto" is DeepSpeed's own default
+    assert filled_config(DeepSpeedPlugin(zero_stage=3), micro_batch=2, accumulation=1, world=2,
+                         mixed_precision="no")["zero_optimization"] == {"stage": 3}  # fmt: skip
+    assert DeepSpeedPlugin(zero_stage=2).config["zero_optimization"] == {"stage": 2}  # ZeRO-3's sizes only
 
 
 def test_the_plugin_refuses_bad_input_before_any_model_is_built(tmp_path):

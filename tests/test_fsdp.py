@@ -6,7 +6,10 @@
 - ``get_state_dict`` gathers the full weights on rank 0; ``save_state`` on 1, 2 or 3 ranks (or under DDP) resumes
   on another number of ranks: the same weights, momentum and next step;
 - the seeds' Transformer loop with blocks wrapped by class name, bf16 and activation checkpointing;
-- the plugin's refusals and HF accelerate's environment spelling.
+- the plugin's refusals and HF accelerate's environment spelling;
+- ``init_module``: every rank records only its rows of each parameter as the model is built — exactly what a plain
+  construction writes — and prepare makes them its shards: the same model, training, checkpoints and ``load_model``
+  (rank 0 reads, the others receive their shards), at a third of the peak memory of building the whole model.
 """
 from __future__ import annotations
 
@@ -379,3 +382,212 @@ def test_save_model_writes_one_safetensors_file_of_the_full_weights(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["model.safetensors"]
     assert_same_weights(safetensors.load_file(ranks[0]["path"]), ranks[0]["weights"], "model.safetensors")
     assert_same_weights(ranks[0]["weights"], weights_of(fresh_training_objects()[0]), "the full model")
+
+
+# ----------------------------------------------------------------------------- init_module: no rank holds it whole
+class TinyLM(torch.nn.Module):
+    """What init_module must build exactly: layers nn.TransformerEncoder deep-copies, MultiheadAttention (whose
+    init writes to its child's bias), an Embedding with padding_idx (a row zeroed through a view), tied weights,
+    a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 16, padding_idx=0)
+        layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(16, 20, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("scale", torch.tensor(0.5))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens)) * self.scale)
+
+
+def tiny_lm_plugin() -> FullyShardedDataParallelPlugin:
+    return FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["TransformerEncoderLayer"])
+
+
+def init_module_rank(directory: str, use_init_module: bool) -> Dict[str, Any]:
+    import contextlib
+
+    accelerator = Accelerator(cpu=True, fsdp_plugin=tiny_lm_plugin())
+    torch.manual_seed(0)
+    with accelerator.init_module() if use_init_module else contextlib.nullcontext():
+        model = TinyLM()
+    built_on = sorted({str(param.device) for param in model.parameters()})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)  # built before prepare: pointed at the shards
+    model, optimizer = accelerator.prepare(model, optimizer)
+    initial = accelerator.get_state_dict(model)
+    tokens = torch.randint(1, 20, (4, 6), generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        accelerator.backward(F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()))
+        optimizer.step()
+        optimizer.zero_grad()
+    trained = accelerator.get_state_dict(model)
+    accelerator.save_state(os.path.join(directory, "state"))
+    accelerator.save_model(model, os.path.join(directory, "final"), safe_serialization=False)
+    loaded = {}
+    for how in ("load_state", "load_model"):  # into fresh models whose shards were never initialised
+        again = Accelerator(cpu=True, fsdp_plugin=tiny_lm_plugin())
+        with again.init_module(empty_init=True):
+            fresh = TinyLM()
+        fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+        fresh, fresh_optimizer = again.prepare(fresh, fresh_optimizer)
+        if how == "load_state":
+            again.load_state(os.path.join(directory, "state"))
+        else:
+            again.load_model(fresh, os.path.join(directory, "final"))
+        loaded[how] = again.get_state_dict(fresh)
+    return {"built_on": built_on, "initial": initial, "trained": trained, "loaded": loaded}
+
+
+def test_init_module_builds_trains_saves_and_loads_the_same_model_without_any_rank_holding_it_whole(tmp_path):
+    plain = launch(init_module_rank, str(tmp_path / "plain"), False)
+    recorded = launch(init_module_rank, str(tmp_path / "recorded"), True)
+    assert plain[0]["built_on"] == ["cpu"] and recorded[0]["built_on"] == ["meta"]  # nothing allocated yet
+    torch.manual_seed(0)
+    expected = {name: value.detach() for name, value in TinyLM().state_dict().items()}  # one process, same seed
+    for what in ("initial", "trained"):  # bit for bit: the same model, then the same training
+        for name in expected:
+            assert torch.equal(recorded[0][what][name], plain[0][what][name]), f"{what}: {name}"
+    for name in expected:
+        assert torch.equal(recorded[0]["initial"][name], expected[name]), name
+    assert torch.equal(expected["encoder.layers.0.linear1.weight"], expected["encoder.layers.1.linear1.weight"])
+    assert recorded[1]["initial"] == {} and recorded[1]["trained"] == {}  # the full weights are rank 0's only
+    for how in ("load_state", "load_model"):
+        assert_same_weights(recorded[0]["loaded"][how], recorded[0]["trained"], f"init_module(empty_init), {how}")
+
+
+def peak_growth_rank(use_init_module: bool) -> int:
+    """Peak RSS growth while building and preparing a 25M-parameter model (100 MB in fp32), in bytes."""
+    import contextlib
+
+    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(min_num_params=1))
+    accelerator.prepare(torch.nn.Linear(4, 4))  # FSDP2's imports and first allocations: not the model's memory
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # the peak RSS starts again from the RSS now
+    start = _status_bytes("VmRSS")
+    with accelerator.init_module() if use_init_module else contextlib.nullcontext():
+        model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(24)])
+    accelerator.prepare(model)
+    return _status_bytes("VmHWM") - start
+
+
+def _status_bytes(field: str) -> int:
+    import re
+
+    with open("/proc/self/status") as status:
+        return int(re.search(rf"^{field}:\s+(\d+) kB", status.read(), re.MULTILINE).group(1)) * 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="measures the peak RSS through Linux's /proc")
+def test_init_module_keeps_a_ranks_peak_memory_well_below_building_the_whole_model():
+    # without it: the whole model (100 MB) and then the shards; with it: the shards (50 MB) and one layer at a time
+    whole = max(launch(peak_growth_rank, False))
+    sharded = max(launch(peak_growth_rank, True))
+    assert whole > 100 * 2**20, whole  # the measure sees the model
+    assert sharded < 0.6 * whole, (sharded, whole)
+
+
+def test_init_module_records_each_ranks_rows_exactly_as_a_real_construction_writes_them():
+    """In this process: every rank's recorded rows are its dim-0 chunk of what the construction really gives,
+    through every way a constructor writes a parameter; the random state ends where it would."""
+    from notebook_accel.accelerator.sharded_init import ShardedInit, rows_of
+
+    class Writes(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = TinyLM()
+            self.drawn = torch.nn.Parameter(torch.randn(5, 3))  # a value made before it is a parameter
+            self.gru = torch.nn.GRU(3, 4)
+            for start in range(0, 12, 4):  # torch.nn.init on views (orthogonal_ reads what it draws)
+                torch.nn.init.orthogonal_(self.gru.weight_hh_l0[start:start + 4])
+            self.linear = torch.nn.Linear(3, 7)
+            torch.nn.init.trunc_normal_(self.linear.weight, std=0.02)  # resamples what falls outside
+            self.linear.bias.data.normal_(0, 0.1).mul_(0.5)  # through .data, then an elementwise update
+            with torch.no_grad():
+                self.linear.weight[:, 1] = 1.5  # a column: every rank's rows
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+            torch.nn.init.dirac_(self.conv.weight)
+            self.ones = torch.nn.Parameter(torch.ones_like(self.linear.bias) * 2)
+            self.width = self.conv(torch.zeros(1, 3, 8, 8)).numel()  # a trial forward, on the meta device
+
+    def build() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return Writes()
+
+    expected = {name: param.detach() for name, param in build().named_parameters()}
+    after = torch.rand(3)
+    for world in (2, 3):
+        for rank in range(world):
+            recording = ShardedInit(world, rank)
+            with recording:
+                model = build()
+            assert torch.equal(torch.rand(3), after)  # the random state moved exactly as for the real model
+            assert all(param.is_meta for param in model.parameters()) and model.width == 4 * 6 * 6
+            rows = recording.take(model)
+            assert rows.keys() == expected.keys()
+            for name, value in expected.items():
+                start, stop = rows_of(value.shape, world, rank)
+                assert torch.equal(rows[name], value[start:stop]), (name, world, rank)
+            assert not recording._records  # nothing kept once taken (the layer TransformerEncoder copied either)
+
+
+def test_init_module_refuses_what_it_cannot_replay_on_shards_naming_the_parameter():
+    from notebook_accel.accelerator.sharded_init import ShardedInit
+
+    class Unreplayable(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fine = torch.nn.Linear(2, 2)
+            self.logit = torch.nn.Parameter(torch.rand(3))
+            self.logit.data.logit_()  # not an operation init_module replays on rows
+            self.ghost = torch.nn.Parameter(torch.empty(3, device="meta"))
+
+    recording = ShardedInit(2, 0)
+    with recording:
+        model = Unreplayable()
+    with pytest.raises(ValueError, match="init_module cannot build this rank's shards: logit: changed in place by "
+                                         "Tensor.logit_.*; ghost: it was made on the meta device"):  # fmt: skip
+        recording.take(model)
+
+
+def pretrained_rank(directory: str, sharding: str) -> Dict[str, Any]:
+    """transformers' from_pretrained inside init_module: under FSDP2 each rank keeps its rows of every weight as
+    it is loaded; under ZeRO-3 transformers is told (as HF accelerate's zero3_init_flag does) and loads into the
+    partitions."""
+    import transformers
+    from notebook_accel import DeepSpeedPlugin
+
+    if sharding == "fsdp2":
+        accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(
+            transformer_cls_names_to_wrap=["GPT2Block"]))
+    else:
+        accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    with accelerator.init_module():
+        model = transformers.GPT2LMHeadModel.from_pretrained(directory)
+    built_on = sorted({str(param.device) for param in model.parameters()})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if sharding == "fsdp2":
+        model, optimizer = accelerator.prepare(model, optimizer)
+    else:
+        model, optimizer, _ = accelerator.prepare(model, optimizer, DataLoader(TensorDataset(torch.zeros(4, 1)),
+                                                                               batch_size=2))  # fmt: skip
+    return {"built_on": built_on, "weights": accelerator.get_state_dict(model)}
+
+
+def saved_tiny_gpt2(directory: str) -> Dict[str, torch.Tensor]:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64,
+                                     bos_token_id=0, eos_token_id=0)  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config)
+    model.save_pretrained(directory)
+    return {name: value.clone() for name, value in model.state_dict().items()}
+
+
+def test_transformers_from_pretrained_inside_init_module_loads_each_ranks_shards(tmp_path):
+    saved = saved_tiny_gpt2(str(tmp_path))
+    ranks = launch(pretrained_rank, str(tmp_path), "fsdp2")
+    assert ranks[0]["built_on"] == ["meta"]  # each rank kept its rows of the weights as they were loaded
+    assert_same_weights(ranks[0]["weights"], saved, "GPT-2 from_pretrained under FSDP2 init_module")

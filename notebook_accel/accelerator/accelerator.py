@@ -13,11 +13,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from . import operations
-from .checkpointing import load_checkpoint, save_checkpoint
+from .checkpointing import load_checkpoint, load_model_weights, save_checkpoint
 from .data_loader import PreparedDataLoader, XlaDeviceLoader, prepare_data_loader
 from .fsdp import FullyShardedDataParallelPlugin, full_state_dict, is_sharded, shard_model
 from .gradient_state import GradientState
-from .memory import held_bytes, memory_line
+from .memory import held_bytes, memory_line, release_freed_memory
 from .optimizer import AcceleratedOptimizer, move_state_to_params, switch_parameters
 from .placement import check_model_placement
 from .precision import (
@@ -30,15 +30,25 @@ from .precision import (
     resolve_mixed_precision,
 )
 from .rng import set_seed as _set_seed
+from .rng import torch_random_state
+from .sharded_init import ShardedInit, SkippedInit
 from .scheduler import AcceleratedScheduler
 from .state import DistributedType, ProcessState, destroy_process_group, resolve_process_state
 from .zero import DeepSpeedOptimizer, DeepSpeedPlugin, build_engine, engine_state_dict, filled_config, import_deepspeed
-from .zero import is_engine
+from .zero import is_engine, zero_init
 
 __all__ = ["Accelerator"]
 
 Tree = Any
 _PREPARE_ORDER = ("model", "optimizer", "data_loader", "scheduler")  # each needs the ones before it
+
+
+@contextlib.contextmanager
+def _then_trimmed(first: ContextManager[Any], second: ContextManager[Any]) -> Iterator[None]:
+    """Both contexts; then the memory the whole parameters took is given back (see release_freed_memory)."""
+    with first, second:
+        yield
+    release_freed_memory()
 
 
 def _is_scheduler(obj: Any) -> bool:
@@ -127,6 +137,8 @@ class Accelerator:
         self._data_loaders: List[PreparedDataLoader] = []
         self._accumulation_count = 0
         self._moved_parameters: Dict[torch.nn.Parameter, torch.nn.Parameter] = {}  # old -> new, see prepare_model
+        self._recordings: List[ShardedInit] = []  # models built by init_module under FSDP2, until prepared
+        self._trim_after_first_backward = False
         if seed is not None:
             self.set_seed(seed)
 
@@ -170,7 +182,7 @@ class Accelerator:
                 stacklevel=3,
             )
             return None
-        import_deepspeed()  # a missing install says so now, before any model is built
+        import_deepspeed(on_cpu=self.device.type == "cpu")  # a missing install says so now, before any model is built
         return plugin
 
     @staticmethod
@@ -249,6 +261,52 @@ class Accelerator:
             f"distributed_type={self.distributed_type.value}, mixed_precision={self.mixed_precision!r})"
         )
 
+    # ------------------------------------------------------------------------------------- building a model
+    def init_module(self, empty_init: bool = False) -> ContextManager[Any]:
+        """Build the model inside this block, and no rank holds it whole under FSDP2 or ZeRO-3 (every rank builds
+        it, keeping only its part); elsewhere the block changes nothing.
+
+        - FSDP2: parameters are made on the meta device while this rank records its shard of each as it is
+          initialised (``torch.nn.init``, fills, slices, ``copy.deepcopy``...); ``prepare`` allocates the shards and
+          fills them. The weights are exactly those of the same construction outside the block, from rank 0's random
+          state (as DDP, and ``prepare`` without this block, start every rank from rank 0's weights).
+        - ZeRO-3: ``deepspeed.zero.Init`` with the plugin's config (each module is partitioned as soon as it is
+          built, to rank 0's values).
+        - DDP, one process, TPU, ZeRO-1/2: every rank needs the whole model anyway; a plain block.
+
+        ``empty_init=True`` skips the initialisation (``torch.nn.init`` does nothing, FSDP2 shards are left
+        uninitialised): faster, for weights loaded right after ``prepare`` (:meth:`load_model`, ``load_state``).
+
+        Example::
+
+            with accelerator.init_module():
+                model = MyTransformer()          # under FSDP2: no memory yet
+            optimizer = torch.optim.AdamW(model.parameters())
+            model, optimizer = accelerator.prepare(model, optimizer)   # each rank: its shards, initialised
+        """
+        if self.fsdp_plugin is not None:
+            return self._recording(empty_init)
+        if self.deepspeed_plugin is not None and self.deepspeed_plugin.zero_stage == 3:
+            partitioned = zero_init(self.deepspeed_plugin, accumulation=self.gradient_accumulation_steps,
+                                    world=self.num_processes, mixed_precision=self._mixed_precision)  # fmt: skip
+            return _then_trimmed(partitioned, SkippedInit() if empty_init else contextlib.nullcontext())
+        return SkippedInit() if empty_init else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _recording(self, empty_init: bool) -> Iterator[ShardedInit]:
+        recording = ShardedInit(self.num_processes, self.process_index, empty=empty_init)
+        with torch_random_state(operations.broadcast_object(torch.get_rng_state())):
+            with _then_trimmed(recording, contextlib.nullcontext()):
+                yield recording
+        self._recordings.append(recording)
+
+    def _recorded_shards(self, model: torch.nn.Module) -> Optional[Dict[str, Optional[torch.Tensor]]]:
+        """This rank's recorded shards of a model built by :meth:`init_module` under FSDP2 (None for any other)."""
+        for recording in self._recordings:
+            if recording.owns(model):
+                return recording.take(model)
+        return None
+
     # -------------------------------------------------------------------------------------------- prepare
     def prepare(self, *objects: Any) -> Any:
         """Prepare models, optimizers, data loaders and LR schedulers; returns them in the same order.
@@ -304,9 +362,14 @@ class Accelerator:
             if model not in self._models:
                 self._models.append(model)
             return model
-        if self.fsdp_plugin is not None:
+        recorded = self._recorded_shards(model) if self.fsdp_plugin is not None else None
+        if self.fsdp_plugin is not None and recorded is None:
             check_model_placement(model, self.device, "FSDP2")
-        if self.device_placement:
+        if recorded is not None:  # its parameters are on the meta device (FSDP2 allocates them), its buffers real
+            for module in model.modules():
+                module._buffers.update({name: buffer.to(self.device) for name, buffer in module._buffers.items()
+                                        if buffer is not None})  # fmt: skip
+        elif self.device_placement:
             before = dict(model.named_parameters())
             model = model.to(self.device)
             # Moving to an XLA device makes new Parameter objects (CPU and XLA tensors cannot share a
@@ -323,7 +386,9 @@ class Accelerator:
 
             xm.broadcast_master_param(model)
         elif self.fsdp_plugin is not None:
-            self._shard(model)
+            self._shard(model, recorded)
+            self._trim_after_first_backward = True
+            release_freed_memory()
         elif self.num_processes > 1:
             options = dict(self.ddp_kwargs)
             if self.device.type == "cuda":
@@ -350,17 +415,20 @@ class Accelerator:
         if micro_batch is not None and self.split_batches:
             micro_batch //= self.num_processes
         config = filled_config(self.deepspeed_plugin, micro_batch=micro_batch, world=self.num_processes,
-                               accumulation=self.gradient_accumulation_steps, mixed_precision=self._mixed_precision)
+                               accumulation=self.gradient_accumulation_steps, mixed_precision=self._mixed_precision,
+                               model=model)
         if self.device_placement:
             model = model.to(self.device)
         add_low_precision_forward(model, self._mixed_precision)  # DeepSpeed makes the weights bf16/fp16 itself
         engine = build_engine(model, optimizer, config)
         self._deepspeed_engine = engine
+        self._trim_after_first_backward = True
+        release_freed_memory()
         self._models.append(engine)
         wrapped = DeepSpeedOptimizer(optimizer, engine, self.gradient_state)
         stage = self.deepspeed_plugin.zero_stage
-        wrapped.after_first_step = lambda: self._say_what_is_held(f"DeepSpeed ZeRO-{stage}", engine.module,
-                                                                  optimizer, gradients=False)  # fmt: skip
+        wrapped.after_first_step = lambda: self._after_first_sharded_step(f"DeepSpeed ZeRO-{stage}", engine.module,
+                                                                          optimizer, gradients=False)  # fmt: skip
         self._optimizers.append(wrapped)
         prepared = list(objects)
         for position, kind in enumerate(kinds):
@@ -374,13 +442,15 @@ class Accelerator:
                     prepared[position] = getattr(self, f"prepare_{kind}")(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
-    def _shard(self, model: torch.nn.Module) -> None:
-        """FSDP2 in place. Like DDP at construction, every rank starts from rank 0's weights first (each
-        rank's own init may differ); then an optimizer prepared earlier is pointed at the new parameters."""
+    def _shard(self, model: torch.nn.Module, recorded: Optional[Dict[str, Optional[torch.Tensor]]]) -> None:
+        """FSDP2 in place. Like DDP at construction, every rank starts from rank 0's weights first (each rank's own
+        init may differ; a model from init_module was built from rank 0's random state, and only its buffers are
+        sent); then an optimizer prepared earlier is pointed at the new parameters."""
         with torch.no_grad():
-            for tensor in list(model.parameters()) + list(model.buffers()):
+            for tensor in list(model.buffers()) + (list(model.parameters()) if recorded is None else []):
                 torch.distributed.broadcast(tensor, src=0)
-        moved = shard_model(model, self.fsdp_plugin, self.device, self.num_processes, self._mixed_precision)
+        moved = shard_model(model, self.fsdp_plugin, self.device, self.num_processes, self._mixed_precision,
+                            rows=recorded)  # fmt: skip
         self._moved_parameters.update(moved)
         for optimizer in self._optimizers:
             switch_parameters(optimizer.optimizer, moved)
@@ -395,12 +465,14 @@ class Accelerator:
         wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler, xla_world=xla_world)
         sharded = [model for model in self._models if is_sharded(model)]
         if sharded:
-            wrapped.after_first_step = lambda: self._say_what_is_held("FSDP2", sharded[0], optimizer)
+            wrapped.after_first_step = lambda: self._after_first_sharded_step("FSDP2", sharded[0], optimizer)
         self._optimizers.append(wrapped)
         return wrapped
 
-    def _say_what_is_held(self, how: str, model: torch.nn.Module, optimizer: Any, gradients: bool = True) -> None:
-        """One line per rank, in its output on the dashboard: sharding at work (each rank about 1/N)."""
+    def _after_first_sharded_step(self, how: str, model: torch.nn.Module, optimizer: Any, gradients: bool = True) -> None:
+        """One line per rank, in its output on the dashboard: sharding at work (each rank about 1/N); and the
+        memory the step's temporaries freed is given back, as after the first backward."""
+        release_freed_memory()
         builtins.print(memory_line(how, self.num_processes, held_bytes(model, optimizer, gradients)), flush=True)
 
     def prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
@@ -443,12 +515,15 @@ class Accelerator:
             # the engine divides by its accumulation steps and reduces (ZeRO) on the boundary we tell it
             self._deepspeed_engine.set_gradient_accumulation_boundary(self.sync_gradients)
             self._deepspeed_engine.backward(loss, **kwargs)
-            return
-        if self.gradient_accumulation_steps > 1:
-            loss = loss / self.gradient_accumulation_steps
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        loss.backward(**kwargs)
+        else:
+            if self.gradient_accumulation_steps > 1:
+                loss = loss / self.gradient_accumulation_steps
+            if self.scaler is not None:
+                loss = self.scaler.scale(loss)
+            loss.backward(**kwargs)
+        if self._trim_after_first_backward:  # sharded: the gathered layers it freed, before the optimizer state comes
+            self._trim_after_first_backward = False
+            release_freed_memory()
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
@@ -696,6 +771,23 @@ class Accelerator:
                 torch.save(weights, path)
         self.wait_for_everyone()
         return path
+
+    def load_model(self, model: torch.nn.Module, path: str, strict: bool = True) -> None:
+        """Full weights from ``path`` into ``model`` (prepared or not; call it on every rank): what
+        :meth:`save_model` wrote (its directory or its file), any ``.safetensors`` / ``torch.save`` file of a state
+        dict, a Hugging Face directory with ``model.safetensors.index.json``, or the ``model.dcp`` of
+        :meth:`save_state`. Under FSDP2 and ZeRO-3 rank 0 reads the file, once, and sends it one tensor at a time:
+        every other rank keeps only its shards, so none holds the whole model (torch.distributed.checkpoint's
+        ``model.dcp``: each rank reads its own shards). With DDP or one process every rank reads it.
+
+        Example::
+
+            with accelerator.init_module(empty_init=True):     # no time spent on weights about to be replaced
+                model = MyModel()
+            model, optimizer = accelerator.prepare(model, optimizer)
+            accelerator.load_model(model, "pretrained/")       # rank 0 reads; each rank keeps its shards
+        """
+        load_model_weights(model, path, strict=strict)
 
     def save(self, obj: Any, path: str) -> None:
         """``torch.save`` on the main process, once every rank got here; all ranks return when it is written.

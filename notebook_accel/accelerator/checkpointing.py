@@ -41,12 +41,14 @@ from .full_state import (
     with_parameter_names,
     without_parameter_names,
 )
-from .operations import barrier, world_size
+from .operations import barrier, broadcast_object, world_size
 from .rng import capture_rng_states, restore_rng_states
 from .zero import is_engine
 from .zero_checkpoint import read_zero_checkpoint, saved_ranks
 
-__all__ = ["save_checkpoint", "load_checkpoint"]
+__all__ = ["save_checkpoint", "load_checkpoint", "load_model_weights", "WEIGHT_FILES"]
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # what save_model writes (and Hugging Face's names)
 
 
 def _numbered(stem: str, index: int) -> str:
@@ -216,11 +218,11 @@ def _load_model(directory: str, index: int, model: torch.nn.Module, optimizers: 
                              "load those plain files into the engine")  # fmt: skip
         _load_sharded_model(model, sharded)
         return []
-    weights = _load(_existing(directory, "model", index, "models"))
-    if is_engine(model) or is_sharded(model):  # a plain checkpoint: the full weights, cut to this rank's part
-        load_full_weights(model, weights)
+    path = _existing(directory, "model", index, "models")
+    if is_engine(model) or is_sharded(model):  # a plain checkpoint: rank 0 reads it, each rank keeps its part
+        load_full_weights(model, _load(path) if rank() == 0 else None, from_rank0=True)
     else:
-        model.load_state_dict(weights)
+        model.load_state_dict(_load(path))
     return []
 
 
@@ -296,3 +298,72 @@ def load_checkpoint(
         for loader, state in zip(loaders, saved_loaders):
             _restore_loader(loader, state)
     barrier()
+
+
+# ------------------------------------------------------------------------------------ Accelerator.load_model
+def rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _weight_files(path: str) -> List[str]:
+    """The files of full weights at ``path``: the file itself, or in a directory what ``save_model`` writes, or
+    Hugging Face's ``model.safetensors.index.json`` with the shards it lists."""
+    if os.path.isfile(path):
+        return [path]
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        import json
+
+        with open(index) as file:
+            shards = sorted(set(json.load(file)["weight_map"].values()))
+        return [os.path.join(path, shard) for shard in shards]
+    for name in WEIGHT_FILES:
+        if os.path.isfile(os.path.join(path, name)):
+            return [os.path.join(path, name)]
+    raise FileNotFoundError(f"no weights at {path!r}: give a .safetensors / .bin / .pt file, or a directory holding "
+                            f"{' or '.join(WEIGHT_FILES)}, a model.safetensors.index.json, or model.dcp (save_state)")
+
+
+def _read_weights(files: Sequence[str]) -> Dict[str, torch.Tensor]:
+    weights: Dict[str, torch.Tensor] = {}
+    for file in files:
+        if file.endswith(".safetensors"):
+            try:
+                from safetensors.torch import load_file
+            except ImportError as error:
+                raise ImportError(f"{file} is a safetensors file: pip install safetensors") from error
+            weights.update(load_file(file))
+        else:
+            weights.update(_load(file))
+    return weights
+
+
+def load_model_weights(model: torch.nn.Module, path: str, strict: bool = True) -> None:
+    """:meth:`Accelerator.load_model`: full weights from ``path`` into ``model``, read by rank 0 only where the
+    model is sharded (the others receive their parts), by every rank where each needs the whole model anyway."""
+    if not is_engine(model) and any(param.is_meta or hasattr(param, "ds_id") for param in model.parameters()):
+        raise ValueError("load_model: this model was built by init_module and is not prepared yet (its shards are "
+                         "made by prepare): prepare it first, then load_model")
+    sharded = path if os.path.isfile(os.path.join(path, ".metadata")) else os.path.join(path, _sharded_dir("model", 0))
+    if os.path.isdir(sharded):  # torch.distributed.checkpoint shards: each rank reads its own
+        if is_engine(model):
+            raise ValueError(f"{sharded!r} holds FSDP2 shards, which a DeepSpeed engine does not load")
+        _load_sharded_model(model, sharded)
+        return
+    if not (is_engine(model) or is_sharded(model)) or world_size() == 1:
+        weights = _read_weights(_weight_files(path))
+        target = getattr(model, "module", model)  # DDP
+        target.load_state_dict(weights, strict=strict)
+        return
+    weights, problem = None, None
+    if rank() == 0:
+        try:
+            weights = _read_weights(_weight_files(path))
+        except (OSError, ImportError, RuntimeError) as error:
+            problem = error
+    problem = broadcast_object(problem)  # all ranks raise together, instead of waiting for rank 0's tensors
+    if problem is not None:
+        raise problem
+    load_full_weights(model, weights, from_rank0=True, strict=strict)

@@ -197,12 +197,14 @@ def canonical_name(name: str) -> str:
 
 def shard_model(
     model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin, device: torch.device, world: int,
-    mixed_precision: str,
+    mixed_precision: str, rows: Optional[Dict[str, Optional[torch.Tensor]]] = None,
 ) -> Dict[torch.nn.Parameter, torch.nn.Parameter]:
     """Shard ``model`` in place over ``world`` ranks; returns old parameter -> new (sharded) parameter.
 
     ``fully_shard`` registers new parameters (DTensors), so an optimizer built on the model before
-    ``prepare`` must be pointed at them (see ``optimizer.switch_parameters``).
+    ``prepare`` must be pointed at them (see ``optimizer.switch_parameters``). A model built under
+    ``init_module`` has its parameters on the meta device and comes with ``rows``, this rank's recorded part of
+    each (see :mod:`.sharded_init`): it is sharded as it is, then its shards are allocated and filled.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
@@ -220,17 +222,44 @@ def shard_model(
         chosen = {id(block) for block in blocks}
         apply_activation_checkpointing(model, check_fn=lambda module: id(module) in chosen)
     mesh = init_device_mesh(device.type, (world,))
+    offload = plugin.cpu_offload and device.type != "cpu"
     options = dict(
         mesh=mesh,
         reshard_after_forward=plugin.reshard_after_forward,
         mp_policy=_mixed_precision_policy(plugin, mixed_precision),
-        offload_policy=CPUOffloadPolicy() if plugin.cpu_offload and device.type != "cpu" else OffloadPolicy(),
+        offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy(),
     )
     for block in blocks:
         fully_shard(block, **options)
     fully_shard(model, **options)
+    if rows is not None:
+        _fill_shards(model, rows, torch.device("cpu") if offload else device)
     after = {canonical_name(name): param for name, param in model.named_parameters()}
     return {param: after[name] for name, param in before.items() if name in after and after[name] is not param}
+
+
+def _fill_shards(model: torch.nn.Module, rows: Dict[str, Optional[torch.Tensor]], device: torch.device) -> None:
+    """Give a model sharded on the meta device its shards: this rank's recorded ``rows`` of each parameter
+    become its local shard (moved to ``device``; uninitialised where none were recorded), one parameter at a time,
+    as ``load_state_dict(assign=True)`` — which FSDP2 supports — so no second copy is made. Its buffers are real
+    all along (``fully_shard`` moved them to the device)."""
+    from torch.distributed.tensor import DTensor
+
+    shards: Dict[int, torch.nn.Parameter] = {}
+    state: Dict[str, torch.nn.Parameter] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):  # tied parameters: one shard, every name
+        if id(param) not in shards:
+            values = rows.pop(canonical_name(name), None)
+            local = (torch.empty(param.to_local().shape, dtype=param.dtype, device=device) if values is None
+                     else values.to(device))  # fmt: skip
+            if local.shape != param.to_local().shape:
+                raise RuntimeError(f"init_module: the shard of {name} is {tuple(param.to_local().shape)} but "
+                                   f"{tuple(local.shape)} was recorded (FSDP2 cuts dim 0 as torch.chunk does)")
+            sharded = DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape,
+                                         stride=param.stride())  # fmt: skip
+            shards[id(param)] = torch.nn.Parameter(sharded, requires_grad=param.requires_grad)
+        state[canonical_name(name)] = shards[id(param)]
+    model.load_state_dict(state, strict=False, assign=True)
 
 
 def full_state_dict(model: torch.nn.Module) -> Dict[str, torch.Tensor]:

@@ -91,15 +91,19 @@ def named_optimizer_state(state_dict: Dict[str, Any], names: Optional[List[List[
 
 
 # ----------------------------------------------------------------------------------- writing it into a model
-def load_full_weights(model: torch.nn.Module, weights: Dict[str, torch.Tensor]) -> None:
+def load_full_weights(model: torch.nn.Module, weights: Optional[Dict[str, torch.Tensor]], from_rank0: bool = False,
+                      strict: bool = True) -> None:
     """Full ``weights`` into a prepared ``model``: plain, FSDP2-sharded (torch.distributed.checkpoint's
-    full-state setter cuts this rank's shards) or a DeepSpeed engine. Every rank calls it with the same."""
+    full-state setter cuts this rank's shards) or a DeepSpeed engine. Every rank calls it: with the same
+    ``weights``, or, ``from_rank0``, with them on rank 0 only (None elsewhere) — rank 0 then sends them one tensor
+    at a time and each rank keeps its part, so no other rank ever holds the whole model."""
     if is_engine(model):
-        _weights_into_engine(model, weights)
+        _weights_into_engine(model, weights, from_rank0)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=from_rank0, strict=strict)
+    set_model_state_dict(model, weights or {}, options=options)
 
 
 def load_full_optimizer_state(model: torch.nn.Module, optimizer: Any, state: NamedOptimizerState) -> bool:
@@ -140,18 +144,29 @@ def _zero_optimizer(engine: Any, what: str) -> Any:
     return zero
 
 
-def _weights_into_engine(engine: Any, weights: Dict[str, torch.Tensor]) -> None:
+def _weights_into_engine(engine: Any, weights: Optional[Dict[str, torch.Tensor]], from_rank0: bool = False) -> None:
     import deepspeed
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_local_fp32_param
+
+    from .operations import broadcast_object
 
     _zero_optimizer(engine, "full weights")
     module = engine.module
     parameters = dict(module.named_parameters())
-    missing = sorted(set(parameters) - set(weights))
+    # what rank 0 holds: every rank learns it, so all raise together, or all take part in each broadcast
+    layout = {name: (tuple(value.shape), value.dtype) for name, value in (weights or {}).items()}
+    layout = broadcast_object(layout) if from_rank0 else layout
+    missing = sorted(set(parameters) - set(layout))
     if missing:
         raise KeyError(f"the checkpoint has no weights for {', '.join(missing)}")
+
+    def value_of(name: str, device: Any) -> torch.Tensor:
+        if not from_rank0:
+            return weights[name]  # type: ignore[index]
+        return _from_rank0(weights[name] if weights is not None else None, *layout[name], device)
+
     for name, param in parameters.items():
-        value = weights[name]
+        value = value_of(name, engine.device)  # one parameter at a time: no other rank holds the whole model
         with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
             param.data.copy_(value.to(param.dtype).view_as(param))  # rank 0's copy is what is partitioned
         if hasattr(param, "ds_id"):
@@ -159,8 +174,17 @@ def _weights_into_engine(engine: Any, weights: Dict[str, torch.Tensor]) -> None:
         else:
             safe_set_full_fp32_param(param, value.to(torch.float32))
     for name, buffer in module.named_buffers():
-        if name in weights:
-            buffer.data.copy_(weights[name])
+        if name in layout:
+            buffer.data.copy_(value_of(name, buffer.device))
+
+
+def _from_rank0(value: Optional[torch.Tensor], shape: Any, dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """Rank 0's ``value`` (of ``shape`` and ``dtype``), on every rank."""
+    import torch.distributed as dist
+
+    tensor = value.to(device).contiguous() if value is not None else torch.empty(shape, dtype=dtype, device=device)
+    dist.broadcast(tensor, src=0)
+    return tensor
 
 
 def _optimizer_state_into_engine(engine: Any, state: NamedOptimizerState) -> bool:

@@ -7,13 +7,16 @@ dashboard's output shows sharding working: each rank holding about 1/N.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+import ctypes
+import ctypes.util
+import functools
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
 from ..formatting import format_bytes
 
-__all__ = ["held_bytes", "memory_line"]
+__all__ = ["held_bytes", "memory_line", "release_freed_memory"]
 
 
 def _nbytes(tensor: Any) -> int:
@@ -62,3 +65,24 @@ def memory_line(how: str, world: int, figures: Dict[str, Optional[int]]) -> str:
         f"{format_bytes(figures['parameters'])} of {format_bytes(figures['whole_parameters'])}{gradients}, "
         f"optimizer state {format_bytes(figures['optimizer'])}"
     )
+
+
+@functools.lru_cache(maxsize=None)
+def _malloc_trim() -> Optional[Callable[[int], int]]:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim  # glibc's
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed_memory() -> None:
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing).
+
+    glibc keeps freed blocks of a few MB in its heap, and smaller long-lived blocks allocated next are carved out
+    of them, so the next large block no longer fits and the heap grows: freed memory stays resident. Sharding
+    makes that pattern at a few moments — a parameter made whole, its rows kept and the rest freed (init_module);
+    whole layers gathered and freed (the first backward), before the optimizer state is allocated (the first
+    step) — so a rank trims then: its resident memory stays near what it holds (a few ms each)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

@@ -7,12 +7,13 @@ run with a *separate* stream, seeded identically on all ranks; the user's global
 """
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any, Dict, Iterable, Iterator, TypeVar
 
 import torch
 
-__all__ = ["set_seed", "capture_rng_states", "restore_rng_states", "SharedRNG", "epoch_seed"]
+__all__ = ["set_seed", "capture_rng_states", "restore_rng_states", "SharedRNG", "epoch_seed", "torch_random_state"]
 
 T = TypeVar("T")
 
@@ -37,6 +38,22 @@ def set_seed(seed: int, device_specific: bool = False, process_index: int = 0) -
         pass
     torch.manual_seed(seed)  # also seeds every CUDA device
     return seed
+
+
+@contextlib.contextmanager
+def torch_random_state(state: torch.Tensor) -> Iterator[None]:
+    """Torch's CPU generator runs from ``state`` inside the block (e.g. rank 0's, on every rank). Afterwards it
+    goes on from where the block left it if it was at ``state`` already, else it returns to where it was (a rank
+    seeded on its own keeps its own stream)."""
+    own = torch.get_rng_state()
+    already = torch.equal(own, state)
+    if not already:
+        torch.set_rng_state(state)
+    try:
+        yield
+    finally:
+        if not already:
+            torch.set_rng_state(own)
 
 
 def capture_rng_states() -> Dict[str, Any]:

@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import os
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Union
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from .gradient_state import GradientState
 from .optimizer import AcceleratedOptimizer
 
-__all__ = ["DeepSpeedPlugin", "DeepSpeedOptimizer", "build_engine", "filled_config", "is_engine", "engine_state_dict"]
+__all__ = ["DeepSpeedPlugin", "DeepSpeedOptimizer", "build_engine", "filled_config", "is_engine", "engine_state_dict",
+           "zero_init"]
 
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
@@ -88,6 +91,12 @@ class DeepSpeedPlugin:
             self.gradient_accumulation_steps = config["gradient_accumulation_steps"]
         if self.gradient_clipping is not None:
             config["gradient_clipping"] = self.gradient_clipping
+        if self.hf_ds_config is None and stage == 3:
+            # sized from the model at prepare (DeepSpeed's own defaults, 500M-element buckets and a 1G-element
+            # optimizer step, are made for GPUs with models in the billions: in a notebook they cost a rank more
+            # memory during backward and its step than ZeRO-3 saves)
+            for key in _SIZED_BY_THE_MODEL:
+                zero.setdefault(key, "auto")
         self.hf_ds_config = config
 
     @property
@@ -115,7 +124,13 @@ class DeepSpeedPlugin:
         )
 
 
-def import_deepspeed() -> Any:
+def import_deepspeed(on_cpu: bool = False) -> Any:
+    """``deepspeed``, or an ImportError that says how to install it. ``on_cpu``: this rank trains on the CPU, which
+    DeepSpeed is told (``DS_ACCELERATOR=cpu``, unless set already) before its first import: it would otherwise pick
+    CUDA wherever a GPU is visible (``Accelerator(cpu=True)`` on a GPU machine), and without one warn from every
+    rank that it is "Setting accelerator to CPU" as if that were a guess."""
+    if on_cpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     try:
         import deepspeed
     except ImportError as error:
@@ -132,11 +147,39 @@ def _leftover_autos(tree: Any, path: str = "") -> List[str]:
     return [path] if tree == "auto" else []
 
 
+# ZeRO-3's sizes that HF accelerate fills from the model's hidden size h where the config says "auto"
+# (sub_group_size too, here: the optimizer then steps 4·h² elements at a time, not a rank's whole partition)
+_SIZED_BY_THE_MODEL = {
+    "reduce_bucket_size": lambda hidden: hidden * hidden,
+    "stage3_prefetch_bucket_size": lambda hidden: int(0.9 * hidden * hidden),
+    "sub_group_size": lambda hidden: 4 * hidden * hidden,
+}
+_ALSO_HF_AUTO = {"stage3_param_persistence_threshold": lambda hidden: 10 * hidden}
+
+
+def hidden_size(model: torch.nn.Module) -> Optional[int]:
+    """The model's width: a transformers model's ``config.hidden_size``, else the largest of the smaller side of
+    its matrices (a Transformer's d_model); None without matrices."""
+    given = getattr(getattr(model, "config", None), "hidden_size", None)
+    if isinstance(given, int):
+        return given
+    sides = [min(getattr(param, "ds_shape", param.shape)[-2:]) for param in model.parameters()
+             if len(getattr(param, "ds_shape", param.shape)) >= 2]  # fmt: skip
+    return max(sides) if sides else None
+
+
 def filled_config(
-    plugin: DeepSpeedPlugin, *, micro_batch: Optional[int], accumulation: int, world: int, mixed_precision: str
+    plugin: DeepSpeedPlugin, *, micro_batch: Optional[int], accumulation: int, world: int, mixed_precision: str,
+    model: Optional[torch.nn.Module] = None,
 ) -> Dict[str, Any]:
-    """The plugin's config with every "auto" (and every missing size) filled from the launch; refuses leftovers."""
+    """The plugin's config with every "auto" (and every missing size) filled from the launch and the ``model``;
+    refuses leftovers."""
     config = copy.deepcopy(plugin.config)
+    zero = config.get("zero_optimization", {})
+    hidden = hidden_size(model) if model is not None else None
+    for key, size in {**_SIZED_BY_THE_MODEL, **_ALSO_HF_AUTO}.items():
+        if zero.get(key) == "auto" and hidden is not None:
+            zero[key] = size(hidden)
 
     def fill(key: str, value: Any) -> None:
         if config.get(key, "auto") == "auto" and value is not None:
@@ -200,6 +243,147 @@ def _no_shared_memory_op_on_cpu(deepspeed: Any) -> None:
 
     if get_accelerator().device_name() == "cpu":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def zero_init(plugin: DeepSpeedPlugin, *, accumulation: int, world: int, mixed_precision: str) -> "ZeroInit":
+    """``deepspeed.zero.Init`` with the plugin's config (see :class:`ZeroInit`). The batch size is not known yet,
+    and does not matter here."""
+    deepspeed = import_deepspeed()
+    _no_shared_memory_op_on_cpu(deepspeed)  # zero.Init starts DeepSpeed's comm backend, which would build it
+    config = filled_config(plugin, micro_batch=1, accumulation=accumulation, world=world,
+                           mixed_precision=mixed_precision)  # fmt: skip
+    config.pop("train_batch_size")  # checked against DeepSpeed's world size, which is 1 until zero.Init starts
+    return ZeroInit(deepspeed, config)
+
+
+class ZeroInit:
+    """``deepspeed.zero.Init``: every module's parameters are partitioned over the ranks as soon as the module is
+    built (each rank builds them, then keeps its partition of rank 0's values), in the dtype ZeRO-3 trains with.
+
+    Three changes to DeepSpeed's defaults keep the model the same as one built outside the block (the same
+    weights from the same random state). DeepSpeed's memory-efficient ``F.linear``, which would replace torch's
+    for the rest of the process, is left off (the engine does not need it). ``copy.deepcopy`` of a partitioned
+    parameter — ``nn.TransformerEncoder`` clones its layer so, after the layer was built and partitioned — would
+    copy the empty local tensor and lose the value: here the copy gathers the parameter (one at a time) and is
+    partitioned in its turn. And a ``torch.nn.init`` function called on a submodule's partitioned parameter by its
+    parent (``nn.MultiheadAttention`` zeroes its ``out_proj.bias`` so) would write nothing: here it runs on the
+    gathered parameter and rank 0's result is partitioned, as DeepSpeed does for ``Module.apply`` — so does any
+    in-place write to the parameter itself (``child.bias.zero_()``). Writes through ``.data`` to an already
+    partitioned parameter (``child.weight.data.normal_()`` in a parent's ``__init__``, outside ``apply``) are still
+    lost, as with DeepSpeed's own ``zero.Init``.
+    """
+
+    def __init__(self, deepspeed: Any, config: Dict[str, Any]) -> None:
+        from .memory import release_freed_memory
+
+        self._deepspeed = deepspeed
+        self._config = config
+        self._transformers: Any = None
+        self._init = deepspeed.zero.Init(config_dict_or_path=config, mem_efficient_linear=False)
+        partition = self._init._post_init_method
+
+        def partition_then_trim(module: torch.nn.Module) -> None:
+            partition(module)  # the module's whole parameters were just freed: see release_freed_memory
+            if sum(getattr(param, "ds_numel", 0) for param in module.parameters(recurse=False)) >= 1 << 18:
+                release_freed_memory()
+
+        self._init._post_init_method = partition_then_trim
+        self._deepcopy: Any = None
+        self._initialisers: Dict[str, Any] = {}
+        self._writes = _GatheredWrites(deepspeed)
+
+    def __enter__(self) -> "ZeroInit":
+        from .sharded_init import init_functions
+
+        self._transformers = _transformers_sees_zero3(self._config)
+        self._init.__enter__()
+        self._deepcopy = torch.nn.Parameter.__deepcopy__
+        torch.nn.Parameter.__deepcopy__ = self._copy_of_partitioned  # type: ignore[method-assign]
+        self._initialisers = init_functions()
+        for name, function in self._initialisers.items():
+            setattr(torch.nn.init, name, self._gathering(function))
+        self._writes.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        self._transformers = None  # from_pretrained outside the block loads as usual again
+        self._writes.__exit__(*exc)
+        for name, function in self._initialisers.items():
+            setattr(torch.nn.init, name, function)
+        torch.nn.Parameter.__deepcopy__ = self._deepcopy  # type: ignore[method-assign]
+        return self._init.__exit__(*exc)
+
+    def _gathering(self, initialise: Any) -> Any:
+        writes = self._writes
+
+        @functools.wraps(initialise)
+        def on_the_whole_parameter(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            if not writes.is_partitioned(tensor):
+                return initialise(tensor, *args, **kwargs)
+            with writes.gathered([tensor], modifier_rank=0):  # every rank draws the same: random states move alike
+                initialise(tensor, *args, **kwargs)
+            return tensor
+
+        return on_the_whole_parameter
+
+    @property
+    def _copy_of_partitioned(self) -> Any:
+        zero_init, original, gathered = self._init, self._deepcopy, self._deepspeed.zero.GatheredParameters
+
+        def deepcopy(param: torch.nn.Parameter, memo: Dict[int, Any]) -> torch.nn.Parameter:
+            if not hasattr(param, "ds_id"):
+                return original(param, memo)
+            if id(param) not in memo:  # every rank copies the same parameters in the same order: collectives align
+                with gathered([param]):
+                    copy = torch.nn.Parameter(param.data.clone(), requires_grad=param.requires_grad)
+                zero_init._zero_init_param(copy)
+                memo[id(param)] = copy
+            return memo[id(param)]
+
+        return deepcopy
+
+
+def _transformers_sees_zero3(config: Dict[str, Any]) -> Any:
+    """Where transformers is in use (imported), tell it ZeRO-3 is on, as HF accelerate's ``zero3_init_flag`` does:
+    ``from_pretrained`` inside the block then loads each weight into its partitioned parameter (gathered one module
+    at a time) instead of into the empty local tensors. transformers keeps only a weak reference: the returned
+    object must be kept alive for as long as it should see it."""
+    import sys
+
+    if "transformers" not in sys.modules:
+        return None
+    try:
+        from transformers.integrations import HfDeepSpeedConfig
+    except ImportError:
+        return None
+    return HfDeepSpeedConfig(config)
+
+
+class _GatheredWrites(TorchFunctionMode):
+    """In-place writes to a partitioned parameter (a torch.nn.init function that dispatches, ``zero_``, ``fill_``,
+    ``param[i] = x``...) run on the gathered parameter; rank 0's result is partitioned again."""
+
+    def __init__(self, deepspeed: Any) -> None:
+        super().__init__()
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        self.gathered = deepspeed.zero.GatheredParameters
+        self._partitioned = ZeroParamStatus.NOT_AVAILABLE
+
+    def is_partitioned(self, tensor: Any) -> bool:
+        return getattr(tensor, "ds_status", None) == self._partitioned
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        is_init = getattr(func, "__module__", None) == "torch.nn.init"
+        target = kwargs["tensor"] if is_init and "tensor" in kwargs else (args[0] if args else None)
+        writes = is_init or name == "__setitem__" or (name.endswith("_") and not name.startswith("_")
+                                                      and name not in ("requires_grad_", "share_memory_"))
+        if writes and self.is_partitioned(target):
+            with self.gathered([target], modifier_rank=0):
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
 
 
 def build_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Dict[str, Any]) -> Any:
