@@ -49,6 +49,7 @@ FILES: Dict[str, str] = {
     "test_session.py": "ranks",
     "test_session_xla.py": "ranks",
     "test_sharding_config.py": "ranks",
+    "test_shared_results.py": "ranks",
     "test_torchrun_ranks.py": "ranks",
     "test_xla_detection.py": "ranks",
     "test_xla_launch.py": "ranks",
