@@ -43,7 +43,7 @@ from .monitor.resources import ResourceSampler
 from .views.model import label_lines
 from .views.session import SessionSummary, SessionView
 from .wire.channel import rank_channel
-from .wire.choices import DeviceName, DisplayName, MixedPrecisionName, StartMethodName
+from .wire.choices import ClusterName, DeviceName, DisplayName, MixedPrecisionName, PlacementName, StartMethodName
 from .wire.commands import Command, ExecuteCode, NewGroup, RunFunction, Shutdown
 from .wire.events import OutputLine, OutputLines, RankEvent, RankStarted, ResourceSample, SessionNotice, Status
 from .wire.payload import PickledPayload
@@ -81,6 +81,9 @@ class Session:
                  compile_cache: Optional[PathLike] = None,
                  fsdp_config: Optional[Mapping[str, Any]] = None,
                  deepspeed_config: Optional[Mapping[str, Any]] = None,
+                 cluster: Optional[ClusterName] = None,
+                 resources_per_rank: Optional[Mapping[str, float]] = None,
+                 placement: Optional[PlacementName] = None,
                  recover_timeout: float = 5.0,
                  config: Union[bool, PathLike, None] = None) -> None:
         """Start the ranks, on this machine, and join them in one process group.

@@ -5,14 +5,16 @@ multiprocessing when the ``PassedFd`` is pickled (the mechanism that passes a ``
 """
 from __future__ import annotations
 
+import array
 import os
 from multiprocessing import reduction
 from typing import Any, Tuple
 
 try:
     import fcntl
+    import termios
 except ImportError:  # Windows
-    fcntl = None  # type: ignore[assignment]
+    fcntl = termios = None  # type: ignore[assignment]
 
 PIPE_BYTES = 1 << 20  # larger pipes: a chatty rank blocks less often while the kernel is busy drawing
 
@@ -46,3 +48,15 @@ def make_pipe() -> Tuple[int, int]:
         except OSError:  # over /proc/sys/fs/pipe-max-size for unprivileged users
             pass
     return read, write
+
+
+def pending_bytes(fd: int) -> int:
+    """How many bytes wait in the pipe ``fd`` (0 where the OS cannot say)."""
+    if fcntl is None or not hasattr(termios, "FIONREAD"):
+        return 0
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    except OSError:
+        return 0
+    return count[0]
