@@ -25,10 +25,10 @@ import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
-from .backends.processes.supervisor import Supervisor
+from .backends.base import StopPolicy
 from .backends.rendezvous import HostedStore
 from .backends.session import SessionProcesses, SessionRunBackend, SessionSupervisor, SessionXlaHost, send_quietly
-from .backends.base import StopPolicy
+from .backends.supervisor import RankProcess, Supervisor
 from .errors import LaunchConfigError, LaunchConfigTypeError
 from .launcher import Launch
 from .outcome.raising import root_cause_exception
@@ -45,7 +45,8 @@ from .views.session import SessionSummary, SessionView
 from .wire.channel import rank_channel
 from .wire.choices import ClusterName, DeviceName, DisplayName, MixedPrecisionName, PlacementName, StartMethodName
 from .wire.commands import Command, ExecuteCode, NewGroup, RunFunction, Shutdown
-from .wire.events import OutputLine, OutputLines, RankEvent, RankStarted, ResourceSample, SessionNotice, Status
+from .wire.events import (OutputLine, OutputLines, RankEvent, RankStarted, ResourceSample, SessionNotice,
+                          SessionStatus, Status)
 from .wire.payload import PickledPayload
 
 START_TIMEOUT = 300.0           # s the ranks may take to start and join the process group
@@ -109,11 +110,11 @@ class Session:
         self._tasks = itertools.count(1)
         self._generation = 0   # of the process group: each new group meets under its own keys in the store
         self._lock = threading.Lock()
-        self._state = "starting"
+        self._state = SessionStatus.STARTING
         self._closed = False
         self._store = HostedStore(self._plan.master_addr, self._plan.use_port, self._plan.world_size)
         self._processes: Optional[Union[SessionProcesses, SessionXlaHost]] = None
-        self._ranks: List[Any] = []
+        self._handles: List[RankProcess] = []
         self.view = SessionView(self._plan.display)
         self._samples: Dict[int, ResourceSample] = {}
         self._sampler: Optional[ResourceSampler] = None
@@ -204,8 +205,8 @@ class Session:
             self._shutdown(graceful=True)
 
     @property
-    def status(self) -> str:
-        """"starting", "idle", "busy" (a run or cell is running) or "closed"."""
+    def status(self) -> SessionStatus:
+        """``SessionStatus``: "starting", "idle", "busy" (a run or cell is running) or "closed" (a ``str``)."""
         return self._state
 
     @property
@@ -240,7 +241,7 @@ class Session:
             task_id = next(self._tasks)
             command.task_id = task_id  # type: ignore[attr-defined]
             notices: List[str] = []
-            backend = SessionRunBackend(plan, processes=self._processes, ranks=self._ranks, task_id=task_id,
+            backend = SessionRunBackend(plan, processes=self._processes, handles=self._handles, task_id=task_id,
                                         command=command, fds=fds, recover_timeout=self.recover_timeout,
                                         after=lambda supervisor, deliver: notices.extend(
                                             self._recover(supervisor, deliver)))
@@ -298,7 +299,7 @@ class Session:
         assert self._processes is not None
         task_id = command.task_id if command is not None else 0  # type: ignore[attr-defined]
         supervisor = SessionSupervisor(
-            self._ranks, _print_output, lambda: None, policy=StopPolicy.starting_now(timeout, threading.Event()),
+            self._handles, _print_output, lambda: None, policy=StopPolicy.starting_now(timeout, threading.Event()),
             expect_results=lambda rank: False, task_id=task_id, recover_timeout=self.recover_timeout,
             processes=self._processes)
         if command is not None:
@@ -310,9 +311,9 @@ class Session:
 
     def _start_ranks(self) -> None:
         """Start the rank processes and wait until each joined the process group (task 0)."""
-        self._state = "starting"
+        self._state = SessionStatus.STARTING
         processes = SESSION_RANKS[self._plan.backend](self._plan, _group_backend(self._plan.device), self._generation)
-        self._ranks = processes.start(self._store.env())
+        self._handles = processes.start(self._store.env())
         self._processes = processes
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, processes.kill)
@@ -323,10 +324,11 @@ class Session:
                 raise root_cause_exception(outcome.root, self._plan.world_size, exitcode=outcome.root.exitcode,
                                            last_output=[], local_exception=None)
             raise RuntimeError(f"the session's ranks did not start: {outcome.status}")
-        self._state = "idle"
+        processes.pids.update(supervisor.pids)  # where each rank runs, as it said (a TPU rank: its worker)
+        self._state = SessionStatus.IDLE
         self._sampler = ResourceSampler(self._keep_sample, device=self.device)
         self._samples = {}
-        for handle in self._ranks:
+        for handle in self._handles:
             self._sampler.observe(RankStarted(rank=handle.rank, pid=self._processes.pids[handle.rank]))
         self._sampler.tick()
         self._show()
@@ -337,7 +339,7 @@ class Session:
 
     def _show(self) -> None:
         """Update the session's row (memory sampled at most once a second)."""
-        if self._sampler is not None and self._state != "closed":
+        if self._sampler is not None and self._state != SessionStatus.CLOSED:
             self._sampler.tick()
         self.view.update(SessionSummary(
             num_processes=self.num_processes, device=self.device, start_method=str(self.start_method),
@@ -356,27 +358,25 @@ class Session:
         if self._processes is not None:
             self._processes.kill()
             self._processes = None
-        self._ranks = []
+        self._handles = []
 
     def _shutdown(self, *, graceful: bool) -> None:
         self._closed = True
         try:
-            if graceful and self._processes is not None and self._ranks:
+            if graceful and self._processes is not None and self._handles:
                 for sender in self._processes.commands.values():
                     send_quietly(sender, Shutdown())
                 policy = StopPolicy.starting_now(CLOSE_GRACE, threading.Event())
-                try:  # a launch's supervisor: reads the last output, ends whatever outlives the grace
-                    Supervisor(self._ranks, _print_output, lambda: None, policy=policy,
-                               expect_results=lambda rank: False).run()
-                finally:  # it closed every read end, at EOF or when it gave up
-                    self._processes.closed_fds.update(fd for handle in self._ranks for fd in handle.fds)
+                # A launch's supervisor: reads the last output, ends whatever outlives the grace.
+                Supervisor(self._handles, _print_output, lambda: None, policy=policy,
+                           expect_results=lambda rank: False).run()
         finally:
             self._kill_ranks()
             self._finalizer.detach()
             if self._sampler is not None:
                 self._sampler.close()
             self._store.close()
-            self._state = "closed"
+            self._state = SessionStatus.CLOSED
             self._notice = None
             self._show()
 
@@ -391,13 +391,13 @@ class Session:
         """One task at a time: the session is "busy" meanwhile, and its row says so."""
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this session is busy with another run; wait for it (one task at a time)")
-        self._state = "busy"
+        self._state = SessionStatus.BUSY
         self._notice = None  # the row's "last: ..." told of the task before this one
         self._show()
         try:
             yield
         finally:
-            self._state = "closed" if self._closed else "idle"
+            self._state = SessionStatus.CLOSED if self._closed else SessionStatus.IDLE
             self._lock.release()
             self._show()
 
@@ -435,6 +435,6 @@ def last_session() -> Optional[Session]:
     """The most recently opened session that is still open (what ``%%ranks`` uses without a name)."""
     for reference in reversed(_open_sessions):
         session = reference()
-        if session is not None and session.status != "closed":
+        if session is not None and session.status != SessionStatus.CLOSED:
             return session
     return None

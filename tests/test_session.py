@@ -21,6 +21,7 @@ import torch
 
 from notebook_accel import LaunchTimeout, Session
 from notebook_accel.errors import LaunchConfigError, LaunchError
+from notebook_accel.wire.events import SessionStatus
 from scripts import run_script
 from waiting import wait_until
 
@@ -102,7 +103,7 @@ def test_state_lives_on_the_ranks_across_runs_and_cells(start_method, capsys):
         assert session.run(all_reduce_rank, return_all=True) == [3.0, 3.0]  # the session's group, live
         assert session.pids == pids and session.status == "idle" and session.restarts == 0
         assert session.runs == 8
-    assert session.status == "closed"
+    assert session.status == "closed" and session.status is SessionStatus.CLOSED
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                    for pid in pids)
 

@@ -1,13 +1,15 @@
 """The house stays as it is built: no import cycles, and the rank side never loads the kernel side.
 
-The package's imports are read from its source (every ``import`` statement, also those inside functions;
-only ``if TYPE_CHECKING:`` blocks are skipped, since they never run), so a cycle hidden behind a
-function-level import fails here too. A spawn rank running a trivial function is then asked which of our
-modules it loaded.
+The package's imports are read from its source (every ``import`` statement, also those inside functions and
+in ``if TYPE_CHECKING:`` blocks), so a cycle hidden behind a function-level import fails here too. A type-only
+import never runs, but it is a design arrow all the same: a module that names another's types depends on it,
+and two modules that name each other's are one module in two files. A spawn rank running a trivial function is
+then asked which of our modules it loaded.
 """
 from __future__ import annotations
 
 import ast
+import inspect
 import os
 from typing import Dict, Iterator, List, Set
 
@@ -46,26 +48,9 @@ def module_files() -> Dict[str, str]:
 MODULES = module_files()
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _import_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every import statement that can run: at module level, in functions, in classes."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            yield from (child for other in node.orelse for child in _import_nodes_of(other))
-            continue
-        yield from _import_nodes_of(node)
-
-
-def _import_nodes_of(node: ast.AST) -> Iterator[ast.AST]:
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        yield node
-    else:
-        yield from _import_nodes(node)
+    """Every import statement: at module level, in functions, in classes, under ``if TYPE_CHECKING:``."""
+    return (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 def imports_of(module: str) -> Set[str]:
@@ -135,6 +120,8 @@ def _inside(module: str, packages) -> bool:
 def test_the_import_reader_sees_function_level_imports():
     # rank/run.py imports progress inside run_rank (a function): the graph must have that edge.
     assert f"{PACKAGE}.rank.progress" in GRAPH[f"{PACKAGE}.rank.run"]
+    # backends/base.py names LaunchPlan's type only (under TYPE_CHECKING): still an arrow
+    assert f"{PACKAGE}.plan.plan" in GRAPH[f"{PACKAGE}.backends.base"]
     # and a cycle of two is found as one
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
 
@@ -201,3 +188,16 @@ def test_every_backend_in_the_table_imports():
 
     assert {name: backend_class(name).name for name in BACKENDS} == {name: name for name in BACKENDS}
     assert all(issubclass(backend_class(name), Backend) for name in BACKENDS)
+
+
+def test_the_supervisor_is_extended_through_its_declared_points_not_by_overriding_its_steps():
+    # A run on warm ranks differs from a launch in how it stops and when it ends: a StopStrategy and an
+    # EndCondition given to the Supervisor. A subclass may configure it (and add accessors), never replace a step.
+    from notebook_accel.backends.session import SessionSupervisor
+    from notebook_accel.backends.supervisor import Supervisor
+
+    assert SessionSupervisor in Supervisor.__subclasses__()
+    overridden = {cls.__name__: sorted(name for name, value in vars(cls).items() if inspect.isfunction(value)
+                                       and name != "__init__" and hasattr(Supervisor, name))
+                  for cls in Supervisor.__subclasses__()}
+    assert overridden == {cls.__name__: [] for cls in Supervisor.__subclasses__()}

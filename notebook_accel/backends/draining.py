@@ -6,6 +6,11 @@ terminal). Only a process that outlived the rank — one that left its process g
 can keep a pipe open. Once the bytes that were in the pipe when the rank ended are read, such a pipe is given
 up when it has been silent for ``QUIET_SECONDS``, or after ``HELD_SECONDS`` if that process keeps writing;
 ``held_open_note`` is the line that says so in the rank's output.
+
+A warm rank (a session's) lives on after each run, and its pipes with it: a run reads what the rank wrote before
+it said it was done, however long that takes, and then stops — but a process the rank left outside its group
+that keeps writing holds the run only ``HELD_SECONDS`` after the rank's own bytes were read
+(``still_writing_note``); the pipe stays open, and the next run reads on.
 """
 from __future__ import annotations
 
@@ -56,3 +61,11 @@ def held_open_note(rank: int, stream: str, why: str) -> str:
     return (f"notebook_accel: a process started by rank {rank} outlived it (it left the rank's process group, "
             f"e.g. with setsid) and holds its {stream} open; stopped reading it ({why}): "
             f"lines that process writes from now on may be missing")
+
+
+def still_writing_note(rank: int, stream: str, why: str) -> str:
+    """The line a warm rank's output gets when a run stopped reading its ``stream`` pipe (``why`` from
+    ``give_up``) that a process it left is still writing to; the rank lives on, and so does the pipe."""
+    return (f"notebook_accel: a process started by rank {rank} outside its process group (e.g. with setsid) keeps "
+            f"writing to its {stream}; the run ended without reading the rest ({why}): those lines may show with "
+            f"the next run")

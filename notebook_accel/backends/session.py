@@ -4,36 +4,35 @@
 same pipes, lifeline and set-up) plus a command socket each. ``SessionRunBackend`` is the ``Backend`` a
 ``Launch`` runs for each ``Session.run`` or ``%%ranks`` cell: it sends the task and supervises the ranks until
 every one is idle again — the same events, root-cause rule, Stop, timeout and stack dumps as a launch — with
-``SessionSupervisor``, which interrupts busy ranks instead of ending them and cuts a process group left half
-way through a collective.
+``SessionSupervisor``: the launch's ``Supervisor`` with two of its extension points set, ``InterruptRanks`` (it
+interrupts busy ranks instead of ending them, and cuts a process group left half way through a collective) and
+``EndCondition.ALL_IDLE``.
 """
 from __future__ import annotations
 
 import os
-import select
 import selectors
 import signal
-import threading
-import time
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Callable, Dict, List, Mapping, Optional, Set
 
 from ..outcome.root_cause import Outcome, is_interrupt
 from ..plan.plan import LaunchPlan
 from ..rank.session import SessionRankSpec, session_rank_main
 from ..wire.commands import BreakGroup, Command, CommandSender, Interrupt, session_socketpair
-from ..wire.events import RankEvent, RankFailed, RankStarted, Status, TaskDone
+from ..wire.events import RankEvent, RankFailed, RankStarted
 from ..wire.fds import PassedFd
 from .base import Backend, LaunchSink, StopPolicy
-from .processes.backend import ProcessBackend, RankProcess
-from .processes.supervisor import TICK_SECONDS, Supervisor
+from .processes.backend import ProcessBackend
+from .supervisor import EndCondition, RankPhase, RankProcess, RankWatch, StopStrategy, Supervisor
 from .xla.backend import XlaBackend
 
 BREAK_GROUP_AFTER = 0.3   # s an interrupted rank may take to leave Python code before its collectives are cut
 
 
-class _SessionRanks:
-    """What a session's ranks have beyond a launch's, whatever starts them: a command socket each (the rank's
-    end handed over as it starts, the kernel's kept), the pid each rank runs in, and ``kill``."""
+class SessionRanks:
+    """What a session's ranks have beyond a launch's, whatever starts them (mixed into ``ProcessBackend`` and
+    ``XlaBackend``): a command socket each (the rank's end handed over as it starts, the kernel's kept), the pid
+    each rank runs in, and ``kill``."""
 
     ranks_are_threads = False  # TPU ranks are device threads: interrupted by a command, not by SIGINT
     plan: LaunchPlan
@@ -43,32 +42,28 @@ class _SessionRanks:
         self.group_generation = group_generation
         self.sockets = {rank: session_socketpair() for rank in range(self.plan.world_size)}
         self.commands: Dict[int, CommandSender] = {}
-        self.started: List[RankProcess] = []
+        self.handles: List[RankProcess] = []
         self.pids: Dict[int, int] = {}     # where each rank runs, as its RankStarted said
-        self.closed_fds: Set[int] = set()  # kernel read ends a supervisor closed at EOF (a rank that died)
 
     def start(self, rendezvous_env: Dict[str, str]) -> List[RankProcess]:
         try:
-            ranks = super().start(rendezvous_env)  # type: ignore[misc]
+            handles = super().start(rendezvous_env)  # type: ignore[misc]
         finally:
             for _, rank_end in self.sockets.values():  # only the ranks hold their ends now
                 rank_end.close()
         self.commands = {rank: CommandSender(kernel) for rank, (kernel, _) in self.sockets.items()}
-        self.started = ranks
-        self.pids = {handle.rank: handle.pid for handle in ranks}
-        return ranks
+        self.handles = handles
+        self.pids = {handle.rank: handle.pid for handle in handles}
+        return handles
 
     def kill(self) -> None:
         """End every rank now (SIGKILL to each rank's process group), reap it, close the kernel's ends."""
-        for handle in self.started:
+        for handle in self.handles:
             handle.signal_group(signal.SIGKILL)
-        for handle in self.started:
+        for handle in self.handles:
             handle.process.join(5.0)
-            for fd in handle.fds:
-                if fd not in self.closed_fds:
-                    self.closed_fds.add(fd)
-                    os.close(fd)
-        self.started = []
+            handle.close_fds()  # those a supervisor did not close at EOF
+        self.handles = []
         self.close()
 
     def close(self) -> None:
@@ -79,7 +74,7 @@ class _SessionRanks:
         super().close()  # type: ignore[misc]
 
 
-class SessionProcesses(_SessionRanks, ProcessBackend):
+class SessionProcesses(SessionRanks, ProcessBackend):
     """The session's rank processes: a launch's, plus each rank's end of a command socket."""
 
     name = "session"
@@ -100,7 +95,7 @@ class SessionProcesses(_SessionRanks, ProcessBackend):
         return kernel_ends + others
 
 
-class SessionXlaHost(_SessionRanks, XlaBackend):
+class SessionXlaHost(SessionRanks, XlaBackend):
     """A TPU session: the launch's XLA host, whose device threads serve tasks from their command sockets
     instead of running one function — workers, device threads and their compiled graphs stay up."""
 
@@ -115,143 +110,108 @@ class SessionXlaHost(_SessionRanks, XlaBackend):
         return {"command_fds": [PassedFd(rank_end.fileno()) for _, rank_end in self.sockets.values()]}
 
 
-class SessionSupervisor(Supervisor):
-    """Supervises one task on warm ranks until each is idle again (``TaskDone``) or gone.
+class InterruptRanks(StopStrategy):
+    """How a run on warm ranks is stopped without ending them.
 
-    Where a launch's supervisor ends ranks (SIGTERM, then SIGKILL), this one interrupts the busy ones (SIGINT:
-    ``KeyboardInterrupt`` in the task, the rank stays), and after ``BREAK_GROUP_AFTER`` seconds cuts the process
-    group's connections, so a rank blocked in a collective its peer left gets an error. A rank still busy
-    ``recover_timeout`` seconds after that is beyond reach: every rank is killed and ``gave_up`` says why (the
-    session then starts afresh). A rank this supervisor interrupted is stopped, as a launch's ranks it ends are:
-    its ``KeyboardInterrupt`` is not a failure of its own.
+    Each busy rank is interrupted (SIGINT: ``KeyboardInterrupt`` in its task, and the rank stays; a TPU device
+    thread gets an ``Interrupt`` command, which its reader thread raises in it). ``BREAK_GROUP_AFTER`` seconds
+    later every live rank cuts its process group's connections, so one blocked in a collective its peer left
+    gets an error. A rank still busy ``recover_timeout`` seconds after that is beyond reach: every rank is killed
+    and ``gave_up`` says why (the session then starts afresh). The ``KeyboardInterrupt`` an interrupted rank
+    raises is the echo of the stop, not a failure of its own.
     """
 
-    # A supervisor per task, over the same fds: poll(2) registers them without a system call each (epoll's
-    # registration is most of a warm run's cost in the kernel).
-    selector_class = selectors.PollSelector
-
-    def __init__(self, ranks: List[RankProcess], deliver: Callable[[RankEvent], None], tick: Callable[[], None],
-                 *, policy: StopPolicy, expect_results: Callable[[int], bool], task_id: int,
-                 recover_timeout: float, processes: Any) -> None:
-        super().__init__(ranks, deliver, tick, policy=policy, expect_results=expect_results)
+    def __init__(self, commands: Mapping[int, CommandSender], *, task_id: int, recover_timeout: float,
+                 ranks_are_threads: bool) -> None:
+        self.commands = commands
         self.task_id = task_id
         self.recover_timeout = recover_timeout
-        self.processes = processes
-        self.commands = processes.commands
-        self.idle: Set[int] = set()
-        self.sequences: Dict[int, Optional[int]] = {}
+        self.ranks_are_threads = ranks_are_threads
         self.broke_group = False
         self.gave_up: Optional[str] = None
-        self.shadowed: Set[str] = set()  # kernel names the ranks have their own of (``TaskDone.shadowed``)
-        self._interrupted_at: Optional[float] = None
-        for rank, state in self.ranks.items():
-            state.started = True  # they said so when the session started: their stack dumps are armed
-            state.pid = processes.pids.get(rank, state.pid)  # a TPU rank runs in a worker, not in the host
 
-    # ------------------------------------------------------------------------------------------- progress
-
-    def _close_fd(self, state: Any, fd: int) -> None:
-        self.processes.closed_fds.add(fd)  # the session closes the rest when it ends
-        super()._close_fd(state, fd)
-
-    def _finished(self) -> bool:
-        return all(rank in self.idle or state.exited_at is not None for rank, state in self.ranks.items())
-
-    def settled(self) -> bool:
-        """Every rank is idle again or gone: the task is over."""
-        return self._finished()
-
-    def busy(self) -> List[int]:
-        return sorted(rank for rank, state in self.ranks.items() if rank not in self.idle and state.exited_at is None)
-
-    def lost(self) -> List[int]:
-        return sorted(rank for rank, state in self.ranks.items() if state.exited_at is not None)
-
-    def _on_event(self, state: Any, event: RankEvent) -> None:
-        if isinstance(event, TaskDone):
-            if event.task_id == self.task_id:
-                self.idle.add(event.rank)
-                self.sequences[event.rank] = event.group_sequence
-                self.shadowed.update(event.shadowed)
-            return
-        if isinstance(event, RankFailed) and is_interrupt(event) and state.stopped_by_us:
-            state.failed = event  # our own interrupt: the view shows the rank stopped when the run ends
-            return
-        if isinstance(event, RankStarted):  # a rank says it once, when the session starts
-            state.pid = self.processes.pids[event.rank] = event.pid
-        super()._on_event(state, event)
-
-    def _drain(self) -> None:
-        """Every rank flushed its output before saying it was done: read what is still in the pipes."""
-        for state in self.ranks.values():
-            while True:
-                ready = [fd for fd in state.open_fds if select.select([fd], [], [], 0)[0]]
-                if not ready:
-                    break
-                for fd in ready:
-                    if fd in state.open_fds:
-                        self._read(state, fd)
-
-    # ------------------------------------------------------------------------------------------- stopping
-
-    def _stop(self, status: Status) -> None:
-        """Interrupt the busy ranks; the idle ones wait for the next task."""
-        self.status = status
-        self.still_running = self.busy()
-        for rank in self.still_running:
-            self.ranks[rank].stopped_by_us = True
-            if self.processes.ranks_are_threads:  # a device thread: its reader thread raises in it
-                send_quietly(self.commands[rank], Interrupt(task_id=self.task_id))
+    def begin(self, supervisor: Supervisor, watches: List[RankWatch]) -> None:
+        for watch in watches:
+            if self.ranks_are_threads:  # a device thread: its reader thread raises in it
+                send_quietly(self.commands[watch.rank], Interrupt(task_id=self.task_id))
                 continue
             try:
-                os.kill(self.ranks[rank].pid, signal.SIGINT)
+                os.kill(watch.pid, signal.SIGINT)
             except ProcessLookupError:
                 pass
-        self._interrupted_at = time.monotonic()
 
-    def _decide(self, policy: Optional[StopPolicy]) -> None:
-        super()._decide(policy)
-        if self._interrupted_at is None or self._finished():
-            return
-        waited = time.monotonic() - self._interrupted_at
+    def escalate(self, supervisor: Supervisor, waited: float) -> None:
         if waited >= BREAK_GROUP_AFTER and not self.broke_group:
-            self.break_group()
+            self.break_group(supervisor)
         if waited >= BREAK_GROUP_AFTER + self.recover_timeout and self.gave_up is None:
-            stuck = ", ".join(str(rank) for rank in self.busy())
+            stuck = ", ".join(str(watch.rank) for watch in supervisor.alive() if watch.phase is not RankPhase.IDLE)
             self.gave_up = (f"rank {stuck} did not stop within {self.recover_timeout:g} s "
                             f"(recover_timeout); it may be stuck in a C++ call or collective")
-            self._signal_alive(signal.SIGKILL)
+            supervisor.kill_alive()
 
-    def break_group(self) -> None:
+    def is_echo(self, event: RankFailed) -> bool:
+        return is_interrupt(event)
+
+    def break_group(self, supervisor: Supervisor) -> None:
         """Tell every live rank to cut its process group's connections to the others (its reader thread does it
         at once, also while its main thread is blocked in a collective)."""
         self.broke_group = True
-        pids = {rank: state.pid for rank, state in self.ranks.items() if state.exited_at is None}
+        pids = {watch.rank: watch.pid for watch in supervisor.alive()}
         for rank in pids:
             peers = [pid for other, pid in pids.items() if other != rank]
             send_quietly(self.commands[rank], BreakGroup(peer_pids=peers, kernel_pid=os.getpid()))
 
-    def _emergency_stop(self) -> None:
-        """Ctrl-C in the kernel: interrupt the run on every rank and wait for them to be idle (a second Ctrl-C
-        meanwhile is ignored); past the bound, kill them all (the session restarts)."""
-        main = threading.current_thread() is threading.main_thread()
-        previous = signal.getsignal(signal.SIGINT) if main else None
-        if previous is not None:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            if self._interrupted_at is None:
-                self._stop(Status.STOPPED)
-            self.status = Status.STOPPED
-            while not self._finished() and self.gave_up is None:
-                self._poll(TICK_SECONDS)
-                self._decide(None)
-            end = time.monotonic() + 1.0
-            while not self._finished() and time.monotonic() < end:  # the killed ranks' exits
-                self._poll(TICK_SECONDS)
-            self._drain()
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+    # ``abandon`` does nothing more: after Ctrl-C the session mends or restarts its ranks (``SessionRunBackend``).
+
+
+class SessionSupervisor(Supervisor):
+    """Supervises one task on warm ranks until each is idle again (``TaskDone``) or gone: a ``Supervisor`` that
+    stops with ``InterruptRanks`` and ends at ``EndCondition.ALL_IDLE``, and says how the task left the ranks
+    (``busy``, ``lost``, ``gave_up``, ``broke_group``, their collective counts) for the session to mend."""
+
+    # A supervisor per task, over the same fds: poll(2) registers them without a system call each.
+    selector_class = selectors.PollSelector
+
+    def __init__(self, handles: List[RankProcess], deliver: Callable[[RankEvent], None], tick: Callable[[], None],
+                 *, policy: StopPolicy, expect_results: Callable[[int], bool], task_id: int,
+                 recover_timeout: float, processes: SessionRanks) -> None:
+        self.interrupts = InterruptRanks(processes.commands, task_id=task_id, recover_timeout=recover_timeout,
+                                         ranks_are_threads=processes.ranks_are_threads)
+        # The ranks said RankStarted when the session started: their stack dumps are armed, and a TPU rank runs
+        # in a worker, not in the host we started.
+        super().__init__(handles, deliver, tick, policy=policy, expect_results=expect_results,
+                         stopping=self.interrupts, ends_when=EndCondition.ALL_IDLE, task_id=task_id,
+                         warm_pids=processes.pids)
+
+    @property
+    def gave_up(self) -> Optional[str]:
+        """Why every rank was killed (one stayed busy past ``recover_timeout``), or None."""
+        return self.interrupts.gave_up
+
+    @property
+    def broke_group(self) -> bool:
+        """Whether the ranks were told to cut their process group."""
+        return self.interrupts.broke_group
+
+    @property
+    def sequences(self) -> Dict[int, Optional[int]]:
+        """Each idle rank's count of collectives on its process group (unequal: the task left it half way)."""
+        return {rank: done.group_sequence for rank, done in self.tasks_done.items()}
+
+    @property
+    def shadowed(self) -> Set[str]:
+        """Kernel names the ranks have their own of (``TaskDone.shadowed``)."""
+        return {name for done in self.tasks_done.values() for name in done.shadowed}
+
+    def settled(self) -> bool:
+        """Every rank is idle again or gone: the task is over."""
+        return self.ended()
+
+    def busy(self) -> List[int]:
+        return sorted(watch.rank for watch in self.alive() if watch.phase is not RankPhase.IDLE)
+
+    def lost(self) -> List[int]:
+        return sorted(rank for rank, watch in self.watches.items() if not watch.phase.alive)
 
 
 class _SessionStore:
@@ -274,12 +234,12 @@ class SessionRunBackend(Backend):
     name = "session"
     job = "run"
 
-    def __init__(self, plan: LaunchPlan, *, processes: Any, ranks: List[RankProcess],
+    def __init__(self, plan: LaunchPlan, *, processes: SessionRanks, handles: List[RankProcess],
                  task_id: int, command: Command, fds: List[int], recover_timeout: float,
                  after: Callable[["SessionSupervisor", Callable[[RankEvent], None]], None]) -> None:
         super().__init__(plan)
         self.processes = processes
-        self.ranks = ranks
+        self.handles = handles
         self.task_id = task_id
         self.command = command
         self.fds = fds
@@ -288,19 +248,19 @@ class SessionRunBackend(Backend):
         self.supervisor: Optional[SessionSupervisor] = None
         self._deliver: Callable[[RankEvent], None] = lambda event: None
 
-    def open_rendezvous(self) -> Any:
+    def open_rendezvous(self) -> "_SessionStore":  # type: ignore[override]
         return _SessionStore({})
 
     def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
         self._deliver = sink.deliver
-        for handle in self.ranks:  # the rows of this run's dashboard: each rank is there, and running
+        for handle in self.handles:  # the rows of this run's dashboard: each rank is there, and running
             sink.deliver(RankStarted(rank=handle.rank, pid=self.processes.pids.get(handle.rank, handle.pid)))
-        for handle in self.ranks:  # a rank already gone is the supervisor's to report
+        for handle in self.handles:  # a rank already gone is the supervisor's to report
             send_quietly(self.processes.commands[handle.rank], self.command, self.fds)
 
     def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
         self.supervisor = SessionSupervisor(
-            self.ranks, sink.deliver, sink.tick, policy=policy,
+            self.handles, sink.deliver, sink.tick, policy=policy,
             expect_results=lambda rank: self.plan.sends_result(rank), task_id=self.task_id,
             recover_timeout=self.recover_timeout, processes=self.processes)
         return self.supervisor.run()

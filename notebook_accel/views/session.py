@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from ..formatting import format_bytes
-from ..wire.events import ResourceSample
+from ..wire.events import ResourceSample, SessionStatus
 from . import enable_colab_widgets, in_notebook_kernel
 
 
@@ -24,7 +24,7 @@ class SessionSummary:
     num_processes: int
     device: str
     start_method: str
-    status: str
+    status: SessionStatus
     runs: int
     restarts: int
     samples: Dict[int, ResourceSample] = field(default_factory=dict)
@@ -73,7 +73,7 @@ class SessionView:
             self._line = summary.line()
             # The saved text follows too, once per change a reader cares about (not on every memory sample).
             key = (summary.status, summary.runs, summary.restarts, summary.notice)
-            if summary.status != "busy" and key != self._said:
+            if summary.status != SessionStatus.BUSY and key != self._said:
                 self._said = key
                 try:
                     self._handle.update(self.box)
@@ -81,7 +81,8 @@ class SessionView:
                     pass
         elif self.mode == "text":
             # A line when something a reader cares about changed: ready, restarted, closed (not every run).
-            key = (summary.status in ("idle", "busy"), summary.restarts, summary.status == "closed")
+            key = (summary.status in (SessionStatus.IDLE, SessionStatus.BUSY), summary.restarts,
+                   summary.status == SessionStatus.CLOSED)
             if key != self._said:
                 self._said = key
                 print(summary.line(), file=sys.stderr)
@@ -89,8 +90,9 @@ class SessionView:
     @staticmethod
     def html(summary: SessionSummary) -> str:
         items = [("ranks", str(summary.num_processes)), ("device", summary.device),
-                 ("start method", summary.start_method), ("status", summary.status), ("runs", str(summary.runs)),
-                 ("restarts", str(summary.restarts)), ("memory", " · ".join(summary.rank_figures()))]
+                 ("start method", summary.start_method), ("status", str(summary.status)),
+                 ("runs", str(summary.runs)), ("restarts", str(summary.restarts)),
+                 ("memory", " · ".join(summary.rank_figures()))]
         if summary.notice:
             items.append(("last", summary.notice))
         cells = "".join(f'<span style="margin-right:18px">{name}: <b class="na-session-{name.replace(" ", "-")}">'

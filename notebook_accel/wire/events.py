@@ -38,6 +38,17 @@ class RankStatus(Choice):
     STOPPED = "stopped"
 
 
+class SessionStatus(Choice):
+    """How a warm ``Session`` stands (``Session.status``, its row). STARTING → IDLE ⇄ BUSY (a run or ``%%ranks``
+    cell, one at a time); a restart — asked, or after a run lost a rank — goes → STARTING → IDLE; ``close()``
+    (or a start that failed) → CLOSED, which is final. A ``str``: ``session.status == "idle"``."""
+
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    CLOSED = "closed"
+
+
 @dataclass
 class RankEvent:
     """Base of every event. ``rank`` is the global rank (-1 for launch-level events)."""

@@ -1,5 +1,5 @@
-"""Local ranks as processes: ``backend`` starts them (fork / forkserver / spawn), ``child`` sets each one up
-inside its process, ``supervisor`` reads their pipes and sentinels in the kernel until all are gone."""
-from .backend import ProcessBackend, RankProcess
+"""Local ranks as processes: ``backend`` starts them (fork / forkserver / spawn) and hands them to the supervisor
+(``backends.supervisor``); ``starting`` makes each child run the kernel's copy of the package."""
+from .backend import ProcessBackend
 
-__all__ = ["ProcessBackend", "RankProcess"]
+__all__ = ["ProcessBackend"]

@@ -1,7 +1,8 @@
 """Local ranks as processes via multiprocessing: fork when safe, else a warm forkserver, else spawn.
 
-``ProcessBackend.run`` is the whole sequence: start one process per rank with its pipes, hand them to the
-``Supervisor`` until every rank is gone, and close the lifeline so nothing can outlive the launch.
+``ProcessBackend.run`` is the whole sequence: start one process per rank with its pipes (a ``RankProcess``
+handle each), hand them to the ``Supervisor`` (``backends.supervisor``) until every rank is gone, and close the
+lifeline so nothing can outlive the launch.
 """
 from __future__ import annotations
 
@@ -9,48 +10,15 @@ import multiprocessing
 import os
 import signal
 import warnings
-from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ...outcome.root_cause import Outcome
 from ...plan.plan import LaunchPlan
 from ...rank.process import RankSpec, rank_main
 from ...wire.fds import PassedFd, make_pipe
 from ..base import Backend, LaunchSink, StopPolicy
+from ..supervisor import RankProcess, Supervisor
 from .starting import configure_fork_server, ensure_fork_server, starting_rank_process
-from .supervisor import Supervisor
-
-
-@dataclass
-class RankProcess:
-    """A started rank: its process and the kernel's read ends of its stdout, stderr and event pipes."""
-
-    rank: int
-    process: multiprocessing.process.BaseProcess
-    stdout_fd: int
-    stderr_fd: int
-    events_fd: int
-    stacks_fd: int   # faulthandler writes the rank's Python stacks here on SIGUSR1 (``Launch.dump_stacks``)
-
-    @property
-    def fds(self) -> List[int]:
-        return [self.stdout_fd, self.stderr_fd, self.events_fd, self.stacks_fd]
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def signal_group(self, sig: int) -> None:
-        """Signal the rank and everything it started (it leads its own process group)."""
-        try:
-            os.killpg(self.pid, sig)
-            return
-        except (ProcessLookupError, PermissionError):  # not yet its own group leader, or already gone
-            pass
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 class ProcessBackend(Backend):
@@ -67,15 +35,15 @@ class ProcessBackend(Backend):
         if plan.start_method == "forkserver":
             configure_fork_server(self.context)  # what the server preloads, from the kernel's copy
         self._lifeline_r, self._lifeline_w = os.pipe()
-        self._supervisor = None
-        self._ranks: List[RankProcess] = []
+        self._supervisor: Optional[Supervisor] = None
+        self._handles: List[RankProcess] = []
 
     def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
-        self._ranks = self.start(rendezvous_env)
+        self._handles = self.start(rendezvous_env)
 
     def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
         self._supervisor = Supervisor(
-            self._ranks, sink.deliver, sink.tick, policy=policy,
+            self._handles, sink.deliver, sink.tick, policy=policy,
             expect_results=lambda rank: self.plan.sends_result(rank - self.plan.rank_offset))
         return self._supervisor.run()
 
@@ -87,22 +55,22 @@ class ProcessBackend(Backend):
         return supervisor.request_stacks(timeout) if supervisor is not None else {}
 
     def start(self, rendezvous_env: Dict[str, str]) -> List[RankProcess]:
-        ranks: List[RankProcess] = []
+        """Start a process per rank; its handle, by rank."""
+        handles: List[RankProcess] = []
         try:
             if self.plan.start_method == "forkserver":
                 ensure_fork_server()
             for rank in range(self.plan.world_size):
-                ranks.append(self._start_rank(rank, rendezvous_env, ranks))
+                handles.append(self._start_rank(rank, rendezvous_env, handles))
         except BaseException:  # e.g. Ctrl-C between two starts: the supervisor never saw these ranks
-            for started in ranks:
+            for started in handles:
                 started.signal_group(signal.SIGKILL)
                 started.process.join()
-                for fd in started.fds:
-                    os.close(fd)
+                started.close_fds()
             raise
         finally:
             os.close(self._lifeline_r)  # only the ranks hold the read end now
-        return ranks
+        return handles
 
     def close(self) -> None:
         """The launch is over: closing the lifeline makes any rank still alive kill itself."""

@@ -17,8 +17,9 @@ from typing import Dict, List, Optional
 from ...plan import tpu
 from ...rank.xla.host import XlaHostSpec, host_main
 from ...wire.fds import PassedFd, make_pipe
-from ..processes.backend import ProcessBackend, RankProcess
+from ..processes.backend import ProcessBackend
 from ..processes.starting import ensure_fork_server, starting_rank_process
+from ..supervisor import RankProcess
 
 
 class XlaBackend(ProcessBackend):
