@@ -224,7 +224,7 @@ def test_a_process_group_in_the_kernel_is_not_inherited():
         print("AFTER", notebook_launcher(train, num_processes=2, display="none", start_method="fork"))
     """)
     assert "RESULT (2, 2.0)" in out
-    assert re.search(r"REFUSED start_method='fork' is not safe here: a torch.distributed process group "
+    assert re.search(r"REFUSED notebook_launcher: start_method='fork' is not safe here: a torch.distributed process group "
                      r"\(backend gloo, world size 1\).*destroy_process_group\(\)", out), out
     assert "AFTER (2, 2.0)" in out
 
@@ -328,7 +328,7 @@ def test_a_loaded_cuda_driver_library_makes_the_launch_use_the_fork_server(tmp_p
             print("REFUSED", error)
     """)
     assert "BEFORE fork" in out and "AFTER forkserver" in out
-    assert "REFUSED start_method='fork' is not safe here: a CUDA driver is loaded in this process" in out
+    assert "REFUSED notebook_launcher: start_method='fork' is not safe here: a CUDA driver is loaded in this process" in out
 
 
 # ------------------------------------------------------------------------ 10: the in-kernel rank's fds
@@ -434,7 +434,7 @@ def test_import_and_spawn_launch_work_without_fcntl_and_fork_is_refused_on_macos
         print("AUTO", plan_launch(lambda: 7, num_processes=2).start_method)
     """)
     assert "RESULT 7" in out
-    assert "REFUSED start_method='fork' is not safe here: on macOS" in out
+    assert "REFUSED notebook_launcher: start_method='fork' is not safe here: on macOS" in out
     assert "AUTO forkserver" in out
 
 

@@ -24,7 +24,7 @@ import inspect
 import typing
 from typing import Any, Callable, Dict, List, Mapping, Tuple, TypeVar
 
-from ..errors import LaunchConfigError, LaunchConfigTypeError
+from ..errors import LaunchConfigError, LaunchConfigTypeError, RemoteTraceback
 from ..rank.tracebacks import skip_launcher_frames, without_launcher_frames
 from .config import saved_options
 from .options import (CONFIG_OPTION, ENTRY_POINTS, check_option, expected_parameters, options_for, options_help,
@@ -126,11 +126,14 @@ def _bind(entry: str, signature: inspect.Signature, args: Tuple[Any, ...],
 
 def _from_the_call(error: BaseException) -> BaseException:
     """``error`` as the user's call raises it: when the user's code follows the entry point's own frames (an in-kernel
-    rank's exception), those frames are dropped; the body's last frame, when it raised the error itself (a rank's
-    exception re-raised in the kernel, a closed session), is kept: IPython shows it, with the line that says why.
-    A bug of ours — only our frames — keeps them all."""
+    rank's exception), those frames are dropped; the body's last frame, when it raised the error itself (a closed
+    session), is kept: IPython shows it, with the line that says why. A rank's exception re-raised in the kernel
+    keeps none of the body's frames (its traceback is its cause). A bug of ours — only our frames — keeps them all."""
     below = error.__traceback__.tb_next if error.__traceback__ is not None else None  # past this frame's own
-    user, _ = skip_launcher_frames(below)  # (re-raised, this frame comes first again: once)
+    # A rank's exception re-raised in the kernel carries its rank's traceback as its cause: the body's re-raise
+    # line adds nothing to it, so the call's own frame is the one notebook_accel line a script's traceback shows.
+    from_a_rank = isinstance(error.__cause__, RemoteTraceback)
+    user, _ = skip_launcher_frames(below, keep_if_all=not from_a_rank)  # (re-raised, this frame comes first: once)
     return error.with_traceback(user)
 
 
