@@ -25,11 +25,18 @@ multiprocessing.util.Finalize(None, shutil.rmtree, args=(SESSION_TMP,), kwargs={
                               exitpriority=-101)
 
 
+# Processes a module-scoped fixture keeps up for all the module's tests (a fake Ray cluster: its GCS, raylets and
+# their workers), by pid: each is the top of a tree the fixture itself ends, and checks ended, at the module's end.
+KEPT_TREES: set = set()
+
+
 def is_kept_helper(process: psutil.Process) -> bool:
     """multiprocessing's fork server and resource tracker stay up on purpose (warm second launch);
-    they belong to this process and exit with it."""
+    they belong to this process and exit with it. So do the trees of ``KEPT_TREES`` until their module ends."""
     try:
         command = " ".join(process.cmdline())
+        if KEPT_TREES and any(ancestor.pid in KEPT_TREES for ancestor in [process] + process.parents()):
+            return True
     except psutil.Error:
         return True
     return "multiprocessing.forkserver" in command or "multiprocessing.resource_tracker" in command

@@ -147,6 +147,10 @@ class ResourceSampler:
                 sample.device_peak = tracked.device_peak
         return sample
 
+    def latest(self) -> Dict[int, ResourceSample]:
+        """The latest sample of each rank (taken here, or sent by a rank that samples itself)."""
+        return {rank: tracked.last_sample for rank, tracked in self._ranks.items() if tracked.last_sample is not None}
+
     def peaks(self) -> Dict[int, Tuple[int, Optional[int]]]:
         """{rank: (peak host RSS, peak device bytes or None)} over the launch so far."""
         result = {}

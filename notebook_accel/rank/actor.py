@@ -205,6 +205,7 @@ class RankActor:
         self._busy = False                            # the function (or a session's task) is running
         self._store: Any = None
         self._commands: Optional[CommandQueue] = None
+        self._session: Any = None                     # a warm session's task loop (``serve``)
         self._resources = _SelfSampler(rank)
 
     # ------------------------------------------------------------------------------------- default group
@@ -250,9 +251,9 @@ class RankActor:
             before = self._start(spec)
             self._commands = CommandQueue()
             group = GroupKeeper(spec) if spec.group_backend else None
-            rank = SessionRank(self.sender, self._commands, group=group, generation=spec.group_generation,
-                               thread_rank=True, own_namespace=False, after_task=self._sync_output)
-            rank.serve()
+            self._session = SessionRank(self.sender, self._commands, group=group, generation=spec.group_generation,
+                                        thread_rank=True, own_namespace=False, after_task=self._sync_output)
+            self._session.serve()
             send_peak_rss(self.sender)
             end_like_python(spec.rank, ignore=before, exit_handlers=False)
             return 0
@@ -285,8 +286,9 @@ class RankActor:
 
     def poll(self, wait: float) -> Tuple[List[RankEvent], bool]:
         """The events since the last poll (waiting up to ``wait`` s for one), with a sample of this rank's memory
-        and CPU about once a second; ``True`` with the last of them."""
-        sample = self._resources.due()
+        and CPU about once a second while it runs; ``True`` with the last of them."""
+        busy = self._session.busy if self._session is not None else self._busy
+        sample = self._resources.due() if busy else None
         if sample is not None:
             self.events.put(sample)
         return self.events.take(wait)

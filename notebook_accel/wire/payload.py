@@ -274,11 +274,12 @@ class PortablePayload:
         return call
 
 
-def _storage_memory(untyped: Any) -> Any:
-    """The bytes of a CPU storage as a buffer, without a copy (it views the storage: keep that alive)."""
+def _storage_memory(untyped: Any) -> memoryview:
+    """The bytes of a CPU storage as a flat byte buffer, without a copy (it views the storage: keep that alive).
+    Cast to plain bytes ("B"): a ctypes array's own format ("<B") is one Ray's pickle-5 buffers cannot carry."""
     import ctypes
 
-    return (ctypes.c_ubyte * untyped.nbytes()).from_address(untyped.data_ptr())
+    return memoryview((ctypes.c_ubyte * untyped.nbytes()).from_address(untyped.data_ptr())).cast("B")
 
 
 class _SharedUnpickler(pickle.Unpickler):

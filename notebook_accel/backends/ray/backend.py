@@ -3,23 +3,30 @@
 ``RayBackend.run`` is the local sequence with Ray underneath: connect (the kernel's ``ray.init``, else one made
 here) and check the request against the cluster's nodes in the caller's cell; put the function and its arguments
 into Ray's object store once (every rank of a node reads them from its shared memory); then for each attempt a
-``RayWorld`` — placement group, actors, torchrun's environment — supervised by ``RaySupervisor`` until every rank
-is gone, and killed with its group after. With ``max_restarts``, a failed world is replaced by a new one that Ray
-places afresh: on the nodes that are left when one was lost.
+``RayWorld`` — placement group, actors, torchrun's environment — whose ranks the launch's own ``Supervisor``
+watches through their relay (``relay``: the same root cause, Stop, timeout, stack dumps as local ranks) until
+every rank is gone, and killed with its group after. A rank whose actor or node died is named with its node. With
+``max_restarts``, a failed world is replaced by a new one that Ray places afresh: on the nodes that are left when
+one was lost.
 """
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Deque, Dict, List, Optional
 
-from ...errors import one_line
-from ...outcome.root_cause import Outcome
+import dataclasses
+from collections import defaultdict, deque
+
+from ...errors import LaunchError, one_line
+from ...outcome.death import TAIL_LINES, quote_last_output
+from ...outcome.raising import root_cause_exception
+from ...outcome.root_cause import Outcome, is_system_exit
 from ...plan.plan import LaunchPlan
-from ...wire.events import AttemptStarted, RankStarted, Status
+from ...wire.events import AttemptStarted, OutputLine, OutputLines, RankEvent, Status
 from ..base import Backend, LaunchSink, StopPolicy
+from ..supervisor import Supervisor
 from .connection import alive_nodes, connect
-from .placement import check_feasible
-from .supervisor import RaySupervisor
+from .placement import check_feasible, node_types_to_add
 from .world import RayWorld
 
 
@@ -54,13 +61,14 @@ class RayBackend(Backend):
         self.ray: Any = None
         self._payload: Any = None        # the ObjectRef of the function and its arguments
         self._world: Optional[RayWorld] = None
-        self._supervisor: Optional[RaySupervisor] = None
+        self._supervisor: Optional[Supervisor] = None
 
     def open_rendezvous(self) -> _NoStore:  # type: ignore[override]
         """Connect, and refuse what the cluster's nodes cannot hold — in the caller's cell, before anything waits."""
         self.ray = connect()
-        cluster = self.plan.cluster
-        check_feasible(alive_nodes(self.ray), self.plan.world_size, cluster.resources_per_rank, cluster.placement)
+        cluster, size = self.plan.cluster, self.plan.world_size
+        nodes = alive_nodes(self.ray) + node_types_to_add(self.ray, size)
+        check_feasible(nodes, size, cluster.resources_per_rank, cluster.placement)
         return _NoStore()
 
     def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
@@ -91,20 +99,48 @@ class RayBackend(Backend):
     def _run_world(self, attempt: int, sink: LaunchSink, policy: StopPolicy) -> Outcome:
         world = RayWorld(self.ray, self.plan, attempt)
         self._world = world
+        tails: Dict[int, Deque[str]] = defaultdict(lambda: deque(maxlen=TAIL_LINES))
+
+        def deliver(event: RankEvent) -> None:  # each rank's last lines, for a death's message
+            if isinstance(event, (OutputLine, OutputLines)):
+                tails[event.rank].extend(event.texts)
+            sink.deliver(event)
+
         try:
             stopped = lambda: policy.reason() is not None  # noqa: E731
             if not world.place(stopped, sink.tick, say) or not world.start_actors(stopped, sink.tick):
                 return Outcome(policy.reason() or Status.STOPPED)
-            world.run(self._payload)
-            for rank in world.ranks:
-                sink.deliver(RankStarted(rank=rank.rank, pid=rank.pid, host=rank.place.node, reports_resources=True))
-            self._supervisor = RaySupervisor(self.ray, world.ranks, sink.deliver, sink.tick, policy=policy,
-                                             expect_results=self.plan.sends_result)
-            return self._supervisor.run()
+            handles = world.run(self._payload)
+            self._supervisor = Supervisor(handles, deliver, sink.tick, policy=policy,
+                                          expect_results=self.plan.sends_result)
+            outcome = self._supervisor.run()
+            return self._named(outcome, world, tails)
         finally:
             self._supervisor = None
             world.kill()
             self._world = None
+
+    def _named(self, outcome: Outcome, world: RayWorld, tails: Dict[int, Deque[str]]) -> Outcome:
+        """The outcome, its root cause raised naming the rank's node: a ``LaunchError`` saying how its actor or node
+        died, or the rank's own exception with a note."""
+        root = outcome.root
+        if root is None:
+            return outcome
+        node = world.ranks[root.rank].place.node
+        death = world.death(root.rank) if root.event is None else None
+        if death is not None:
+            error: BaseException = LaunchError(f"rank {root.rank} on node {node} died: {death}"
+                                               f"{quote_last_output(list(tails[root.rank]))}", rank=root.rank)
+        else:
+            error = root_cause_exception(root, self.plan.world_size, last_output=list(tails[root.rank]),
+                                         where=f" on node {node}")
+            if root.event is not None and not is_system_exit(root.event) and hasattr(error, "add_note"):
+                error.add_note(f"(notebook_accel: rank {root.rank} ran on node {node})")
+        try:
+            error.node = node  # type: ignore[attr-defined]
+        except Exception:
+            pass
+        return dataclasses.replace(outcome, local_exception=error)
 
     def _close(self) -> None:
         if self._world is not None:

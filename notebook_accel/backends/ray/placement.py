@@ -1,9 +1,9 @@
 """Where a cluster launch's ranks go: one Ray placement group, one bundle per rank, placed by Ray.
 
 Before anything waits, the request is checked against the cluster's nodes (what each *has*, not what is free: a
-busy cluster is a wait, a cluster without the resource is an error), and while the group waits to be placed,
-Ray's own verdict (``INFEASIBLE``) ends the wait too — a clear ``LaunchConfigError`` naming what is missing, not
-Ray's silent wait for ever. Once placed, each rank's node gives it torchrun's variables as Ray Train's
+busy cluster is a wait, a cluster without the resource is an error) and the nodes its autoscaler could add, and
+while the group waits to be placed, Ray's own verdict (``INFEASIBLE``, on a cluster that cannot grow) ends the wait
+too — a clear ``LaunchConfigError`` naming what is missing, not Ray's silent wait for ever. Once placed, each rank's node gives it torchrun's variables as Ray Train's
 ``TorchConfig`` does: ranks grouped by node (rank 0's node first), ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` within its
 node, ``GROUP_RANK`` the node's index.
 """
@@ -49,8 +49,7 @@ def check_feasible(nodes: List[Dict[str, Any]], world_size: int, resources: Dict
     """A ``PlacementError`` naming what is missing when no arrangement of the cluster's nodes (by their total
     resources) can hold the ranks; nothing when one can, however busy the nodes are now."""
     asked = describe_request(world_size, resources, strategy)
-    offered = "; ".join(f"{label}: {_resources_text(node.get('Resources', {}))}"
-                        for label, node in zip(node_labels(nodes).values(), nodes)) or "none"
+    offered = _offered(nodes)
     fits = [node for node in nodes if _holds(node.get("Resources", {}), resources, 1)]
     missing = [name for name, amount in resources.items() if amount > 0
                and not any(node.get("Resources", {}).get(name, 0) >= amount for node in nodes)]
@@ -75,6 +74,26 @@ def check_feasible(nodes: List[Dict[str, Any]], world_size: int, resources: Dict
                              f"offer: {offered}")
 
 
+def node_types_to_add(ray: Any, world_size: int) -> List[Dict[str, Any]]:
+    """The nodes an autoscaler could add (KubeRay, Anyscale, a cluster launcher's ``max_workers``), as ``ray.nodes()``
+    describes nodes — up to ``world_size`` of each type, enough for any placement of the ranks — or none where Ray
+    has no autoscaling config. (Ray Train reads the same config to check a request before it waits.)"""
+    try:
+        from ray._private.state import state
+
+        config = state.get_cluster_config()
+    except Exception:  # an older Ray, or no such key: no autoscaler we know of
+        return []
+    added: List[Dict[str, Any]] = []
+    for group in getattr(config, "node_group_configs", None) or []:
+        resources = {name: float(amount) for name, amount in dict(group.resources).items()}
+        count = world_size if group.max_count < 0 else min(group.max_count, world_size)
+        for index in range(count if resources else 0):
+            added.append({"NodeID": f"autoscaler-{group.name}-{index}", "Alive": True, "Resources": resources,
+                          "NodeManagerHostname": group.name, "Addable": True})
+    return added
+
+
 class RankPlacement:
     """The placement group of one world (one attempt): made, waited for (Stop, timeout and Ray's verdict apply),
     read (``places``) and removed — ``remove`` is called whatever happened.
@@ -96,7 +115,8 @@ class RankPlacement:
         self.resources = resources
         self.strategy = strategy
         self.nodes = alive_nodes(ray)
-        check_feasible(self.nodes, world_size, resources, strategy)
+        self.can_add = node_types_to_add(ray, world_size)
+        check_feasible(self.nodes + self.can_add, world_size, resources, strategy)
         self.group = placement_group([dict(resources) for _ in range(world_size)], strategy=strategy)
         self._removed = False
 
@@ -115,11 +135,10 @@ class RankPlacement:
                 return False
             tick()
             state = self._state()
-            if state == "INFEASIBLE":
+            if state == "INFEASIBLE" and not self.can_add:  # with an autoscaler, INFEASIBLE is about the nodes of now
                 # Ray knows better than the totals (what other groups hold for ever, labels, ...); still, our
                 # description of the nodes says what they offer.
-                nodes = alive_nodes(self.ray)
-                check_feasible(nodes, self.world_size, self.resources, self.strategy)
+                check_feasible(alive_nodes(self.ray), self.world_size, self.resources, self.strategy)
                 raise PlacementError(f"cannot place {describe_request(self.world_size, self.resources, self.strategy)}"
                                      f": Ray finds it infeasible on this cluster's nodes")
             if not said and time.monotonic() - started >= WAIT_NOTICE_SECONDS:
@@ -168,6 +187,20 @@ class RankPlacement:
             remove_placement_group(self.group)
         except Exception:  # the connection is gone (kernel exit): Ray removes a job's groups with it
             pass
+
+
+def _offered(nodes: List[Dict[str, Any]]) -> str:
+    """What each node offers, for a message; the nodes an autoscaler could add once per type, with their number."""
+    present = [node for node in nodes if not node.get("Addable")]
+    parts = [f"{label}: {_resources_text(node.get('Resources', {}))}"
+             for label, node in zip(node_labels(present).values(), present)]
+    addable: Dict[str, int] = {}
+    for node in nodes:
+        if node.get("Addable"):
+            key = f"{node['NodeManagerHostname']}: {_resources_text(node.get('Resources', {}))}"
+            addable[key] = addable.get(key, 0) + 1
+    parts += [f"up to {count} more of type {key} (its autoscaler)" for key, count in addable.items()]
+    return "; ".join(parts) or "none"
 
 
 def _holds(offer: Dict[str, float], resources: Dict[str, float], copies: int) -> bool:

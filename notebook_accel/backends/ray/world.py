@@ -16,47 +16,17 @@ from __future__ import annotations
 import atexit
 import threading
 import weakref
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ...errors import LaunchError
 from ...plan.plan import LaunchPlan
-from ...rank.actor import ActorRankSpec, RankActor
-from .placement import RankPlace, RankPlacement
+from ...rank.actor import ActorRankSpec
+from .actors import RayRank, actor_class, actor_resources
+from .placement import RankPlacement
+from .relay import ActorRelay, RayRankProcess
 
-CONTROL_GROUP = "control"     # the actor's concurrency group for poll, stacks and commands: its control thread
-CONTROL_THREADS = 3           # a poll in flight, a stack dump and a command at once
-_actor_class: Any = None
 _live_worlds: "weakref.WeakSet[RayWorld]" = weakref.WeakSet()
 _lock = threading.Lock()
-
-
-@dataclass
-class RayRank:
-    """A started rank: its place, its actor and (once running) the call that runs it."""
-
-    place: RankPlace
-    actor: Any
-    pid: int = 0
-    gpus: Optional[str] = None
-    call: Any = None                 # the ObjectRef of ``run`` (or a session's ``serve``): resolves when it ends
-    env: Dict[str, str] = field(default_factory=dict)
-
-    @property
-    def rank(self) -> int:
-        return self.place.rank
-
-    def control(self, method: str, *args: Any) -> Any:
-        """Call one of the actor's control-thread methods (``poll``, ``stacks``, ``command``): an ObjectRef."""
-        return getattr(self.actor, method).options(concurrency_group=CONTROL_GROUP).remote(*args)
-
-
-def actor_class(ray: Any) -> Any:
-    """``RankActor`` as a Ray actor class with its control concurrency group (made once per kernel)."""
-    global _actor_class
-    if _actor_class is None:
-        _actor_class = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(RankActor)
-    return _actor_class
 
 
 class RayWorld:
@@ -66,9 +36,9 @@ class RayWorld:
 
         world = RayWorld(ray, plan, attempt=0)
         try:
-            if world.place(stopped, tick, say):
-                world.start_actors(stopped, tick)
-                world.run(payload_ref)
+            if world.place(stopped, tick, say) and world.start_actors(stopped, tick):
+                handles = world.run(payload_ref)      # what the supervisor watches
+                ...
         finally:
             world.kill()
     """
@@ -81,6 +51,7 @@ class RayWorld:
         self.placement: Optional[RankPlacement] = None
         self.ranks: List[RayRank] = []
         self.store_port: Optional[int] = None
+        self.relay: Optional[ActorRelay] = None
         with _lock:
             _live_worlds.add(self)
 
@@ -139,10 +110,27 @@ class RayWorld:
         return ActorRankSpec(rank=rank.rank, world_size=self.plan.world_size, env=rank.env,
                              send_result=self.plan.sends_result(rank.rank), node=rank.place.node, **more)
 
-    def run(self, payload_ref: Any) -> None:
-        """Every rank runs the launched function (its ``run`` call resolves when it ends)."""
+    def run(self, payload_ref: Any) -> List[RayRankProcess]:
+        """Every rank runs the launched function (its ``run`` call resolves when it ends); the handles the
+        supervisor watches them through."""
         for rank in self.ranks:
             rank.call = rank.actor.run.remote(self.spec(rank), payload_ref)
+        return self._relay()
+
+    def serve(self, group_backend: Optional[str], generation: int) -> List[RayRankProcess]:
+        """Every rank becomes a warm session's rank: joins the process group, then serves tasks."""
+        for rank in self.ranks:
+            spec = self.spec(rank, group_backend=group_backend, group_generation=generation)
+            rank.call = rank.actor.serve.remote(spec)
+        return self._relay()
+
+    def _relay(self) -> List[RayRankProcess]:
+        self.relay = ActorRelay(self.ray, self.ranks)
+        return self.relay.handles
+
+    def death(self, rank: int) -> Optional[str]:
+        """How rank ``rank``'s actor or node died (not killed by us), or None."""
+        return self.relay.death(rank) if self.relay is not None else None
 
     def wait_all(self, refs: List[Any], stopped: Callable[[], bool], tick: Callable[[], None],
                  what: str) -> Optional[List[Any]]:
@@ -175,22 +163,12 @@ class RayWorld:
                 self.ray.kill(rank.actor, no_restart=True)
             except Exception:
                 pass
+        if self.relay is not None:
+            self.relay.close()
         if self.placement is not None:
             self.placement.remove()
         with _lock:
             _live_worlds.discard(self)
-
-
-def actor_resources(resources: Dict[str, float]) -> Dict[str, Any]:
-    """``resources_per_rank`` as ``ray.remote`` options: CPU, GPU and memory by their own names, the rest as
-    custom resources."""
-    options: Dict[str, Any] = {"num_cpus": resources.get("CPU", 0), "num_gpus": resources.get("GPU", 0)}
-    if "memory" in resources:
-        options["memory"] = resources["memory"]
-    custom = {name: amount for name, amount in resources.items() if name not in ("CPU", "GPU", "memory")}
-    if custom:
-        options["resources"] = custom
-    return options
 
 
 @atexit.register
