@@ -66,3 +66,11 @@ def test_a_cluster_plan_reserves_a_cpu_or_a_gpu_per_rank_and_gives_each_rank_its
         plan_launch(print, cluster="ray", device="cuda")
     with pytest.raises(LaunchConfigTypeError, match="resources_per_rank must be"):
         plan_launch(print, num_processes=1, cluster="ray", resources_per_rank=[("CPU", 1)])
+
+
+def test_ray_is_an_extra_and_the_tests_install_it():
+    from importlib.metadata import requires
+
+    needs = requires("notebook_accel") or []
+    assert any(need.startswith("ray") and 'extra == "ray"' in need for need in needs), needs
+    assert any(need.startswith("ray") and 'extra == "test"' in need for need in needs), needs
