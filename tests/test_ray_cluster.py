@@ -325,7 +325,7 @@ def test_the_function_and_a_large_tensor_go_to_the_object_store_once(ray, monkey
     puts = []
     real_put = ray.put
     monkeypatch.setattr(ray, "put", lambda value, **options: puts.append(value) or real_put(value, **options))
-    tensor = torch.arange(4_000_000, dtype=torch.int64)  # 32 MB
+    tensor = torch.arange(500_000, dtype=torch.int64)  # 4 MB: far above the size that travels inside the pickle
     sums = notebook_launcher(sum_and_scribble, args=(tensor,), num_processes=2, cluster="ray", return_all=True,
                              display="none")
     assert sums == [int(tensor.sum())] * 2
