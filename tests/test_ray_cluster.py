@@ -18,7 +18,7 @@ import pytest
 
 from notebook_accel import Session, notebook_launcher, start_launch
 from notebook_accel.errors import LaunchConfigError, LaunchError, LaunchTimeout
-from notebook_accel.wire.events import AttemptStarted, OutputLine, RankStarted
+from notebook_accel.wire.events import AttemptStarted, OutputLine, RankStarted, ResourceSample
 from ray_cluster import FakeCluster, leftovers
 from scripts import Recorder
 from waiting import wait_until
@@ -280,15 +280,25 @@ def test_a_rank_that_dies_is_named_with_its_node_within_seconds(ray, tmp_path):
     assert noticed < 30, f"the death was raised {noticed:.1f} s after it"
 
 
-def test_stop_and_ctrl_c_end_every_rank_on_the_cluster(ray, tmp_path):
+def test_stop_timeout_and_ctrl_c_end_every_rank_on_the_cluster(ray, tmp_path):
     ready = str(tmp_path / "ready")
-    job = start_launch(wait_here, args=(ready,), num_processes=2, cluster="ray", display="none")
+    recorder = Recorder()
+    job = start_launch(wait_here, args=(ready,), num_processes=2, cluster="ray", view=recorder, display="none")
     wait_until(lambda: all(os.path.exists(f"{ready}.{rank}") for rank in (0, 1)), timeout=300, what="the ranks")
+    # each rank samples its own memory and CPU on its node (the kernel's psutil cannot see it): the rows show them
+    wait_until(lambda: {event.rank for event in recorder.of(ResourceSample) if event.rss} == {0, 1}, timeout=120,
+               what="a memory sample of each rank")
     stacks = job.dump_stacks()  # through each rank's control thread
     assert sorted(stacks) == [0, 1] and all("in wait_here" in text for text in stacks.values()), stacks
     job.stop()
     with pytest.raises(KeyboardInterrupt):
         job.wait(120)
+    assert leftovers(ray) == []
+
+    # a timeout stops them the same way, and says so
+    with pytest.raises(LaunchTimeout):
+        notebook_launcher(wait_here, args=(str(tmp_path / "timed"),), num_processes=2, cluster="ray", timeout=20,
+                          display="none")
     assert leftovers(ray) == []
 
     # Jupyter's interrupt is a SIGINT to the kernel: it stops the launch, and the ranks on the cluster with it
