@@ -25,17 +25,14 @@ multiprocessing.util.Finalize(None, shutil.rmtree, args=(SESSION_TMP,), kwargs={
                               exitpriority=-101)
 
 
-# Processes a module-scoped fixture keeps up for all the module's tests (a fake Ray cluster: its GCS, raylets and
-# their workers), by pid: each is the top of a tree the fixture itself ends, and checks ended, at the module's end.
-KEPT_TREES: set = set()
-
-
 def is_kept_helper(process: psutil.Process) -> bool:
     """multiprocessing's fork server and resource tracker stay up on purpose (warm second launch);
-    they belong to this process and exit with it. So do the trees of ``KEPT_TREES`` until their module ends."""
+    they belong to this process and exit with it. So do a fake Ray cluster's process trees until its test module
+    ends (``ray_cluster.KEPT_TREES``; looked up, not imported: ``conftest`` may name notebooks/' conftest there)."""
+    kept = getattr(sys.modules.get("ray_cluster"), "KEPT_TREES", ())
     try:
         command = " ".join(process.cmdline())
-        if KEPT_TREES and any(ancestor.pid in KEPT_TREES for ancestor in [process] + process.parents()):
+        if kept and any(ancestor.pid in kept for ancestor in [process] + process.parents()):
             return True
     except psutil.Error:
         return True

@@ -2,7 +2,7 @@
 
 Its processes (GCS, one raylet per "node", their workers) are children of the test process. They stay up for the
 module's tests, so the suite's leftover check (``conftest.no_leftovers``) is told to leave their trees alone
-(``conftest.KEPT_TREES``); ``shutdown`` ends them — ``ray.shutdown()`` and ``Cluster.shutdown()``, never ``ray stop``,
+(``KEPT_TREES``, which conftest looks up here); ``shutdown`` ends them — ``ray.shutdown()`` and ``Cluster.shutdown()``, never ``ray stop``,
 which would end every Ray process of the machine — and fails if any of them is still there. Ray writes its session
 files under ``RAY_TMPDIR`` and, since 2.60, an auth token under ``~/.ray``: both point into a temp dir of the fixture's
 own while the cluster is up.
@@ -19,10 +19,12 @@ from typing import Any, Dict, List
 
 import psutil
 
-import conftest
 
 FAST_IMPORTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_fast_imports")
 ACTOR_TITLE = "ray::RankActor"   # the process title Ray gives our actors' workers
+# The pids at the top of the process trees a module's fake cluster keeps up (its GCS, raylets, their workers): the
+# suite's leftover check leaves them alone until ``FakeCluster.shutdown`` ends them and checks they ended.
+KEPT_TREES: set = set()
 
 
 class FakeCluster:
@@ -57,7 +59,7 @@ class FakeCluster:
             raise
 
     def _keep_new_children(self) -> None:
-        conftest.KEPT_TREES.update(child.pid for child in psutil.Process().children()
+        KEPT_TREES.update(child.pid for child in psutil.Process().children()
                                    if child.pid not in self._before)
 
     def add_node(self, **resources: Any) -> Any:
@@ -76,7 +78,7 @@ class FakeCluster:
 
     def shutdown(self) -> None:
         """End the cluster and everything it started; fail if any of its processes outlives that."""
-        kept = [psutil.Process(pid) for pid in conftest.KEPT_TREES if psutil.pid_exists(pid)]
+        kept = [psutil.Process(pid) for pid in KEPT_TREES if psutil.pid_exists(pid)]
         tree = kept + [child for process in kept for child in _children(process)]
         try:
             self.ray.shutdown()
@@ -87,7 +89,7 @@ class FakeCluster:
                 process.kill()
             assert not alive, f"Ray processes outlived the cluster's shutdown: {[p.pid for p in alive]}"
         finally:
-            conftest.KEPT_TREES.clear()
+            KEPT_TREES.clear()
             for name, value in self._saved.items():
                 if value is None:
                     os.environ.pop(name, None)
