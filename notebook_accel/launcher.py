@@ -31,7 +31,8 @@ from .plan.options import PathLike, launch_settings
 from .plan.plan import LaunchPlan, plan_launch
 from .rank.tracebacks import without_launcher_frames
 from .views import NullView, View, make_view
-from .wire.choices import DeviceName, DisplayName, MixedPrecisionName, RendezvousBackendName, StartMethodName
+from .wire.choices import (ClusterName, DeviceName, DisplayName, MixedPrecisionName, PlacementName,
+                           RendezvousBackendName, StartMethodName)
 from .wire.events import LaunchFinished, MetricReport, OutputLine, OutputLines, RankEvent, Status
 
 
@@ -317,6 +318,9 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), kwargs: Op
                       compile_cache: Optional[PathLike] = None,
                       fsdp_config: Optional[Mapping[str, Any]] = None,
                       deepspeed_config: Optional[Mapping[str, Any]] = None,
+                      cluster: Optional[ClusterName] = None,
+                      resources_per_rank: Optional[Mapping[str, float]] = None,
+                      placement: Optional[PlacementName] = None,
                       num_nodes: int = 1,
                       node_rank: Optional[int] = None,
                       rdzv_backend: Union[RendezvousBackendName, str] = "static",
@@ -391,6 +395,9 @@ def start_launch(function: Callable[..., Any], args: tuple = (), kwargs: Optiona
                  compile_cache: Optional[PathLike] = None,
                  fsdp_config: Optional[Mapping[str, Any]] = None,
                  deepspeed_config: Optional[Mapping[str, Any]] = None,
+                 cluster: Optional[ClusterName] = None,
+                 resources_per_rank: Optional[Mapping[str, float]] = None,
+                 placement: Optional[PlacementName] = None,
                  num_nodes: int = 1,
                  node_rank: Optional[int] = None,
                  rdzv_backend: Union[RendezvousBackendName, str] = "static",

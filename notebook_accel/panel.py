@@ -23,7 +23,8 @@ from .plan.devices import available_devices
 from .plan.entry_points import entry_point
 from .plan.options import OPTIONS, PathLike, check_option, check_precision_for_device, launch_settings, precisions_for
 from .views.widgets import WidgetView
-from .wire.choices import DeviceName, MixedPrecision, MixedPrecisionName, RendezvousBackendName, StartMethodName
+from .wire.choices import (ClusterName, DeviceName, MixedPrecision, MixedPrecisionName, PlacementName,
+                           RendezvousBackendName, StartMethodName)
 from .wire.events import LaunchFinished, Status
 
 __all__ = ["launch_panel", "LaunchPanel"]
@@ -281,6 +282,9 @@ def launch_panel(function: Callable[..., Any], args: tuple = (), kwargs: Optiona
                  compile_cache: Optional[PathLike] = None,
                  fsdp_config: Optional[Mapping[str, Any]] = None,
                  deepspeed_config: Optional[Mapping[str, Any]] = None,
+                 cluster: Optional[ClusterName] = None,
+                 resources_per_rank: Optional[Mapping[str, float]] = None,
+                 placement: Optional[PlacementName] = None,
                  num_nodes: int = 1,
                  node_rank: Optional[int] = None,
                  rdzv_backend: Union[RendezvousBackendName, str] = "static",

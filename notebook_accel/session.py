@@ -18,6 +18,7 @@ and the raised exception says so ("ranks restarted: state lost").
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import itertools
 import sys
 import threading
@@ -26,8 +27,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 from .backends.base import StopPolicy
-from .backends.rendezvous import HostedStore
-from .backends.session import SessionProcesses, SessionRunBackend, SessionSupervisor, SessionXlaHost, send_quietly
+from .backends.session import SessionRunBackend, SessionSupervisor, send_quietly
 from .backends.supervisor import RankProcess, Supervisor
 from .errors import LaunchConfigError, LaunchConfigTypeError
 from .launcher import Launch, leave_post_mortem_to_the_rank
@@ -43,18 +43,29 @@ from .monitor.resources import ResourceSampler
 from .views.model import label_lines
 from .views.session import SessionSummary, SessionView
 from .wire.channel import rank_channel
-from .wire.choices import DeviceName, DisplayName, MixedPrecisionName, StartMethodName
+from .wire.choices import ClusterName, DeviceName, DisplayName, MixedPrecisionName, PlacementName, StartMethodName
 from .wire.commands import Command, Debug, ExecuteCode, NewGroup, RunFunction, Shutdown
-from .wire.events import (OutputLine, OutputLines, RankEvent, RankStarted, ResourceSample, SessionNotice,
+from .wire.events import (OutputLine, OutputLines, RankEvent, ResourceSample, SessionNotice,
                           SessionStatus, Status)
-from .wire.payload import PickledPayload
 
 START_TIMEOUT = 300.0           # s the ranks may take to start and join the process group
 CLOSE_GRACE = 35.0              # s the ranks may take to end like a program (threads joined: 30 s by default)
 
 _open_sessions: "List[weakref.ref[Session]]" = []
 # How a session's ranks start, by the backend a launch would use: local processes, or a TPU host's device threads.
-SESSION_RANKS = {"processes": SessionProcesses, "xla": SessionXlaHost}
+# How a session's ranks start, by the backend a launch would use: local processes, a TPU host's device threads, a Ray
+# cluster's actors. (module, class), imported when used: a local session never imports the cluster's code.
+SESSION_RANKS: Dict[str, Tuple[str, str]] = {
+    "processes": (".backends.session", "SessionProcesses"),
+    "xla": (".backends.session", "SessionXlaHost"),
+    "ray": (".backends.ray.session", "SessionRayActors"),
+}
+
+
+def session_ranks_class(backend: str) -> Any:
+    """The class that starts a session's ranks for ``backend`` (a key of ``SESSION_RANKS``)."""
+    module, name = SESSION_RANKS[backend]
+    return getattr(importlib.import_module(module, __package__), name)
 
 
 class Session:
@@ -83,13 +94,18 @@ class Session:
                  compile_cache: Optional[PathLike] = None,
                  fsdp_config: Optional[Mapping[str, Any]] = None,
                  deepspeed_config: Optional[Mapping[str, Any]] = None,
+                 cluster: Optional[ClusterName] = None,
+                 resources_per_rank: Optional[Mapping[str, float]] = None,
+                 placement: Optional[PlacementName] = None,
                  recover_timeout: float = 5.0,
                  config: Union[bool, PathLike, None] = None) -> None:
-        """Start the ranks, on this machine, and join them in one process group.
+        """Start the ranks — on this machine, or with ``cluster="ray"`` as actors of a Ray cluster — and join them
+        in one process group.
 
         The launcher's options, less those of several nodes and restarts (``notebook_launcher`` has them) and
         ``return_all`` (chosen per run); ``timeout`` and ``display`` are the default of each run. On TPU
-        (``device="xla"``) the XLA host's device threads are the warm ranks, each with a namespace of its own.
+        (``device="xla"``) the XLA host's device threads are the warm ranks, each with a namespace of its own. On a
+        Ray cluster the actors stay up, placed as ``resources_per_rank`` and ``placement`` say, until ``close()``.
         ``display="none"`` turns the session's row and the runs' dashboards off; a ``%%ranks`` cell still shows
         what the ranks printed, labelled.
 
@@ -103,7 +119,7 @@ class Session:
         self.recover_timeout = float(recover_timeout)
         self.num_processes = self._plan.world_size
         self.device = self._plan.device
-        self.start_method = self._plan.start_method
+        self.start_method = self._plan.start_method or self._plan.backend  # "ray": Ray starts the actors
         self.runs = 0          # tasks run (functions and %%ranks cells)
         self.restarts = 0      # times the ranks were started afresh (restart(), a lost rank)
         self._tasks = itertools.count(1)
@@ -111,8 +127,9 @@ class Session:
         self._lock = threading.Lock()
         self._state = SessionStatus.STARTING
         self._closed = False
-        self._store = HostedStore(self._plan.master_addr, self._plan.use_port, self._plan.world_size)
-        self._processes: Optional[Union[SessionProcesses, SessionXlaHost]] = None
+        self._ranks_class = session_ranks_class(self._plan.backend)
+        self._store = self._ranks_class.open_store(self._plan)  # the kernel's for local ranks; none on a cluster
+        self._processes: Any = None  # a ``backends.session.SessionRanks`` (or its cluster twin) once started
         self._handles: List[RankProcess] = []
         self.view = SessionView(self._plan.display)
         self._samples: Dict[int, ResourceSample] = {}
@@ -149,15 +166,13 @@ class Session:
         """
         __tracebackhide__ = True  # noqa: F841
         check_call(function, args, kwargs)
-        payload = PickledPayload.create(function, args, kwargs or {}, into_rank_namespace=True)
+        command, fds, release = self._ranks_class.function_task(function, args, kwargs or {}, return_all)
         try:
-            command = RunFunction(task_id=0, data=payload.data, storages=payload.storages, buffers=payload.buffers,
-                                  shared_sizes=payload.shared_sizes, return_all=return_all)
             name = getattr(function, "__qualname__", type(function).__name__)
-            return self._task(command, list(payload.shared_fds), name, return_all=return_all, timeout=timeout,
-                              display=display, pdb=pdb)
+            return self._task(command, fds, name, return_all=return_all, timeout=timeout, display=display,
+                              pdb=pdb)
         finally:
-            payload.close()
+            release()
 
     @entry_point("Session.execute")
     def execute(self, code: str, *,
@@ -296,6 +311,9 @@ class Session:
                 self.runs += 1
                 if backend.supervisor is not None:
                     self._note_shadowed(backend.supervisor.shadowed)
+                # Ranks on another machine sample themselves while they run: the row keeps their last figures.
+                self._samples.update({rank: sample for rank, sample in launch.resources.latest().items()
+                                      if rank not in self._samples or sample.time >= self._samples[rank].time})
 
     def _note_shadowed(self, names: Iterable[str]) -> None:
         """Say once per name that a run used the ranks' own value of a name the kernel has too."""
@@ -349,7 +367,7 @@ class Session:
     def _start_ranks(self) -> None:
         """Start the rank processes and wait until each joined the process group (task 0)."""
         self._state = SessionStatus.STARTING
-        processes = SESSION_RANKS[self._plan.backend](self._plan, _group_backend(self._plan.device), self._generation)
+        processes = self._ranks_class(self._plan, _group_backend(self._plan.device), self._generation)
         self._handles = processes.start(self._store.env())
         self._processes = processes
         self._finalizer.detach()
@@ -366,7 +384,7 @@ class Session:
         self._sampler = ResourceSampler(self._keep_sample, device=self.device)
         self._samples = {}
         for handle in self._handles:
-            self._sampler.observe(RankStarted(rank=handle.rank, pid=self._processes.pids[handle.rank]))
+            self._sampler.observe(self._processes.started_event(handle.rank))
         self._sampler.tick()
         self._show()
 

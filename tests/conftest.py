@@ -47,9 +47,13 @@ multiprocessing.util.Finalize(None, shutil.rmtree, args=(SESSION_TMP,), kwargs={
 
 def is_kept_helper(process: psutil.Process) -> bool:
     """multiprocessing's fork server and resource tracker stay up on purpose (warm second launch);
-    they belong to this process and exit with it."""
+    they belong to this process and exit with it. So do a fake Ray cluster's process trees until its test module
+    ends (``ray_cluster.KEPT_TREES``; looked up, not imported: ``conftest`` may name notebooks/' conftest there)."""
+    kept = getattr(sys.modules.get("ray_cluster"), "KEPT_TREES", ())
     try:
         command = " ".join(process.cmdline())
+        if kept and any(ancestor.pid in kept for ancestor in [process] + process.parents()):
+            return True
     except psutil.Error:
         return True
     return "multiprocessing.forkserver" in command or "multiprocessing.resource_tracker" in command

@@ -97,7 +97,7 @@ def _add(name):
     ("start_launch", _drop("max_restarts")),
     ("Session", _swap("timeout", "display")),
     ("Session.run", _set("timeout", default=5.0)),
-    ("launch_panel", _add("cluster")),  # a new option written in a def but not in the table
+    ("launch_panel", _add("spot_instances")),  # a new option written in a def but not in the table
     ("Session", _add("num_nodes")),      # in the table, but not for sessions
 ])
 def test_a_def_that_drifts_from_the_table_is_caught(entry, change):

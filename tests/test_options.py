@@ -34,10 +34,10 @@ def test_an_unknown_option_is_a_type_error_before_anything_starts():
     with pytest.raises(LaunchConfigTypeError, match="^notebook_launcher: unexpected keyword argument "
                                                     "'mixed_precison'; did you mean 'mixed_precision'"):
         notebook_launcher(print, num_processes=1, mixed_precison="bf16")
-    with pytest.raises(LaunchConfigTypeError, match="^start_launch: unexpected keyword argument 'colour'$"):
-        start_launch(print, num_processes=1, colour="red")
-    with pytest.raises(LaunchConfigTypeError, match="unexpected keyword argument 'colour'"):
-        plan_launch(print, num_processes=1, colour="red")  # the planner, for the CLI
+    with pytest.raises(LaunchConfigTypeError, match="^start_launch: unexpected keyword argument 'favourite_colour'$"):
+        start_launch(print, num_processes=1, favourite_colour="red")
+    with pytest.raises(LaunchConfigTypeError, match="unexpected keyword argument 'favourite_colour'"):
+        plan_launch(print, num_processes=1, favourite_colour="red")  # the planner, for the CLI
 
 
 @pytest.mark.parametrize("name, enum", [("device", Device), ("mixed_precision", MixedPrecision),

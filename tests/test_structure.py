@@ -161,6 +161,33 @@ def test_views_never_import_torch_and_backends_never_ipywidgets():
     assert wrong == []
 
 
+def test_only_the_ray_backend_imports_ray():
+    # Ray is an optional extra (``.[ray]``): the backend for ``cluster="ray"`` is the one place that may import it.
+    importers = sorted(module for module in MODULES if "ray" in _third_party_imports(module))
+    assert importers, "the ray backend imports ray somewhere"
+    assert [module for module in importers if not _inside(module, (f"{PACKAGE}.backends.ray",))] == []
+
+
+def test_nothing_imports_ray_unless_a_launch_asks_for_a_cluster():
+    from scripts import run_script
+
+    out = run_script("""
+        import sys
+        import notebook_accel
+        from notebook_accel import Session, notebook_launcher, start_launch, launch_panel
+        import notebook_accel.magics, notebook_accel.cli, notebook_accel.backends.ray
+        def rank():
+            import os
+            return os.environ["RANK"]
+        notebook_launcher(rank, num_processes=2, start_method="fork", display="none")
+        with Session(num_processes=1, start_method="fork", display="none") as session:
+            session.run(rank)
+        print("ray imported:", "ray" in sys.modules)
+    """, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ray imported: False" in out.stdout
+
+
 def _notebook_function(source: str):
     """A function as a notebook cell defines it (in ``__main__``), so cloudpickle sends it by value and the
     rank does not import this test module (which imports the launcher)."""

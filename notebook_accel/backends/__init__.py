@@ -7,6 +7,7 @@
 | ``xla``     | TPU cores: threads of ``xmp.spawn`` workers in a host  | device="xla"                    |
 | ``nodes``   | this node's processes of a multi-node world, restarted | ``num_nodes > 1`` or             |
 |             | as a whole after a failure (torch elastic rendezvous)  | ``max_restarts > 0``            |
+| ``ray``     | Ray actors on a cluster, in one placement group        | ``cluster="ray"``               |
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ BACKENDS: Dict[str, Tuple[str, str]] = {
     "processes": (".processes", "ProcessBackend"),
     "xla": (".xla", "XlaBackend"),
     "nodes": (".nodes", "NodesBackend"),
+    "ray": (".ray", "RayBackend"),
 }
 
 

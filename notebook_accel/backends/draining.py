@@ -14,29 +14,12 @@ that keeps writing holds the run only ``HELD_SECONDS`` after the rank's own byte
 """
 from __future__ import annotations
 
-import array
 from typing import Optional
 
-try:
-    import fcntl
-    import termios
-except ImportError:  # Windows
-    fcntl = termios = None  # type: ignore[assignment]
+from ..wire.fds import pending_bytes
 
 QUIET_SECONDS = 1.0   # a pipe held open by a process the rank left behind, silent this long: stop waiting
 HELD_SECONDS = 5.0    # ... or still writing this long after the rank's own output was read
-
-
-def pending_bytes(fd: int) -> int:
-    """How many bytes wait in the pipe ``fd`` (0 where the OS cannot say)."""
-    if fcntl is None or not hasattr(termios, "FIONREAD"):
-        return 0
-    count = array.array("i", [0])
-    try:
-        fcntl.ioctl(fd, termios.FIONREAD, count, True)
-    except OSError:
-        return 0
-    return count[0]
 
 
 class PipeDrain:

@@ -13,17 +13,19 @@ from __future__ import annotations
 import os
 import selectors
 import signal
-from typing import Callable, Dict, List, Mapping, Optional, Set
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from ..outcome.root_cause import Outcome, is_interrupt
 from ..plan.plan import LaunchPlan
 from ..rank.session import SessionRankSpec, session_rank_main
-from ..wire.commands import BreakGroup, Command, CommandSender, Interrupt, session_socketpair
+from ..wire.commands import BreakGroup, Command, CommandSender, Interrupt, RunFunction, session_socketpair
 from ..wire.events import RankEvent, RankFailed, RankStarted
 from ..wire.fds import PassedFd
+from ..wire.payload import PickledPayload
 from .base import Backend, LaunchSink, StopPolicy
 from .processes.backend import ProcessBackend
 from .prompts import Asker
+from .rendezvous import HostedStore
 from .supervisor import EndCondition, RankPhase, RankProcess, RankWatch, StopStrategy, Supervisor
 from .xla.backend import XlaBackend
 
@@ -33,11 +35,33 @@ BREAK_GROUP_AFTER = 0.3   # s an interrupted rank may take to leave Python code 
 class SessionRanks:
     """What a session's ranks have beyond a launch's, whatever starts them (mixed into ``ProcessBackend`` and
     ``XlaBackend``): a command socket each (the rank's end handed over as it starts, the kernel's kept), the pid
-    each rank runs in, and ``kill``."""
+    each rank runs in, and ``kill``.
+
+    A kind of warm ranks that starts elsewhere (``backends.ray.session``) has the same surface: ``open_store``,
+    ``function_task``, ``start``, ``commands``, ``pids``, ``started_event``, ``kill``."""
 
     ranks_are_threads = False  # TPU ranks are device threads: interrupted by a command, not by SIGINT
     answers_own_socket = False  # what is typed at a rank's prompt goes on its command socket
     plan: LaunchPlan
+
+    @classmethod
+    def open_store(cls, plan: LaunchPlan) -> HostedStore:
+        """The store the ranks meet at for the session's life: hosted by the kernel."""
+        return HostedStore(plan.master_addr, plan.use_port, plan.world_size)
+
+    @classmethod
+    def function_task(cls, function: Callable[..., Any], args: tuple, kwargs: Dict[str, Any],
+                      return_all: bool) -> Tuple[RunFunction, List[int], Callable[[], None]]:
+        """``Session.run``'s command for ``function``, the fds it carries (large data in shared memory) and what
+        releases them once the task is over."""
+        payload = PickledPayload.create(function, args, kwargs, into_rank_namespace=True)
+        command = RunFunction(task_id=0, data=payload.data, storages=payload.storages, buffers=payload.buffers,
+                              shared_sizes=payload.shared_sizes, return_all=return_all)
+        return command, list(payload.shared_fds), payload.close
+
+    def started_event(self, rank: int) -> RankStarted:
+        """The ``RankStarted`` a run's dashboard gets for ``rank`` (it said it once, when the session started)."""
+        return RankStarted(rank=rank, pid=self.pids[rank])
 
     def _open_sessions(self, group_backend: Optional[str], group_generation: int) -> None:
         self.group_backend = group_backend
@@ -260,7 +284,7 @@ class SessionRunBackend(Backend):
         if hasattr(self.command, "no_one_types"):  # the task's prompts: answered here, or skipped (and why)
             self.command.no_one_types = sink.asker.absent  # type: ignore[attr-defined]
         for handle in self.handles:  # the rows of this run's dashboard: each rank is there, and running
-            sink.deliver(RankStarted(rank=handle.rank, pid=self.processes.pids.get(handle.rank, handle.pid)))
+            sink.deliver(self.processes.started_event(handle.rank))
         for handle in self.handles:  # a rank already gone is the supervisor's to report
             send_quietly(self.processes.commands[handle.rank], self.command, self.fds)
 

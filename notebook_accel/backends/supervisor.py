@@ -103,6 +103,15 @@ class RankProcess:
         except ProcessLookupError:
             pass
 
+    def ask_stacks(self, pid: int) -> bool:
+        """Ask the rank running in ``pid`` for its Python stacks (SIGUSR1: faulthandler writes them onto its stacks
+        pipe); False when it is gone. Ranks elsewhere (a Ray actor's) answer through their own channel."""
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return False
+        return True
+
     def close_fd(self, fd: int) -> None:
         """Close the read end ``fd`` of one of this rank's pipes (once: the number may be reused afterwards)."""
         if fd not in self.closed:
@@ -599,20 +608,21 @@ class Supervisor:
             request.done.set()
 
     def _collect_stacks(self, wait: float) -> Dict[int, str]:
-        """SIGUSR1 to every running rank (faulthandler dumps all its threads onto its stacks pipe); read
+        """Ask every running rank for its stacks (``RankProcess.ask_stacks``: SIGUSR1, faulthandler dumps all its
+        threads onto its stacks pipe); read
         until each has answered and gone quiet, or ``wait`` seconds passed. Delivers ``RankStacks``."""
         asked: Dict[int, int] = {}
         signalled = set()
         for rank, watch in self.watches.items():
             # Each process once, answering on the stacks pipe of the first rank it runs (the ranks of an XLA
-            # worker are its threads, and its dump shows them all).
-            if watch.answers_stacks and watch.pid not in signalled:
-                signalled.add(watch.pid)
+            # worker are its threads, and its dump shows them all). A pid is a process of its handle's machine
+            # (ranks of a cluster may share numbers).
+            where = (id(watch.handle.process), watch.pid)
+            if watch.answers_stacks and where not in signalled:
+                signalled.add(where)
                 asked[rank] = len(watch.stacks)
         for rank in list(asked):
-            try:
-                os.kill(self.watches[rank].pid, signal.SIGUSR1)
-            except ProcessLookupError:
+            if not self.watches[rank].handle.ask_stacks(self.watches[rank].pid):
                 del asked[rank]
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:

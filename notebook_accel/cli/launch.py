@@ -24,10 +24,10 @@ from .sharding_flags import add_sharding_arguments, sharding_from_flags
 
 # Launcher options the command line sets by their own name (others: display, rdzv_conf and accelerate's
 # spellings and the sharding flags are translated below; master_addr, use_port, return_all, compile_cache make no
-# sense for a script).
+# sense for a script; a script on a Ray cluster, which would have to travel there, is not offered yet).
 COMMAND_LINE_OPTIONS = tuple(name for name in OPTIONS if name not in (
     "display", "rdzv_conf", "master_addr", "use_port", "return_all", "compile_cache", "fsdp_config",
-    "deepspeed_config"))
+    "deepspeed_config", "cluster", "resources_per_rank", "placement"))
 
 EXIT_BAD_OPTIONS = 2
 EXIT_INTERRUPTED = 130

@@ -78,12 +78,20 @@ class ResourceSampler:
         if isinstance(event, LaunchStarted):  # on node 1 of 2 (2 ranks each) ranks 2 and 3 use local GPUs 0 and 1
             self._first_rank = min(event.ranks) if event.ranks else 0
         elif isinstance(event, RankStarted):
+            if event.reports_resources:  # on another machine: it samples itself; only its peaks are kept here
+                self._ranks[event.rank] = _Tracked(event.rank, None, include_children=False)  # type: ignore[arg-type]
+                return
             try:
                 process = psutil.Process(event.pid)
             except psutil.Error:
                 return
             # A rank running in the kernel itself (inline): its children are the kernel's, not the rank's.
             self._ranks[event.rank] = _Tracked(event.rank, process, include_children=event.pid != os.getpid())
+        elif isinstance(event, ResourceSample):
+            tracked = self._ranks.get(event.rank)
+            if tracked is not None and tracked.process is None:  # a rank's own sample (or one after its end)
+                tracked.peak_rss = max(tracked.peak_rss, event.peak_rss or event.rss or 0)
+                tracked.last_sample = event
         elif isinstance(event, PeakMemoryReport):
             tracked = self._ranks.get(event.rank)
             if tracked is not None and event.peak_rss > tracked.peak_rss:
@@ -138,6 +146,10 @@ class ResourceSampler:
                 sample.device_used, sample.device_total = framework.used, framework.total
                 sample.device_peak = tracked.device_peak
         return sample
+
+    def latest(self) -> Dict[int, ResourceSample]:
+        """The latest sample of each rank (taken here, or sent by a rank that samples itself)."""
+        return {rank: tracked.last_sample for rank, tracked in self._ranks.items() if tracked.last_sample is not None}
 
     def peaks(self) -> Dict[int, Tuple[int, Optional[int]]]:
         """{rank: (peak host RSS, peak device bytes or None)} over the launch so far."""

@@ -24,8 +24,9 @@ from typing import (Any, Callable, Dict, FrozenSet, List, Literal, Mapping, Opti
                     get_args, get_origin)
 
 from ..errors import LaunchConfigError, LaunchConfigTypeError
-from ..wire.choices import (Choice, Device, DeviceName, Display, DisplayName, MixedPrecision, MixedPrecisionName,
-                            RendezvousBackend, RendezvousBackendName, StartMethod, StartMethodName)
+from ..wire.choices import (Choice, Cluster, ClusterName, Device, DeviceName, Display, DisplayName, MixedPrecision,
+                            MixedPrecisionName, Placement, PlacementName, RendezvousBackend, RendezvousBackendName,
+                            StartMethod, StartMethodName)
 
 # The public entry points, as a user writes them, with their own parameters (not options), in ``def`` order.
 NOTEBOOK_LAUNCHER, START_LAUNCH, LAUNCH_PANEL = "notebook_launcher", "start_launch", "launch_panel"
@@ -67,6 +68,11 @@ def _not_empty(value: Any) -> bool:
 
 def _str_keys(value: Any) -> bool:
     return all(isinstance(key, str) for key in value)
+
+
+def _resources(value: Any) -> bool:
+    return all(isinstance(key, str) and key and isinstance(amount, numbers.Real) and not isinstance(amount, bool)
+               and amount >= 0 for key, amount in value.items())
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,15 @@ LAUNCHER_OPTIONS: Tuple[Option, ...] = (
            "accelerate's ``deepspeed_config`` keys (e.g. ``{\"zero_stage\": 3}``), set as ``ACCELERATE_USE_DEEPSPEED`` "
            "/ ``ACCELERATE_DEEPSPEED_*``.", expects="a mapping of accelerate's deepspeed_config keys, or None",
            saved=True),
+    _choice("cluster", Optional[ClusterName], Cluster, None, "run the ranks on a cluster instead of this machine: "
+            "\"ray\" makes each rank a Ray actor, wherever Ray places it (the kernel's ``ray.init`` cluster, or "
+            "``RAY_ADDRESS``'s; without either, a local Ray). ``pip install \"notebook_accel[ray]\"``."),
+    Option("resources_per_rank", Optional[Mapping[str, float]], None, "with ``cluster``: what Ray reserves for each "
+           "rank, e.g. ``{\"GPU\": 1, \"CPU\": 4}`` (any resource the nodes declare); None: 1 CPU, and 1 GPU with "
+           "device=\"cuda\".", expects="a mapping of resource names to numbers >= 0, or None", valid=_resources),
+    _choice("placement", Optional[PlacementName], Placement, None, "with ``cluster``: how Ray spreads the ranks over "
+            "its nodes (its placement group strategies: ``PACK`` as few nodes as possible, ``SPREAD`` as many, "
+            "``STRICT_`` a must); None: \"PACK\"."),
     Option("num_nodes", int, 1, "several machines, one notebook (or ``notebook-accel launch``) per node; "
            "``num_processes`` is per node and global ranks follow the node order.", takers=LAUNCHES,
            expects="a positive int", valid=_positive, saved=True, nodes=True),
@@ -162,7 +177,8 @@ LAUNCHER_OPTIONS: Tuple[Option, ...] = (
            nodes=True),
     Option("max_restarts", int, 0, "after a failure, stop every rank on every node and run the whole world again "
            "this many times (``TORCHELASTIC_RESTART_COUNT`` tells the function which attempt it is). Never after an "
-           "interrupt or a timeout.", takers=LAUNCHES, expects="an int >= 0", valid=_at_least_zero, saved=True,
+           "interrupt or a timeout. With ``cluster``, Ray places the new world, on the nodes left if one was lost.",
+           takers=LAUNCHES, expects="an int >= 0", valid=_at_least_zero, saved=True,
            nodes=True),
     Option("monitor_interval", float, 0.1, "seconds between checks of the other nodes' state.", takers=LAUNCHES,
            expects="a positive number of seconds", valid=_positive, nodes=True),

@@ -14,6 +14,7 @@ from ..wire.choices import MixedPrecision, StartMethod
 from ..wire.events import LaunchStarted
 from ..wire.payload import Payload
 from . import devices as environment
+from .cluster import ClusterOptions, check_cluster_options, cluster_device
 from .nodes import NodeOptions, check_node_options
 from .options import NODE_OPTION_NAMES, check_precision_for_device, launch_options
 from .sharding import check_sharding_for_device, sharding_environment
@@ -31,7 +32,7 @@ class LaunchPlan:
     world_size: int
     device: str
     backend: str                 # how ranks start: a name in ``backends.BACKENDS`` ("inline", "processes", "xla",
-                                 # "nodes")
+                                 # "nodes", "ray")
     start_method: Optional[str]  # "fork" | "forkserver" | "spawn" for process ranks; None in the kernel
     mixed_precision: str
     master_addr: str
@@ -47,6 +48,7 @@ class LaunchPlan:
     kernel_cwd: str = field(default_factory=os.getcwd)
     kernel_sys_path: List[str] = field(default_factory=lambda: list(sys.path))
     nodes: Optional[NodeOptions] = None  # set for several nodes or restarts: the nodes backend runs it
+    cluster: Optional[ClusterOptions] = None  # set for ranks on a cluster (``cluster="ray"``): the ray backend runs it
     # One node's share of a multi-node world, set by the nodes backend once the rendezvous placed it:
     # ``world_size`` is then this node's count, and global rank = ``rank_offset`` + local rank.
     rank_offset: int = 0
@@ -101,6 +103,8 @@ class LaunchPlan:
         """
         if self.start_method == "fork":
             return 1
+        if self.cluster is not None:  # what Ray reserved for the rank, as Ray itself sets OMP_NUM_THREADS
+            return max(1, int(self.cluster.resources_per_rank.get("CPU", 1)))
         explicit = os.environ.get("OMP_NUM_THREADS", "")
         if explicit.isdigit() and int(explicit) > 0:
             return int(explicit)
@@ -125,6 +129,9 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
     if rank_channel() is not None:
         raise RuntimeError("notebook_launcher was called inside a launched rank; launches cannot be nested")
     check_call(function, args, kwargs)
+    cluster = check_cluster_options(options)
+    if cluster is not None:
+        return _plan_on_cluster(function, args, kwargs, options, cluster)
     nodes = check_node_options(**{name: options[name] for name in NODE_OPTION_NAMES})
     sharding_env = sharding_environment(options["fsdp_config"], options["deepspeed_config"])
 
@@ -172,6 +179,29 @@ def wants_post_mortem(pdb: Optional[bool]) -> bool:
     if pdb is not None:
         return bool(pdb)
     return bool(getattr(environment.ipython_shell(), "call_pdb", False))
+
+
+def _plan_on_cluster(function: Callable, args: Any, kwargs: Any, options: Dict[str, Any],
+                     cluster: ClusterOptions) -> LaunchPlan:
+    """A launch whose ranks are a cluster's actors (``backends.ray``): nothing of this machine's devices is asked;
+    the function is pickled now (``PortablePayload``: what cannot be pickled is named before anything connects)."""
+    device = cluster_device(options["device"], options["resources_per_rank"])
+    check_sharding_for_device(options["fsdp_config"], options["deepspeed_config"], device)
+    check_precision_for_device(options["mixed_precision"], device)
+    num_processes = options["num_processes"]
+    if num_processes is None and device != "cpu":
+        raise LaunchConfigError(f"cluster={cluster.kind!r} with device={device!r}: give num_processes, the number of "
+                                f"ranks in all (each reserves resources_per_rank={cluster.resources_per_rank!r})")
+    payload = Payload(function, args, kwargs or {})
+    payload.portable()
+    return LaunchPlan(
+        function_name=getattr(function, "__qualname__", type(function).__name__), payload=payload,
+        world_size=int(num_processes or 1), device=device, backend="ray", start_method=None,
+        mixed_precision=options["mixed_precision"], master_addr="", use_port=None,
+        timeout=None if options["timeout"] is None else float(options["timeout"]), return_all=options["return_all"],
+        display=options["display"], sharding_env=sharding_environment(options["fsdp_config"],
+                                                                       options["deepspeed_config"]),
+        cluster=cluster)
 
 
 def check_call(function: Any, args: Any, kwargs: Any) -> None:

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Collection, Dict, Iterable, List, Optional
 
 from ..wire.channel import EventSender
 from ..wire.commands import SocketAnswers
@@ -155,36 +155,42 @@ EXIT_GRACE_VARIABLE = "NOTEBOOK_ACCEL_EXIT_GRACE"
 DEFAULT_EXIT_GRACE = 30.0
 
 
-def end_like_python(rank: int) -> None:
+def end_like_python(rank: int, *, ignore: Collection[threading.Thread] = (), exit_handlers: bool = True) -> None:
     """End the rank the way a Python program ends after its main code: wait for non-daemon threads
     (an async checkpoint writer, an uploader), run ``atexit`` handlers (wandb's finish, loggers' flush),
     join the rank's own non-daemon child processes, flush. Threads still running after the grace period
-    (``NOTEBOOK_ACCEL_EXIT_GRACE`` seconds, 30 by default) are named on stderr and the rank ends anyway."""
+    (``NOTEBOOK_ACCEL_EXIT_GRACE`` seconds, 30 by default) are named on stderr and the rank ends anyway.
+
+    A rank in a process that lives on (a Ray actor, whose worker keeps its own threads and ``atexit`` handlers)
+    passes the threads that were there before its function ran as ``ignore``, and ``exit_handlers=False``: only
+    the function's own threads are waited for, then the streams flushed."""
     grace = _exit_grace()
     deadline = time.monotonic() + grace
+    ignored = set(ignore) | {threading.current_thread()}
     for thread in threading.enumerate():
-        if thread is threading.current_thread() or thread.daemon:
+        if thread in ignored or thread.daemon:
             continue
         thread.join(max(0.0, deadline - time.monotonic()))
     running = [thread.name for thread in threading.enumerate()
-               if thread.is_alive() and not thread.daemon and thread is not threading.current_thread()]
+               if thread.is_alive() and not thread.daemon and thread not in ignored]
     if running:
         names = ", ".join(repr(name) for name in running)
         print(f"notebook_accel: rank {rank}'s function returned {grace:g} s ago, but non-daemon thread(s) "
               f"{names} still run; ending the rank (raise {EXIT_GRACE_VARIABLE} to wait longer)",
               file=sys.stderr)
-    else:
+    elif exit_handlers:
         atexit._run_exitfuncs()
         try:
             multiprocessing.util._exit_function()  # joins non-daemon children, as at a program's exit
         except Exception:
             pass
-    try:
-        import logging
+    if exit_handlers:
+        try:
+            import logging
 
-        logging.shutdown()
-    except Exception:
-        pass
+            logging.shutdown()
+        except Exception:
+            pass
     flush_std_streams()
 
 

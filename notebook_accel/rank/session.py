@@ -27,14 +27,14 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..wire.channel import EventSender
 from ..wire.commands import (BreakGroup, CommandReceiver, Debug, ExecuteCode, Interrupt, NewGroup, PromptAnswer,
                              QueuedAnswers, RunFunction, Shutdown, close_fds)
 from ..wire.events import RankStarted, TaskDone
 from ..wire.fds import take_fd
-from ..wire.payload import PickledPayload, RankNames, rank_namespace, set_thread_rank_names
+from ..wire.payload import PickledPayload, PortablePayload, RankNames, rank_namespace, set_thread_rank_names
 from .device_memory import send_peak_rss
 from .process import (RankSpec, _set_torch_threads, as_launched, capture_output, end_like_python,
                       take_over_process)
@@ -83,10 +83,16 @@ class SessionRank:
     ``__main__``. ``names`` keeps whose each name of the namespace is (the rank's own, or the kernel's).
     """
 
-    def __init__(self, sender: Any, command_fd: int, *, group: Optional["GroupKeeper"] = None,
-                 generation: int = 0, thread_rank: bool = False) -> None:
+    def __init__(self, sender: Any, commands: Any, *, group: Optional["GroupKeeper"] = None,
+                 generation: int = 0, thread_rank: bool = False, own_namespace: Optional[bool] = None,
+                 after_task: Optional[Callable[[], None]] = None) -> None:
+        """``commands``: the rank's end of the command socket (an fd), or any object whose ``receive()`` gives the
+        next ``(command, fds)`` and ``None`` at the end (a Ray actor's queue). ``own_namespace`` (default:
+        ``thread_rank``): a namespace of the rank's own instead of ``__main__``'s — a rank that is a thread but
+        alone in its process (a Ray actor's) keeps ``__main__``. ``after_task``: called once a task's output is
+        flushed, before ``TaskDone`` (a Ray actor waits there until its output is events)."""
         self.sender = sender
-        self.commands = CommandReceiver(command_fd)
+        self.commands = commands if hasattr(commands, "receive") else CommandReceiver(commands)
         self.answers = QueuedAnswers()  # lines typed at this rank's prompts, from the reader thread
         sender.answers = self.answers
         self.failure: Optional[Tuple[int, BaseException]] = None  # (task, exception) of the last failed task
@@ -95,13 +101,15 @@ class SessionRank:
         self.group = group
         self.generation = generation
         self.thread_rank = thread_rank
+        self.after_task = after_task
         self._task_thread = threading.current_thread()
-        if thread_rank:
+        if own_namespace if own_namespace is not None else thread_rank:
             import builtins
 
             self.names = RankNames({"__name__": "__main__", "__builtins__": builtins})
         else:
             self.names = RankNames(sys.modules["__main__"].__dict__)  # a forked rank's: the kernel's names
+        if not thread_rank:
             signal.signal(signal.SIGINT, self._on_interrupt)
         threading.Thread(target=self._read_commands, name="notebook_accel-session-commands", daemon=True).start()
 
@@ -123,7 +131,9 @@ class SessionRank:
             command, fds = received
             if isinstance(command, BreakGroup):
                 close_fds(fds)
-                if self.group is not None:
+                if self.group is not None and command.peer_pids is None:  # peers elsewhere: what it recorded
+                    self.group.cut_own_connections()
+                elif self.group is not None:
                     self.group.cut_connections(command.peer_pids, command.kernel_pid)
                 continue
             if isinstance(command, Interrupt):
@@ -174,8 +184,10 @@ class SessionRank:
 
     def _run_function(self, command: RunFunction, fds: List[int]) -> None:
         def load():
-            payload = PickledPayload(command.data, command.storages, command.buffers, shared_fds=fds,
-                                     shared_sizes=command.shared_sizes)
+            payload: Any = (PortablePayload(command.data, command.storages, command.buffers, command.blobs)
+                            if command.blobs is not None else
+                            PickledPayload(command.data, command.storages, command.buffers, shared_fds=fds,
+                                           shared_sizes=command.shared_sizes))
             function, args, kwargs = payload.load()  # the notebook's functions get the rank's namespace
             remember_kernel_classes(rank_namespace())
             return function, args, kwargs
@@ -214,6 +226,8 @@ class SessionRank:
         finally:
             self.busy = False
             flush_std_streams()  # before TaskDone: the kernel reads the output pipes up to it
+            if self.after_task is not None:
+                self.after_task()
             self.sender.send(TaskDone(rank=self.sender.rank, task_id=task_id,
                                       group_sequence=self.group.sequence() if self.group else None,
                                       shadowed=self.names.settle()))
@@ -266,6 +280,7 @@ class GroupKeeper:
         self.world_size = spec.world_size
         self.env = spec.env
         self._store: Any = None
+        self._connections: Set[Tuple[int, Any, Any]] = set()  # (fd, laddr, raddr) the group's join made
         c10d = dist.distributed_c10d
         self._original_init = c10d.init_process_group
         self._original_destroy = c10d.destroy_process_group
@@ -284,7 +299,11 @@ class GroupKeeper:
         if self._store is None:
             self._store = dist.TCPStore(self.env["MASTER_ADDR"], int(self.env["MASTER_PORT"]), is_master=False)
         store = dist.PrefixStore(f"{GROUP_PREFIX}{generation}/", self._store)
+        before = _tcp_connections()
         self._original_init(self.backend, store=store, rank=self.rank, world_size=self.world_size)
+        store_port = int(self.env["MASTER_PORT"])
+        self._connections = {key for key in _tcp_connections() - before
+                             if store_port not in (key[1].port, key[2].port)}  # the store's are not the group's
 
     def sequence(self) -> Optional[int]:
         """How many collectives the default group ran; ranks whose counts differ left one half done."""
@@ -306,6 +325,41 @@ class GroupKeeper:
                 pass
             return
         cut_peer_connections(peer_pids, kernel_pid)
+
+    def cut_own_connections(self) -> int:
+        """``cut_connections`` where the peers run on other machines (a Ray cluster), whose pids mean nothing here:
+        NCCL is aborted; of gloo's connections, those this rank's last join made (and only those: not the store's,
+        not Ray's) are shut down. Returns how many were cut."""
+        if self.backend == "nccl":
+            self.cut_connections([], 0)
+            return 0
+        cut = 0
+        for fd, _, _ in self._connections:
+            cut += _shut_down(fd)
+        return cut
+
+
+def _tcp_connections() -> Set[Tuple[int, Any, Any]]:
+    """This process's connected TCP sockets, as ``(fd, local address, remote address)``."""
+    import psutil
+
+    return {(connection.fd, connection.laddr, connection.raddr)
+            for connection in psutil.Process().net_connections("tcp") if connection.fd >= 0 and connection.raddr}
+
+
+def _shut_down(fd: int) -> int:
+    """Shut the socket behind ``fd`` down for reading and writing (in every process sharing it); 1 if it was."""
+    try:
+        duplicate = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return 0
+    try:
+        duplicate.shutdown(socket.SHUT_RDWR)  # acts on the socket gloo holds, not only on this duplicate
+        return 1
+    except OSError:
+        return 0
+    finally:
+        duplicate.close()
 
 
 def _ports(pid: int) -> Set[int]:
@@ -335,17 +389,7 @@ def cut_peer_connections(peer_pids: List[int], kernel_pid: int) -> int:
             continue
         if connection.laddr.port in kernel_ports or connection.raddr.port in kernel_ports:
             continue
-        try:
-            duplicate = socket.socket(fileno=os.dup(connection.fd))
-        except OSError:
-            continue
-        try:
-            duplicate.shutdown(socket.SHUT_RDWR)  # acts on the socket gloo holds, not only on this duplicate
-            cut += 1
-        except OSError:
-            pass
-        finally:
-            duplicate.close()
+        cut += _shut_down(connection.fd)
     return cut
 
 

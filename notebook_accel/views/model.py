@@ -186,6 +186,7 @@ class RankState:
     rank: int
     status: RankStatus = RankStatus.STARTING
     pid: Optional[int] = None
+    host: Optional[str] = None   # the node it runs on, when not this machine (a cluster's)
     exitcode: Optional[int] = None
     signal_name: Optional[str] = None
     bars: Dict[int, BarState] = field(default_factory=dict)  # bar_id -> state, open and kept ones
@@ -299,6 +300,7 @@ class LaunchState:
         if isinstance(event, RankStarted):
             state = self.rank(event.rank)
             state.pid = event.pid
+            state.host = event.host
             state.status = RankStatus.RUNNING
             if self.status == Status.STARTING and all(r.status != RankStatus.STARTING for r in self.ranks.values()):
                 self.status = Status.RUNNING
@@ -532,7 +534,8 @@ class LaunchState:
             if not bars and state.metrics:
                 lines.append(prefix + state.metrics_postfix())
             resources = resource_text(state.resources, final=self.finished is not None)
-            lines.append(prefix + self.rank_status_text(state) + (f" · {resources}" if resources else ""))
+            lines.append(prefix + self.rank_status_text(state) + (f" · on {state.host}" if state.host else "")
+                         + (f" · {resources}" if resources else ""))
         if self.attempt is not None:
             lines += [f"attempt {number + 1}: {error}" for number, error in enumerate(self.attempt.previous_errors)]
         finished = self.finished

@@ -75,9 +75,26 @@ class RendezvousBackend(Choice):
     ETCD_V2 = "etcd-v2"
 
 
+class Cluster(Choice):
+    """Where the ranks run when not on this machine: ``ray``, a Ray cluster's actors."""
+
+    RAY = "ray"
+
+
+class Placement(Choice):
+    """How a cluster's ranks are spread over its nodes: Ray's placement group strategies (one bundle per rank)."""
+
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
+
+
 # The allowed values as types, for signatures (the same strings as the Enums above: a test compares them).
 DeviceName = Literal["cuda", "cpu", "xla", "mps"]
 MixedPrecisionName = Literal["no", "fp16", "bf16"]
 StartMethodName = Literal["auto", "fork", "forkserver", "spawn"]
 DisplayName = Literal["auto", "widgets", "text", "none"]
 RendezvousBackendName = Literal["static", "c10d", "etcd", "etcd-v2"]
+ClusterName = Literal["ray"]
+PlacementName = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]

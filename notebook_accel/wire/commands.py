@@ -49,6 +49,9 @@ class RunFunction(Command):
     return_all: bool = False
     post_mortem: bool = False   # an exception opens pdb in the frame that raised it, before it is reported
     no_one_types: Optional[str] = None  # why no one can answer the task's prompts (a headless run), or None
+    # A rank that shares no memory with the kernel (a Ray cluster's): the large data itself, one blob per
+    # storage and buffer (``PortablePayload``), instead of fds.
+    blobs: Optional[List[Any]] = None
 
 
 @dataclass
@@ -75,9 +78,10 @@ class BreakGroup(Command):
     """Make every collective in flight in this rank fail now: the run failed elsewhere, and a rank blocked in an
     all-reduce would otherwise wait for a peer that will never come. ``peer_pids``: the session's other ranks,
     whose connections (and only those) are cut; ``kernel_pid``: sockets the kernel has (a forked rank inherited
-    them all: its store, Jupyter's) are never touched."""
+    them all: its store, Jupyter's) are never touched. ``peer_pids=None``: the peers run on other machines (a Ray
+    cluster), and the rank cuts the connections its join of the group made, as it recorded them."""
 
-    peer_pids: List[int] = field(default_factory=list)
+    peer_pids: Optional[List[int]] = field(default_factory=list)
     kernel_pid: int = 0
 
 

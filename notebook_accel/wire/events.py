@@ -69,7 +69,13 @@ class RankEvent:
 
 @dataclass
 class RankStarted(RankEvent):
+    """A rank runs. ``host``: the node it runs on, where that is not this machine (a cluster's); such a rank
+    samples its own memory and CPU (``ResourceSample`` events: ``reports_resources``), since its pid means
+    nothing here."""
+
     pid: int
+    host: Optional[str] = None
+    reports_resources: bool = False
 
 
 @dataclass

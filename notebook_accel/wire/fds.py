@@ -5,6 +5,7 @@ multiprocessing when the ``PassedFd`` is pickled (the mechanism that passes a ``
 """
 from __future__ import annotations
 
+import array
 import os
 import socket
 from multiprocessing import reduction
@@ -12,8 +13,9 @@ from typing import Any, Dict, Tuple
 
 try:
     import fcntl
+    import termios
 except ImportError:  # Windows
-    fcntl = None  # type: ignore[assignment]
+    fcntl = termios = None  # type: ignore[assignment]
 
 PIPE_BYTES = 1 << 20  # larger pipes: a chatty rank blocks less often while the kernel is busy drawing
 RANK_STREAMS = ("stdout", "stderr", "events", "stacks")
@@ -66,3 +68,15 @@ def event_channel() -> Tuple[int, int]:
 def rank_pipes() -> Dict[str, Tuple[int, int]]:
     """A new rank's streams, each ``(kernel end, rank end)``: stdout, stderr and stacks pipes, the event channel."""
     return {name: event_channel() if name == "events" else make_pipe() for name in RANK_STREAMS}
+
+
+def pending_bytes(fd: int) -> int:
+    """How many bytes wait in the pipe ``fd`` (0 where the OS cannot say)."""
+    if fcntl is None or not hasattr(termios, "FIONREAD"):
+        return 0
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    except OSError:
+        return 0
+    return count[0]

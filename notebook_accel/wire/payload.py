@@ -60,6 +60,7 @@ class Payload:
         self.args = args
         self.kwargs = kwargs
         self._pickled: Optional[PickledPayload] = None
+        self._portable: Optional[PortablePayload] = None
 
     def load(self) -> FunctionCall:
         return self.function, self.args, self.kwargs
@@ -70,11 +71,18 @@ class Payload:
             self._pickled = PickledPayload.create(self.function, self.args, self.kwargs)
         return self._pickled
 
+    def portable(self) -> "PortablePayload":
+        """Pickle once for ranks elsewhere (a cluster's), large data beside the pickle (``PortablePayload``)."""
+        if self._portable is None:
+            self._portable = PortablePayload.create(self.function, self.args, self.kwargs)
+        return self._portable
+
     def close(self) -> None:
         """The launch is over: release the shared-memory file (ranks keep their own mappings)."""
         if self._pickled is not None:
             self._pickled.close()
             self._pickled = None
+        self._portable = None
 
 
 @dataclass
@@ -111,29 +119,9 @@ class PickledPayload:
                into_rank_namespace: bool = False) -> "PickledPayload":
         """Pickle the call; ``into_rank_namespace``: the notebook's functions get the rank's namespace as their
         globals when loaded (a warm session's rank), instead of a fresh dict of their own."""
-        storages: List[Any] = []
-        buffers: List[pickle.PickleBuffer] = []
-        cuda_tensors: List[Any] = []
-        out = io.BytesIO()
-        pickler = (_SessionPickler if into_rank_namespace else SharingPickler)(out, storages, buffers, cuda_tensors)
-        try:
-            pickler.dump((function, args, kwargs))
-        except Exception as err:
-            culprit = find_unpicklable(function, args, kwargs)
-            where = f": {culprit}" if culprit else ""
-            # A session's ranks started before the object existed: forking cannot hand it over either.
-            alternative = ("" if into_rank_namespace else
-                           ", or use start_method='fork', whose ranks inherit them")
-            raise LaunchConfigError(
-                f"cannot send the launched function to the ranks, because something it uses cannot be "
-                f"pickled{where} ({type(err).__name__}: {err}). Create such objects (open files, locks, "
-                f"sockets, CUDA streams, generators) inside the function instead of capturing them{alternative}."
-            ) from err
-        pickler.dump(pickler.sources())  # a second pickle in the same bytes: what the rank's linecache lacks
-        payload = cls(out.getvalue(), _cuda_tensors=cuda_tensors)
-        payload._share(storages, buffers)
-        if len(payload.data) >= LARGE_PAYLOAD_BYTES:
-            warnings.warn(describe_large_payload(len(payload.data), function, args, kwargs), stacklevel=4)
+        pickled = _pickle_call(function, args, kwargs, into_rank_namespace=into_rank_namespace)
+        payload = cls(pickled.data, _cuda_tensors=pickled.cuda_tensors)
+        payload._share(pickled.storages, pickled.buffers)
         return payload
 
     # ------------------------------------------------------------------------------------------ kernel
@@ -193,6 +181,107 @@ class PickledPayload:
         return call
 
 
+@dataclass
+class _PickledCall:
+    """``(function, args, kwargs)`` pickled, with the large data set aside (not yet shared anywhere)."""
+
+    data: bytes
+    storages: List[Any]                     # torch TypedStorages, each ``("storage", index)`` in the pickle
+    buffers: List[pickle.PickleBuffer]      # protocol-5 out-of-band buffers (numpy arrays), in pickle order
+    cuda_tensors: List[Any]
+
+
+def _pickle_call(function: Callable, args: Tuple, kwargs: Dict[str, Any], *, into_rank_namespace: bool,
+                 ipc: bool = True) -> _PickledCall:
+    """Pickle the call and the source lines its code needs; a clear error names what cannot be pickled.
+    ``ipc``: CUDA tensors travel as CUDA IPC handles (ranks on this machine), else by value."""
+    storages: List[Any] = []
+    buffers: List[pickle.PickleBuffer] = []
+    cuda_tensors: List[Any] = []
+    out = io.BytesIO()
+    pickler = (_SessionPickler if into_rank_namespace else SharingPickler)(out, storages, buffers, cuda_tensors,
+                                                                            ipc=ipc)
+    try:
+        pickler.dump((function, args, kwargs))
+    except Exception as err:
+        culprit = find_unpicklable(function, args, kwargs)
+        where = f": {culprit}" if culprit else ""
+        # A session's ranks started before the object existed, and a cluster's ranks share nothing with the
+        # kernel: forking cannot hand it over either.
+        alternative = ("" if into_rank_namespace or not ipc else
+                       ", or use start_method='fork', whose ranks inherit them")
+        raise LaunchConfigError(
+            f"cannot send the launched function to the ranks, because something it uses cannot be "
+            f"pickled{where} ({type(err).__name__}: {err}). Create such objects (open files, locks, "
+            f"sockets, CUDA streams, generators) inside the function instead of capturing them{alternative}."
+        ) from err
+    pickler.dump(pickler.sources())  # a second pickle in the same bytes: what the rank's linecache lacks
+    data = out.getvalue()
+    if len(data) >= LARGE_PAYLOAD_BYTES:
+        warnings.warn(describe_large_payload(len(data), function, args, kwargs), stacklevel=5)
+    return _PickledCall(data, storages, buffers, cuda_tensors)
+
+
+@dataclass
+class PortablePayload:
+    """What a rank that shares no memory with the kernel receives (another machine: a Ray cluster's actor): the
+    pickle, and each large tensor storage and out-of-band buffer beside it as one ``blob``.
+
+    In the kernel a blob is a ``pickle.PickleBuffer`` over the data itself, so a transport that pickles with
+    protocol 5 (Ray's object store) stores it once without a copy in the pickle; in the rank it is whatever
+    buffer the transport hands over (Ray's: a read-only view of the node's object store, shared by every rank
+    of that node). ``load`` gives the rank its own writable copy, as a local rank's copy-on-write mapping does.
+
+    >>> payload = PortablePayload.create(len, ([1, 2],), {})
+    >>> function, args, kwargs = payload.load()
+    >>> function(*args)
+    2
+    """
+
+    data: bytes
+    storages: List[Piece] = field(default_factory=list)   # ``file``: the index of its blob
+    buffers: List[Piece] = field(default_factory=list)
+    blobs: List[Any] = field(default_factory=list)
+    _keep: List[Any] = field(default_factory=list, repr=False)  # the kernel's storages, alive while blobs view them
+
+    @classmethod
+    def create(cls, function: Callable, args: Tuple, kwargs: Dict[str, Any], *,
+               into_rank_namespace: bool = False) -> "PortablePayload":
+        """Pickle the call for ranks elsewhere (CUDA tensors by value; see ``PickledPayload.create``)."""
+        pickled = _pickle_call(function, args, kwargs, into_rank_namespace=into_rank_namespace, ipc=False)
+        payload = cls(pickled.data, _keep=list(pickled.storages))
+        for storage in pickled.storages:
+            untyped = _untyped(storage)
+            payload.storages.append(Piece(len(payload.blobs), 0, untyped.nbytes(), dtype_name(storage)))
+            payload.blobs.append(pickle.PickleBuffer(_storage_memory(untyped)))
+        for buffer in pickled.buffers:
+            payload.buffers.append(Piece(len(payload.blobs), 0, buffer.raw().nbytes))
+            payload.blobs.append(buffer)
+        return payload
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return dict(self.__dict__, _keep=[])
+
+    def load(self) -> FunctionCall:
+        """In a rank: the function and its arguments, each large tensor and array in memory of its own."""
+        private = [bytearray(blob) for blob in self.blobs]  # one copy, from the transport's buffer
+        storages = [storage_view(private[piece.file], piece) for piece in self.storages]
+        buffers = [memoryview(private[piece.file])[piece.offset:piece.offset + piece.nbytes]
+                   for piece in self.buffers]
+        unpickler = SharedUnpickler(io.BytesIO(self.data), storages, buffers)
+        call = unpickler.load()
+        _remember_sources(unpickler.load())
+        return call
+
+
+def _storage_memory(untyped: Any) -> memoryview:
+    """The bytes of a CPU storage as a flat byte buffer, without a copy (it views the storage: keep that alive).
+    Cast to plain bytes ("B"): a ctypes array's own format ("<B") is one Ray's pickle-5 buffers cannot carry."""
+    import ctypes
+
+    return memoryview((ctypes.c_ubyte * untyped.nbytes()).from_address(untyped.data_ptr())).cast("B")
+
+
 class SharedUnpickler(pickle.Unpickler):
     def __init__(self, file: io.BytesIO, storages: List[Any], buffers: List[memoryview]) -> None:
         super().__init__(file, buffers=buffers)
@@ -215,7 +304,7 @@ class SharingPickler(cloudpickle.Pickler):
     tensors sent as CUDA IPC handles."""
 
     def __init__(self, file: io.BytesIO, storages: List[Any], buffers: List[pickle.PickleBuffer],
-                 cuda_tensors: Optional[List[Any]] = None) -> None:
+                 cuda_tensors: Optional[List[Any]] = None, *, ipc: bool = True) -> None:
         super().__init__(file, protocol=5, buffer_callback=self._out_of_band)
         self._storages = storages
         self._buffers = buffers
@@ -224,8 +313,9 @@ class SharingPickler(cloudpickle.Pickler):
         self._source_files: Set[str] = set()
         torch = sys.modules.get("torch")
         self._typed_storage = getattr(getattr(torch, "storage", None), "TypedStorage", None)
-        # plain tensors and parameters only: a tensor subclass keeps its own pickling
-        self._ipc_tensor_types = (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
+        # plain tensors and parameters only: a tensor subclass keeps its own pickling. Without ``ipc`` (ranks on
+        # other machines) a CUDA tensor is pickled by value, as torch pickles it.
+        self._ipc_tensor_types = (torch.Tensor, torch.nn.Parameter) if torch is not None and ipc else ()
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) in self._ipc_tensor_types and obj.is_cuda:

@@ -1,0 +1,52 @@
+"""A rank's actor as the kernel holds it: ``rank.actor.RankActor`` made a Ray actor, and calls to its control thread."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from ...rank.actor import RankActor
+from .placement import RankPlace
+
+CONTROL_GROUP = "control"     # the actor's concurrency group for poll, stacks and commands: its control thread
+CONTROL_THREADS = 3           # a poll in flight, a stack dump and a command at once
+_actor_class: Any = None
+
+
+@dataclass
+class RayRank:
+    """A started rank: its place, its actor and (once running) the call that runs it."""
+
+    place: RankPlace
+    actor: Any
+    pid: int = 0
+    gpus: Optional[str] = None
+    call: Any = None                 # the ObjectRef of ``run`` (or a session's ``serve``): resolves when it ends
+    env: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return self.place.rank
+
+    def control(self, method: str, *args: Any) -> Any:
+        """Call one of the actor's control-thread methods (``poll``, ``stacks``, ``command``): an ObjectRef."""
+        return getattr(self.actor, method).options(concurrency_group=CONTROL_GROUP).remote(*args)
+
+
+def actor_class(ray: Any) -> Any:
+    """``RankActor`` as a Ray actor class with its control concurrency group (made once per kernel)."""
+    global _actor_class
+    if _actor_class is None:
+        _actor_class = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(RankActor)
+    return _actor_class
+
+
+def actor_resources(resources: Dict[str, float]) -> Dict[str, Any]:
+    """``resources_per_rank`` as ``ray.remote`` options: CPU, GPU and memory by their own names, the rest as
+    custom resources."""
+    options: Dict[str, Any] = {"num_cpus": resources.get("CPU", 0), "num_gpus": resources.get("GPU", 0)}
+    if "memory" in resources:
+        options["memory"] = resources["memory"]
+    custom = {name: amount for name, amount in resources.items() if name not in ("CPU", "GPU", "memory")}
+    if custom:
+        options["resources"] = custom
+    return options

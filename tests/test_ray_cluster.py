@@ -1,0 +1,402 @@
+"""Ranks on a Ray cluster (``cluster="ray"``), on a fake multi-node cluster: one ``ray.cluster_utils.Cluster`` for the
+module (a head and a second node, two CPUs each; the head also offers 2 "slot"s), shut down by the fixture.
+
+Each test checks what it promises and that nothing of it is left on the cluster: no rank actor's process, no
+placement group (``ray_cluster.leftovers``). Functions run on ranks are defined as a notebook cell defines them
+(in ``__main__``), so they travel by value as a notebook's do.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from notebook_accel import Session, notebook_launcher, start_launch
+from notebook_accel.errors import LaunchConfigError, LaunchError, LaunchTimeout
+from notebook_accel.wire.events import AttemptStarted, OutputLine, RankStarted, ResourceSample
+from ray_cluster import FakeCluster, leftovers
+from scripts import Recorder
+from waiting import wait_until
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    started = FakeCluster([{"num_cpus": 2, "resources": {"slot": 2}}, {"num_cpus": 2}])
+    try:
+        yield started
+    finally:
+        started.shutdown()
+
+
+@pytest.fixture
+def ray(cluster):
+    """The connected ``ray`` module; after the test, nothing of it may be left on the cluster."""
+    yield cluster.ray
+    assert leftovers(cluster.ray) == []
+
+
+# ------------------------------------------------------------------------------ functions run on ranks
+
+def notebook_cell(source: str) -> dict:
+    """Run ``source`` as a notebook cell runs (in a namespace named ``__main__``): its functions and classes travel
+    to the ranks by value, as a notebook's do (none can import this module), and its classes are the kernel's
+    ``__main__``'s, as a notebook's are, so that an exception a rank raises comes back as the very class."""
+    namespace = {"__name__": "__main__"}
+    exec(compile(textwrap.dedent(source), "/notebook/ray-cell.py", "exec"), namespace)
+    main = sys.modules["__main__"]
+    for name, value in namespace.items():
+        if isinstance(value, type):
+            setattr(main, name, value)
+    return namespace
+
+
+CELL = notebook_cell('''
+    class Boom(Exception):
+        pass
+
+
+    def where_am_i():
+        import os
+
+        import ray
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        total = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(total)
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+        return {"env": {name: os.environ[name] for name in names}, "node": ray.get_runtime_context().get_node_id(),
+                "ip": ray.util.get_node_ip_address(), "sum": total.item()}
+
+
+    def chatter(lines):
+        import os
+
+        rank = os.environ["RANK"]
+        for step in range(lines):
+            print(f"step {step}: loss 0.5 (rank {rank})")  # near-identical lines: Ray's own log dedup folds these
+        return rank
+
+
+    def fail_in_all_reduce():
+        import time
+
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 1:
+            time.sleep(1.0)  # rank 0 is in the all-reduce by then, waiting for rank 1
+            raise Boom("rank 1 gave up")
+        dist.all_reduce(torch.ones(1))
+        return "unreachable"
+
+
+    def die_on_rank_1(stamp):
+        import os
+        import signal
+        import time
+
+        if os.environ["RANK"] == "1":
+            print("rank 1 about to die", flush=True)
+            with open(stamp, "w") as out:
+                out.write(str(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(600)
+
+
+    def wait_here(ready):
+        import os
+        import time
+
+        open(f"{ready}.{os.environ['RANK']}", "w").close()
+        while True:
+            time.sleep(0.05)
+
+
+    def sum_and_scribble(tensor):
+        total = int(tensor.sum())
+        tensor.add_(1)  # the rank's own copy: the kernel's tensor stays as it was
+        return total
+
+
+    def survive_a_lost_node():
+        import os
+        import time
+
+        import ray
+        import torch
+        import torch.distributed as dist
+
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        print(f"attempt {attempt} runs rank {os.environ['RANK']}", flush=True)
+        if attempt == 0:
+            time.sleep(600)  # until the test removes a node
+        dist.init_process_group("gloo")
+        total = torch.ones(1)
+        dist.all_reduce(total)
+        return {"attempt": attempt, "sum": total.item(), "node": ray.get_runtime_context().get_node_id()}
+
+
+    class Chatty:
+        def say(self, text):
+            print(text, flush=True)
+
+
+    def setup():
+        global weights
+        import torch
+        import torch.distributed as dist
+
+        weights = torch.full((2,), float(dist.get_rank() + 1))
+        dist.all_reduce(weights)
+        return weights.tolist()
+
+
+    def weights_sum():
+        return weights.sum().item()
+
+
+    def scaled_plus_offset():
+        return float(scaled.sum()) + offset
+
+
+    def total():
+        import torch
+        import torch.distributed as dist
+
+        value = torch.ones(1)
+        dist.all_reduce(value)
+        return value.item()
+
+
+    def sleep_long():
+        import time
+
+        for _ in range(6000):  # Python between the sleeps: an interrupt raised in the rank's thread lands there
+            time.sleep(0.1)
+
+
+    def exit_on_rank_1():
+        import os
+
+        if os.environ["RANK"] == "1":
+            os._exit(3)
+''')
+globals().update({name: value for name, value in CELL.items() if not name.startswith("__")})
+
+
+# ---------------------------------------------------------------------------------------------------- tests
+
+@pytest.mark.parametrize("placement, ranks", [("SPREAD", 2), ("STRICT_SPREAD", 2), ("PACK", 3)])
+def test_ranks_are_placed_by_ray_with_torchrun_variables_by_node(ray, cluster, placement, ranks):
+    recorder = Recorder()
+    job = start_launch(where_am_i, num_processes=ranks, cluster="ray", placement=placement, return_all=True,
+                       view=recorder, display="none")
+    places = job.wait(600)
+    nodes = [place["node"] for place in places]
+    assert [place["env"]["RANK"] for place in places] == [str(rank) for rank in range(ranks)]
+    assert {place["env"]["WORLD_SIZE"] for place in places} == {str(ranks)}
+    assert {place["sum"] for place in places} == {float(sum(range(1, ranks + 1)))}  # one group across the nodes
+    # torchrun's variables by node: a node's ranks are consecutive, its local ranks count from 0
+    order = list(dict.fromkeys(nodes))
+    for place, node in zip(places, nodes):
+        local = [other for other in nodes if other == node]
+        assert place["env"]["LOCAL_RANK"] == str(nodes[:places.index(place)].count(node))
+        assert place["env"]["LOCAL_WORLD_SIZE"] == str(len(local))
+        assert place["env"]["GROUP_RANK"] == str(order.index(node))
+    assert nodes == sorted(nodes, key=order.index)
+    assert {place["env"]["MASTER_ADDR"] for place in places} == {places[0]["ip"]}
+    assert len({place["env"]["MASTER_PORT"] for place in places}) == 1
+    if placement in ("SPREAD", "STRICT_SPREAD"):
+        assert len(set(nodes)) == 2
+    else:  # PACK on nodes of 2 CPUs: 2 ranks on one, 1 on the other
+        assert sorted(nodes.count(node) for node in set(nodes)) == [1, 2]
+    # every rank's row names its node, one name per node
+    hosts = {event.rank: event.host for event in recorder.of(RankStarted)}
+    assert sorted(hosts) == list(range(ranks))
+    assert len(set(hosts.values())) == len(set(nodes))
+    assert all(event.reports_resources for event in recorder.of(RankStarted))
+
+
+def test_every_line_arrives_once_labelled_in_order_and_ray_forwards_none_of_them(ray, capfd):
+    recorder = Recorder()
+    job = start_launch(chatter, args=(40,), num_processes=2, cluster="ray", placement="STRICT_SPREAD",
+                       view=recorder, display="none")
+    assert job.wait(600) == "0"
+    for rank in (0, 1):
+        lines = [event.text for event in recorder.of(OutputLine) if event.rank == rank]
+        assert lines == [f"step {step}: loss 0.5 (rank {rank})" for step in range(40)]
+    # Ray forwards a plain actor's output to this process (the check below can see forwarded lines) ...
+    plain = ray.remote(num_cpus=0)(Chatty).remote()
+    ray.get(plain.say.remote("a plain actor's line"))
+    wait_until(lambda: "a plain actor's line" in _seen(capfd), timeout=60, what="Ray to forward a plain actor's line")
+    ray.kill(plain)
+    # ... but not a line of our ranks: their fds 1/2 are ours
+    assert "loss 0.5" not in _seen(capfd)
+
+
+_captured = []
+
+
+def _seen(capfd) -> str:
+    out, err = capfd.readouterr()
+    _captured.append(out + err)
+    return "".join(_captured)
+
+
+def test_a_rank_raising_in_an_all_reduce_is_the_root_cause_with_its_own_type(ray):
+    recorder = Recorder()
+    started = time.monotonic()
+    job = start_launch(fail_in_all_reduce, num_processes=2, cluster="ray", placement="SPREAD", view=recorder,
+                       display="none")
+    with pytest.raises(Boom, match="rank 1 gave up") as raised:
+        job.wait(600)
+    assert raised.value.rank == 1
+    assert any("rank 1 ran on node" in note for note in raised.value.__notes__)
+    assert "[rank 1]" in str(raised.value.__cause__)  # the rank's own traceback
+    # rank 0, blocked in the all-reduce its peer left, was stopped, not counted as a failure
+    assert job.status == "failed"
+    assert time.monotonic() - started < 300
+
+
+def test_a_rank_that_dies_is_named_with_its_node_within_seconds(ray, tmp_path):
+    stamp = tmp_path / "died"
+    with pytest.raises(LaunchError) as raised:
+        notebook_launcher(die_on_rank_1, args=(str(stamp),), num_processes=2, cluster="ray", placement="SPREAD",
+                          display="none")
+    noticed = time.time() - float(stamp.read_text())
+    message = str(raised.value)
+    assert message.startswith("rank 1 on node ") and " died: " in message, message
+    assert raised.value.rank == 1
+    assert noticed < 30, f"the death was raised {noticed:.1f} s after it"
+
+
+def test_stop_timeout_and_ctrl_c_end_every_rank_on_the_cluster(ray, tmp_path):
+    ready = str(tmp_path / "ready")
+    recorder = Recorder()
+    job = start_launch(wait_here, args=(ready,), num_processes=2, cluster="ray", view=recorder, display="none")
+    wait_until(lambda: all(os.path.exists(f"{ready}.{rank}") for rank in (0, 1)), timeout=300, what="the ranks")
+    # each rank samples its own memory and CPU on its node (the kernel's psutil cannot see it): the rows show them
+    wait_until(lambda: {event.rank for event in recorder.of(ResourceSample) if event.rss} == {0, 1}, timeout=120,
+               what="a memory sample of each rank")
+    stacks = job.dump_stacks()  # through each rank's control thread
+    assert sorted(stacks) == [0, 1] and all("in wait_here" in text for text in stacks.values()), stacks
+    job.stop()
+    with pytest.raises(KeyboardInterrupt):
+        job.wait(120)
+    assert leftovers(ray) == []
+
+    # a timeout stops them the same way, and says so
+    with pytest.raises(LaunchTimeout):
+        notebook_launcher(wait_here, args=(str(tmp_path / "timed"),), num_processes=2, cluster="ray", timeout=20,
+                          display="none")
+    assert leftovers(ray) == []
+
+    # Jupyter's interrupt is a SIGINT to the kernel: it stops the launch, and the ranks on the cluster with it
+    ready = str(tmp_path / "again")
+    interrupter = threading.Thread(target=_interrupt_when, args=(ready,), daemon=True)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        notebook_launcher(wait_here, args=(ready,), num_processes=2, cluster="ray", display="none")
+    interrupter.join()
+
+
+def _interrupt_when(ready: str) -> None:
+    wait_until(lambda: all(os.path.exists(f"{ready}.{rank}") for rank in (0, 1)), timeout=300, what="the ranks")
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.parametrize("options, missing", [
+    ({"num_processes": 1, "resources_per_rank": {"GPU": 1}}, "no node of the cluster has GPU 1"),
+    ({"num_processes": 1, "device": "cuda"}, "no node of the cluster has GPU 1"),
+    ({"num_processes": 3, "placement": "STRICT_SPREAD"}, "STRICT_SPREAD needs 3 different nodes"),
+    ({"num_processes": 3, "resources_per_rank": {"CPU": 2}, "placement": "STRICT_PACK"}, "STRICT_PACK needs one node"),
+    ({"num_processes": 1, "resources_per_rank": {"CPU": 1, "slot": 3}}, "no node of the cluster has slot 3"),
+])
+def test_resources_the_cluster_cannot_offer_are_refused_within_seconds(ray, options, missing):
+    started = time.monotonic()
+    with pytest.raises(LaunchConfigError, match=missing):
+        notebook_launcher(where_am_i, cluster="ray", display="none", **options)
+    assert time.monotonic() - started < 60  # a bound on a hang: Ray alone would wait for ever
+
+
+def test_the_function_and_a_large_tensor_go_to_the_object_store_once(ray, monkeypatch):
+    import torch
+
+    puts = []
+    real_put = ray.put
+    monkeypatch.setattr(ray, "put", lambda value, **options: puts.append(value) or real_put(value, **options))
+    tensor = torch.arange(500_000, dtype=torch.int64)  # 4 MB: far above the size that travels inside the pickle
+    sums = notebook_launcher(sum_and_scribble, args=(tensor,), num_processes=2, cluster="ray", return_all=True,
+                             display="none")
+    assert sums == [int(tensor.sum())] * 2
+    assert int(tensor[0]) == 0  # the ranks wrote to copies of their own
+    (payload,) = puts  # one put for both ranks
+    assert len(payload.data) < 64 * 1024  # the pickle holds no tensor bytes...
+    assert [blob.raw().nbytes for blob in payload.blobs] == [tensor.numel() * 8]  # ...they travel beside it
+
+
+def test_a_warm_session_across_two_nodes_keeps_state_and_group_and_recovers(ray):
+    with Session(num_processes=2, cluster="ray", placement="STRICT_SPREAD", display="none") as session:
+        pids = session.pids
+        assert session.run(setup) == [3.0, 3.0]  # the session's own group, across the nodes
+        assert session.run(weights_sum, return_all=True) == [6.0, 6.0]
+        session.execute("scaled = weights * 10")
+        assert [value.tolist() for value in session.pull("scaled")] == [[30.0, 30.0]] * 2
+        session.push(offset=5)
+        assert session.run(scaled_plus_offset, return_all=True) == [65.0, 65.0]
+        assert session.pids == pids  # the same actors all along
+
+        # a rank raising mid-collective: its peer is cut loose, the group replaced, the state kept
+        with pytest.raises(Boom) as raised:
+            session.run(fail_in_all_reduce)
+        assert any("process group was replaced" in note for note in raised.value.__notes__)
+        assert session.run(scaled_plus_offset, return_all=True) == [65.0, 65.0]
+        assert session.run(total) == 2.0  # the new group works
+
+        # a timeout interrupts the ranks through their control thread; they stay, and so does their state
+        with pytest.raises(LaunchTimeout) as raised:
+            session.run(sleep_long, timeout=5)
+        assert not any("state lost" in note for note in getattr(raised.value, "__notes__", [])), raised.value.__notes__
+        assert session.run(scaled_plus_offset) == 65.0
+
+        # a rank that dies: the ranks are made again, and the error says the state is lost
+        with pytest.raises(LaunchError) as raised:
+            session.run(exit_on_rank_1)
+        assert any("state lost" in note for note in raised.value.__notes__)
+        assert session.pids != pids and session.restarts == 1
+        assert session.run(total) == 2.0
+    assert session.status == "closed"
+
+
+def test_a_node_lost_mid_run_restarts_the_world_on_the_nodes_left(ray, cluster):
+    doomed = cluster.add_node(num_cpus=1, resources={"slot": 1})
+    doomed_id = doomed.node_id
+    recorder = Recorder()
+    # One slot on the new node, two on the head: SPREAD puts a rank on each; once the new node is gone, both fit
+    # on the head.
+    job = start_launch(survive_a_lost_node, num_processes=2, cluster="ray", placement="SPREAD",
+                       resources_per_rank={"CPU": 1, "slot": 1}, max_restarts=1, return_all=True, view=recorder,
+                       display="none")
+    wait_until(lambda: len([line for line in job.outputs[0] + job.outputs[1] if "attempt 0" in line]) == 2,
+               timeout=300, what="both ranks of the first attempt")
+    hosts = [event.host for event in recorder.of(RankStarted)]
+    if not any(doomed_id[:6] in host for host in hosts):  # SPREAD put no rank there: nothing to lose
+        job.stop()
+        pytest.fail(f"SPREAD placed no rank on the new node {doomed_id[:6]}: {hosts}")
+    cluster.remove_node(doomed)
+    results = job.wait(600)
+    assert [result["attempt"] for result in results] == [1, 1]
+    assert {result["sum"] for result in results} == {2.0}
+    assert doomed_id not in {result["node"] for result in results}
+    (restart,) = [event for event in recorder.of(AttemptStarted) if event.attempt == 1]
+    assert "was lost" in restart.previous_errors[0], restart.previous_errors
