@@ -11,7 +11,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from ..errors import LaunchConfigError
 from ..wire.choices import Device, Placement, StartMethod
-from .options import OPTIONS
+from .options import OPTIONS, defaults  # noqa: F401 -- defaults: the doctests use it
 
 # Options of a launch on this machine, or over nodes started by hand, that a cluster's placement replaces.
 _LOCAL_ONLY = ("master_addr", "use_port", "compile_cache", "num_nodes", "node_rank", "rdzv_backend",

@@ -16,7 +16,9 @@ Output: fds 1 and 2 are pipes read by a thread of the actor (``OutputCapture``),
 captured as in a process rank; Ray's log files, and so its forwarding of worker output to the driver, never see
 these lines. Nothing is written to a file.
 
->>> actor = RankActor(rank=0, node="node-a")       # doctest: +SKIP  (the kernel side does this through Ray)
+The kernel side (``backends.ray``) makes one through Ray, never directly::
+
+    actor = RankActor.options(...).remote(rank=0, node="node-a")
 """
 from __future__ import annotations
 
