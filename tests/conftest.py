@@ -23,7 +23,10 @@ os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
 
 # Our own temp dir for the whole session, inherited by every rank and script the tests start, so the
 # leftover check below sees only what this suite made (not other programs sharing /tmp).
-SESSION_TMP = tempfile.mkdtemp(prefix="notebook_accel-tests-")
+# Under pytest-xdist each worker makes its own, beside (not inside) the controller's: nested paths grow past the
+# 108 bytes a Unix socket path may have (Chromium's SingletonSocket, Jupyter's kernels).
+_SYSTEM_TMP = os.environ.setdefault("NOTEBOOK_ACCEL_TESTS_SYSTEM_TMP", tempfile.gettempdir())
+SESSION_TMP = tempfile.mkdtemp(prefix="notebook_accel-tests-", dir=_SYSTEM_TMP)
 os.environ["TMPDIR"] = tempfile.tempdir = SESSION_TMP
 
 # A C++ build (DeepSpeed's ops, torch's cpp_extension) would land here: no test may pay one (a fresh machine has

@@ -131,5 +131,5 @@ def test_the_error_shown_in_the_cell_starts_in_the_users_function(executed):
     assert "notebook_accel/" not in remote  # no frame of the package (rank/run.py, ...) above the user's
     # of the launcher's own kernel-side frames only the line re-raising it is left (IPython shows the last one)
     kernel_side = text[text.index("The above exception was the direct cause"):]
-    ours = re.findall(r"notebook_accel/launcher\.py:\d+, in (\w+)", kernel_side)
+    ours = re.findall(r"notebook_accel/[\w/]+\.py:\d+, in (\w+)", kernel_side)
     assert ours == ["notebook_launcher"] and "def run(" not in kernel_side, kernel_side

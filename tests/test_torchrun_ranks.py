@@ -330,7 +330,7 @@ def test_a_cuda_driver_initialized_by_another_library_makes_the_launch_use_the_f
             print("REFUSED", error)
     """)
     assert "BEFORE fork" in out and "LOADED fork" in out and "INITIALIZED forkserver" in out, out
-    assert "REFUSED notebook_launcher: start_method='fork' is not safe here: a CUDA driver is initialized in this process" in out
+    assert "REFUSED start_method='fork' is not safe here: a CUDA driver is initialized in this process" in out
 
 
 # ------------------------------------------------------------------------ 10: the in-kernel rank's fds

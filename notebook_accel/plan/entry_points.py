@@ -87,6 +87,9 @@ def entry_point(name: str) -> Callable[[F], F]:
                     refused.entry_point = name
                 raise without_launcher_frames(refused) from None
             except BaseException as error:
+                if isinstance(error.__cause__, RemoteTraceback):
+                    # A rank's own exception, re-raised in the kernel: the rank's traceback is printed above.
+                    raise _from_the_call(error)
                 raise _from_the_call(error)
 
         # The one notebook_accel line of a traceback reads "in notebook_launcher", not "in call".
@@ -131,7 +134,8 @@ def _from_the_call(error: BaseException) -> BaseException:
     keeps none of the body's frames (its traceback is its cause). A bug of ours — only our frames — keeps them all."""
     below = error.__traceback__.tb_next if error.__traceback__ is not None else None  # past this frame's own
     # A rank's exception re-raised in the kernel carries its rank's traceback as its cause: the body's re-raise
-    # line adds nothing to it, so the call's own frame is the one notebook_accel line a script's traceback shows.
+    # line adds nothing to it, so the call's own frame (the line that says so) is the one notebook_accel line a
+    # traceback shows, in a script and in IPython (which always shows the last frame, hidden or not).
     from_a_rank = isinstance(error.__cause__, RemoteTraceback)
     user, _ = skip_launcher_frames(below, keep_if_all=not from_a_rank)  # (re-raised, this frame comes first: once)
     return error.with_traceback(user)
