@@ -62,6 +62,15 @@ CELL = notebook_cell('''
         pass
 
 
+    def stops_at_a_breakpoint():
+        import os
+
+        rank = int(os.environ["RANK"])
+        if rank == 1:
+            breakpoint()
+        return rank
+
+
     def where_am_i():
         import os
 
@@ -313,6 +322,17 @@ def test_stop_timeout_and_ctrl_c_end_every_rank_on_the_cluster(ray, tmp_path):
 def _interrupt_when(ready: str) -> None:
     wait_until(lambda: all(os.path.exists(f"{ready}.{rank}") for rank in (0, 1)), timeout=300, what="the ranks")
     os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_breakpoint_in_a_rank_on_the_cluster_is_skipped_with_a_notice_not_waited_on(ray):
+    """No one can type into a Ray rank yet (issue 27 covers local ranks): its breakpoint() says so and goes on."""
+    recorder = Recorder()
+    job = start_launch(CELL["stops_at_a_breakpoint"], num_processes=2, cluster="ray", view=recorder,
+                       display="none", return_all=True)
+    assert job.wait(300) == [0, 1]
+    notices = [event.text for event in recorder.of(OutputLine) if event.stream == "stderr" and event.rank == 1]
+    assert any("rank 1's breakpoint at ray-cell.py" in line and "was skipped: a rank on a Ray cluster" in line
+               for line in notices), notices
 
 
 @pytest.mark.parametrize("options, missing", [

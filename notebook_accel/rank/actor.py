@@ -33,8 +33,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from ..wire.commands import Command, Interrupt
-from ..wire.events import OutputLines, RankEvent, ResourceSample
+from ..wire.commands import Command, Interrupt, PromptAnswer
+from ..wire.events import OutputLines, RankEvent, RankPrompt, ResourceSample
 from ..wire.fds import pending_bytes
 from .device_memory import send_peak_rss
 from .process import _set_torch_threads, capture_output, end_like_python, register_in_main
@@ -110,9 +110,17 @@ class QueueSender:
     def __init__(self, events: EventQueue, rank: int) -> None:
         self.events = events
         self.rank = rank
+        # Nothing carries a typed line to a rank on a cluster yet: its prompts (breakpoint(), pdb, input(),
+        # post-mortem) are skipped with a one-line notice, as in a headless run, instead of waiting on the
+        # actor's stdin, which no one holds.
+        self.no_one_types: Optional[str] = "a rank on a Ray cluster cannot be typed into from here yet"
 
     def send(self, event: RankEvent) -> None:
         self.events.put(event)
+
+    def ask(self, prompt: RankPrompt) -> PromptAnswer:
+        """A prompt's answer: always "skipped" (``no_one_types``; the prompt functions say so before asking)."""
+        return PromptAnswer(prompt.seq, skipped=self.no_one_types)
 
     def close(self) -> None:
         pass
