@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 from ...wire.channel import EventSender
 from ...wire.commands import Interrupt
 from ...wire.events import OutputLine, OutputLines, RankStarted
-from ...wire.fds import make_pipe
+from ...wire.fds import rank_pipes
 from ..supervisor import RankProcess
 from .actors import RayRank
 
@@ -113,7 +113,7 @@ class ActorRelay:
         self._relayed: Dict[int, _Relayed] = {}
         self.handles: List[RayRankProcess] = []
         for rank in ranks:
-            pipes = {name: make_pipe() for name in ("stdout", "stderr", "events", "stacks")}
+            pipes = rank_pipes()  # as a process rank's: the supervisor reads events from a socket pair
             process = ActorProcess(rank.pid)
             self._relayed[rank.rank] = _Relayed(rank, process, pipes["stdout"][1], pipes["stderr"][1],
                                                 EventSender(pipes["events"][1], rank.rank), pipes["stacks"][1])
