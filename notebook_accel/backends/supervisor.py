@@ -450,6 +450,13 @@ class Supervisor:
             self._close_fd(watch, fd)
         return len(chunk)
 
+    def _read_output_now(self, watch: RankWatch) -> None:
+        """Read what ``watch``'s rank wrote to fds 1/2 so far, resting or not: a prompt follows the lines the rank
+        flushed before asking (pdb's "> file(line)"), and the view must show them before it says "at breakpoint"."""
+        for fd, name in list(watch.open_fds.items()):
+            while name in _OUTPUT and fd in watch.open_fds and self._fd_ready(fd):
+                self._read(watch, fd)
+
     def _on_output(self, watch: RankWatch, stream: str, chunk: bytes) -> None:
         text = watch.partial[stream] + watch.decoders[stream].decode(chunk, final=not chunk)
         lines = text.split("\n")
@@ -480,6 +487,7 @@ class Supervisor:
         if isinstance(event, RankStarted):
             watch.said_started(event.pid)
         elif isinstance(event, RankPrompt):
+            self._read_output_now(watch)
             self._on_prompt(event)
         elif isinstance(event, RankResult):
             watch.result = event
