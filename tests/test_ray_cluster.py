@@ -335,6 +335,23 @@ def test_a_breakpoint_in_a_rank_on_the_cluster_is_skipped_with_a_notice_not_wait
                for line in notices), notices
 
 
+def test_a_kernel_that_called_ray_init_still_launches_local_ranks_safely_and_debugs_them_itself(ray):
+    """ray.init() leaves gRPC threads in the kernel (a forked rank may crash) and sets PYTHONBREAKPOINT to Ray's
+    debugger: local ranks then start from the fork server, and their breakpoint() is still ours."""
+    from notebook_accel.plan.plan import plan_launch
+
+    assert os.environ.get("PYTHONBREAKPOINT", "").startswith("ray.util.rpdb.")  # what Ray did to this process
+    assert plan_launch(len, args=((),), num_processes=2).start_method == "forkserver"
+    with pytest.raises(LaunchConfigError, match="Ray is initialized in this process"):
+        notebook_launcher(len, args=((),), num_processes=2, start_method="fork", display="none")
+    recorder = Recorder()
+    job = start_launch(CELL["stops_at_a_breakpoint"], num_processes=2, view=recorder, display="none",
+                       return_all=True)
+    assert job.wait(300) == [0, 1]
+    notices = [event.text for event in recorder.of(OutputLine) if event.stream == "stderr" and event.rank == 1]
+    assert any("rank 1's breakpoint at ray-cell.py" in line and "was skipped" in line for line in notices), notices
+
+
 @pytest.mark.parametrize("options, missing", [
     ({"num_processes": 1, "resources_per_rank": {"GPU": 1}}, "no node of the cluster has GPU 1"),
     ({"num_processes": 1, "device": "cuda"}, "no node of the cluster has GPU 1"),

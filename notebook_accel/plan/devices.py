@@ -123,6 +123,9 @@ def fork_safety() -> Tuple[bool, Optional[str]]:
     if tpu.runtime_initialized():
         return False, ("the XLA runtime is already initialized in this process (an XLA device was used), and "
                        "a forked child cannot use the TPU")
+    if ray_initialized():
+        return False, ("Ray is initialized in this process (ray.init()): its threads do not survive fork, and a "
+                       "forked rank may crash (SIGSEGV)")
     group = kernel_process_group()
     if group:
         return False, (f"a torch.distributed process group ({group}) is initialized in this process; forked "
@@ -130,6 +133,15 @@ def fork_safety() -> Tuple[bool, Optional[str]]:
                        f"with torch.distributed.destroy_process_group() (accelerator.end_training() for an "
                        f"Accelerator)")
     return True, None
+
+
+def ray_initialized() -> bool:
+    """``ray.init()`` ran in this process (asked of Ray only when something already imported it)."""
+    ray = sys.modules.get("ray")
+    try:
+        return bool(ray is not None and ray.is_initialized())
+    except Exception:  # a partly imported or foreign module named ray
+        return False
 
 
 CUDA_ERROR_NOT_INITIALIZED = 3

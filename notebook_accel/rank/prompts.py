@@ -183,10 +183,17 @@ def _leaves_console(debugger: Optional[bdb.Bdb], prompt: str, line: str) -> bool
     return console and line.strip() in ("exit()", "quit()")
 
 
+# ray.init() sets PYTHONBREAKPOINT to its own remote debugger (ray/_private/worker.py) in the driver and in every
+# worker; a kernel that used Ray must still debug its ranks here.
+RAY_DEBUGGER = "ray.util.rpdb."
+
+
 def rank_breakpointhook(*args: Any, **kws: Any) -> Any:
     """``breakpoint()`` in a rank: Python's (``PYTHONBREAKPOINT`` honoured), except that once no one can type it
     returns at once, and pdb stops in the caller's frame (not in this hook's)."""
     hook = os.environ.get("PYTHONBREAKPOINT", "")
+    if hook.startswith(RAY_DEBUGGER):  # set by ray.init() (in the kernel, or in an actor), not by the user
+        hook = ""
     if hook == "0":
         return None
     channel = rank_channel()
