@@ -342,7 +342,7 @@ def test_a_kernel_that_called_ray_init_still_launches_local_ranks_safely_and_deb
 
     assert os.environ.get("PYTHONBREAKPOINT", "").startswith("ray.util.rpdb.")  # what Ray did to this process
     assert plan_launch(len, args=((),), num_processes=2).start_method == "forkserver"
-    with pytest.raises(LaunchConfigError, match="Ray is initialized in this process"):
+    with pytest.raises(LaunchConfigError, match="Ray's threads run in this process"):
         notebook_launcher(len, args=((),), num_processes=2, start_method="fork", display="none")
     recorder = Recorder()
     job = start_launch(CELL["stops_at_a_breakpoint"], num_processes=2, view=recorder, display="none",

@@ -123,9 +123,9 @@ def fork_safety() -> Tuple[bool, Optional[str]]:
     if tpu.runtime_initialized():
         return False, ("the XLA runtime is already initialized in this process (an XLA device was used), and "
                        "a forked child cannot use the TPU")
-    if ray_initialized():
-        return False, ("Ray is initialized in this process (ray.init()): its threads do not survive fork, and a "
-                       "forked rank may crash (SIGSEGV)")
+    if ray_threads_running():
+        return False, ("Ray's threads run in this process (ray.init() starts them; they stay after ray.shutdown()): "
+                       "they do not survive fork, and a forked rank may crash (SIGSEGV)")
     group = kernel_process_group()
     if group:
         return False, (f"a torch.distributed process group ({group}) is initialized in this process; forked "
@@ -135,13 +135,32 @@ def fork_safety() -> Tuple[bool, Optional[str]]:
     return True, None
 
 
-def ray_initialized() -> bool:
-    """``ray.init()`` ran in this process (asked of Ray only when something already imported it)."""
+RAY_THREAD_PREFIXES = ("grpc", "gcs_client", "event_engine")  # named by Ray's core worker (Linux thread names)
+
+
+def ray_threads_running() -> bool:
+    """``ray.init()`` ran in this process: Ray is imported and says it is initialized, or its gRPC threads are still
+    here (``ray.shutdown()`` leaves them). Importing Ray alone starts no thread, and Ray is never imported here."""
     ray = sys.modules.get("ray")
-    try:
-        return bool(ray is not None and ray.is_initialized())
-    except Exception:  # a partly imported or foreign module named ray
+    if ray is None:
         return False
+    try:
+        if ray.is_initialized():
+            return True
+    except Exception:  # a partly imported or foreign module named ray
+        pass
+    try:
+        names = os.listdir("/proc/self/task")
+    except OSError:  # not Linux
+        return False
+    for task in names:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                if comm.read().startswith(RAY_THREAD_PREFIXES):
+                    return True
+        except OSError:  # the thread ended meanwhile
+            continue
+    return False
 
 
 CUDA_ERROR_NOT_INITIALIZED = 3
