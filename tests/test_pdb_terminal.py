@@ -2,6 +2,7 @@
 pexpect, on every backend whose ranks can be reached — and the same script with no terminal (CI) never hangs."""
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -159,6 +160,52 @@ def test_ctrl_c_at_a_prompt_stops_the_launch_and_leaves_no_rank(tmp_path):
         assert finish(child) != 0
         gone, alive = psutil.wait_procs(ranks, timeout=30)
         assert not alive, alive
+    finally:
+        child.close(force=True)
+
+
+# The kernel's view is busy with a rank's metric for a second (a plot under load); meanwhile the rank prints a line
+# and asks: its event, its line and its prompt all wait when the kernel polls again, the event socket first.
+BUSY_VIEW_SCRIPT = """
+import time
+from notebook_accel import notebook_launcher, report
+from notebook_accel.views import TextView
+from notebook_accel.wire.events import MetricReport
+
+show = TextView.handle
+
+def slow_to_draw_metrics(self, event):
+    show(self, event)
+    if isinstance(event, MetricReport):
+        time.sleep(1.0)
+
+TextView.handle = slow_to_draw_metrics
+
+def train():
+    report(step=0, loss=1.0)
+    time.sleep(0.3)                   # the kernel is drawing that metric now
+    print("a line before the prompt", flush=True)
+    return input("name: ")
+
+if __name__ == "__main__":
+    print("RESULT", notebook_launcher(train, num_processes=2, start_method="fork", display="text", return_all=True))
+"""
+
+
+def test_a_prompt_that_arrives_with_its_ranks_output_in_one_poll_is_asked(tmp_path):
+    # Reading the prompt reads the rank's output at once (its lines come first); the output pipe's own turn in that
+    # same poll then found it empty, and the kernel's read waited on it for ever while the rank waited for its
+    # answer (CI's hung pdb tests, under load). Before the fix: no "name:" prompt, a timeout here.
+    script = write(tmp_path, "busy_view.py", BUSY_VIEW_SCRIPT)
+    child = spawn(tmp_path, [sys.executable, script])
+    child.logfile_read = shown = io.StringIO()
+    try:
+        for _ in range(2):
+            child.expect(r"\[rank \d\] name: ", timeout=60)
+            child.sendline("typed")
+        child.expect(r"RESULT \['typed', 'typed'\]", timeout=60)
+        assert shown.getvalue().count("a line before the prompt") == 2, shown.getvalue()
+        assert finish(child) == 0
     finally:
         child.close(force=True)
 

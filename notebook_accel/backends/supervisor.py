@@ -44,6 +44,7 @@ from ..wire.channel import EventDecoder, receive
 from ..wire.commands import CommandSender
 from ..wire.events import (OutputLine, OutputLines, PeersWaiting, PromptKind, RankEvent, RankExited, RankFailed,
                            RankPrompt, RankResult, RankStacks, RankStarted, Status, TaskDone)
+from ..wire.fds import pending_bytes
 from .base import StopPolicy
 from .draining import PipeDrain, held_open_note, still_writing_note
 from .prompts import Asker, NoOneTypes, PromptDesk, PromptWithdrawn, ask_while
@@ -307,6 +308,10 @@ class Supervisor:
         carried: Dict[int, List[RankWatch]] = {}
         for watch in self.watches.values():
             for fd, name in watch.open_fds.items():
+                # Reads never wait: a pipe a poll said was ready may have been read since (a prompt reads its
+                # rank's output at once, a death its events), and a read that waits would hang the loop while
+                # the rank waits for the loop (its prompt's answer).
+                os.set_blocking(fd, False)
                 self.selector.register(fd, selectors.EVENT_READ, (watch, "pipe"))
                 if name not in _OUTPUT:
                     self.urgent.register(fd, selectors.EVENT_READ, (watch, "pipe"))
@@ -426,7 +431,8 @@ class Supervisor:
     # ------------------------------------------------------------------------------------------- reading
 
     def _read(self, watch: RankWatch, fd: int) -> int:
-        """Read what is in ``fd`` (one read), pass it on; return how many bytes (0: EOF, and the pipe closed)."""
+        """Read what is in ``fd`` (one read, which never waits), pass it on; return how many bytes (0: nothing
+        there now, or EOF, and then the pipe is closed)."""
         name = watch.open_fds[fd]
         fds: List[int] = []
         try:
@@ -434,6 +440,8 @@ class Supervisor:
                 chunk, fds = receive(fd, _READ_BYTES)
             else:
                 chunk = os.read(fd, _READ_BYTES)
+        except BlockingIOError:  # read since a poll said it was ready (``_read_output_now``, ``_rank_gone``)
+            return 0
         except OSError:
             chunk = b""
         if fd in watch.drains:
@@ -452,10 +460,18 @@ class Supervisor:
 
     def _read_output_now(self, watch: RankWatch) -> None:
         """Read what ``watch``'s rank wrote to fds 1/2 so far, resting or not: a prompt follows the lines the rank
-        flushed before asking (pdb's "> file(line)"), and the view must show them before it says "at breakpoint"."""
+        flushed before asking (pdb's "> file(line)"), and the view must show them before it says "at breakpoint".
+        Only the bytes there now: a thread of the rank (or its subprocess) that keeps printing while it waits at
+        the prompt cannot keep this loop from asking."""
         for fd, name in list(watch.open_fds.items()):
-            while name in _OUTPUT and fd in watch.open_fds and self._fd_ready(fd):
-                self._read(watch, fd)
+            if name not in _OUTPUT:
+                continue
+            owed = pending_bytes(fd)
+            while owed > 0 and fd in watch.open_fds:
+                got = self._read(watch, fd)
+                if got <= 0:
+                    break
+                owed -= got
 
     def _on_output(self, watch: RankWatch, stream: str, chunk: bytes) -> None:
         text = watch.partial[stream] + watch.decoders[stream].decode(chunk, final=not chunk)
@@ -697,10 +713,7 @@ class Supervisor:
     def _settle_output(self, watch: RankWatch) -> str:
         """Read what the rank wrote before its prompt (it flushed before asking), so that pdb's lines come first;
         returns its unfinished stdout line (``input("name: ")``'s text before the prompt), taken from the output."""
-        for fd, name in list(watch.open_fds.items()):
-            if name in ("stdout", "stderr"):
-                while fd in watch.open_fds and self._fd_ready(fd):
-                    self._read(watch, fd)
+        self._read_output_now(watch)
         before, watch.partial["stdout"] = watch.partial["stdout"], ""
         return before
 

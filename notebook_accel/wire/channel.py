@@ -31,8 +31,10 @@ _HEADER = struct.Struct("!I")
 MAX_FDS = 253              # SCM_RIGHTS's most fds in one message (Linux): a receiver never truncates them
 def receive(fd: int, size: int) -> Tuple[bytes, List[int]]:
     """Read up to ``size`` bytes from an event channel's kernel end, with the fds that came with them (received
-    close-on-exec). A pipe (no fds) is read as a pipe."""
-    sock = _socket_on(fd)
+    close-on-exec). A pipe (no fds) is read as a pipe. Never waits: ``BlockingIOError`` when nothing is there
+    (the kernel's loop reads only what a poll said is there, and must not hang when another read took it)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fd)
+    sock.setblocking(False)  # the fd stays non-blocking (the supervisor's), whatever setdefaulttimeout says
     try:
         data, fds, _, _ = socket.recv_fds(sock, size, MAX_FDS, getattr(socket, "MSG_CMSG_CLOEXEC", 0))
         return data, fds
