@@ -560,3 +560,37 @@ def test_one_rank_on_mps_computes_there_and_returns_a_cpu_tensor():
     kind, value = notebook_launcher(matmul_on_the_accelerators_device, device="mps", num_processes=1,
                                     start_method="spawn", display="none")
     assert kind == "mps" and value.device.type == "cpu" and value.tolist() == [[2.0, 2.0], [2.0, 2.0]]
+
+
+SLOW_TO_START = """
+import os, time
+if os.environ.get("NOTEBOOK_ACCEL_TEST_SLOW_START"):  # every new Python process here: the spawned ranks
+    time.sleep(float(os.environ["NOTEBOOK_ACCEL_TEST_SLOW_START"]))
+"""
+
+
+def rank_number():
+    return int(os.environ["RANK"])
+
+
+@pytest.mark.parametrize("slow", [True, False], ids=["slow-to-start", "starts-at-once"])
+def test_a_rank_that_has_not_started_is_said_once_in_its_output_and_the_launch_goes_on(monkeypatch, tmp_path, slow):
+    # A rank stuck before its first line (a forked lock, an import on a dead mount) used to leave the launch silent
+    # for ever. Here its interpreter sleeps 4 s at start-up (sitecustomize), past NOTEBOOK_ACCEL_START_WAIT=1.
+    (tmp_path / "sitecustomize.py").write_text(SLOW_TO_START)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    # 1 s for the rank slow to start; 10 s for one that starts as usual (a spawned rank imports torch: a second or
+    # two on a loaded machine), which must not be flagged
+    monkeypatch.setenv("NOTEBOOK_ACCEL_START_WAIT", "1" if slow else "10")
+    if slow:
+        monkeypatch.setenv("NOTEBOOK_ACCEL_TEST_SLOW_START", "4")
+    job = start_launch(rank_number, num_processes=2, start_method="spawn", display="none", return_all=True)
+    assert job.wait(120) == [0, 1]
+    notices = {rank: [line for line in lines if "has not started" in line] for rank, lines in job.outputs.items()}
+    if slow:
+        for rank in (0, 1):
+            assert len(notices[rank]) == 1, job.outputs
+            assert notices[rank][0].startswith(f"notebook_accel: rank {rank} has not started ")
+            assert "NOTEBOOK_ACCEL_START_WAIT" in notices[rank][0] and "pid " in notices[rank][0]
+    else:
+        assert not any(notices.values()), job.outputs

@@ -62,6 +62,8 @@ STACKS_QUIET = 0.15         # a dump is complete once its pipe has been quiet th
 OUTPUT_REST = 0.005
 PEER_WAIT_VARIABLE = "NOTEBOOK_ACCEL_PEER_WAIT"  # seconds a rank may have finished while others run, unsaid
 DEFAULT_PEER_WAIT = 30.0
+START_WAIT_VARIABLE = "NOTEBOOK_ACCEL_START_WAIT"  # seconds a rank may take to start (run our first line), unsaid
+DEFAULT_START_WAIT = 60.0
 _READ_BYTES = 1 << 16
 _OUTPUT = ("stdout", "stderr")
 
@@ -299,8 +301,11 @@ class Supervisor:
         self.ends_when = ends_when
         self.task_id = task_id
         self.tasks_done: Dict[int, TaskDone] = {}  # by rank: what it said when this task ended there
-        self.peer_wait = _peer_wait()
+        self.peer_wait = _seconds_from_env(PEER_WAIT_VARIABLE, DEFAULT_PEER_WAIT)
         self._peers_noticed = False
+        self.start_wait = _seconds_from_env(START_WAIT_VARIABLE, DEFAULT_START_WAIT)
+        self._created_at = time.monotonic()
+        self._start_noticed = False
         self.selector = self.selector_class()
         self.urgent = self.selector_class()   # all but the output pipes: what ``OUTPUT_REST`` never delays
         self._output_rests_until = 0.0
@@ -399,6 +404,8 @@ class Supervisor:
                 self.status = Status.FAILED
             elif not self.failures and not self._peers_noticed:
                 self._notice_peers_waiting(now)  # says it, never ends the launch
+            if self.status is None and not self._start_noticed:
+                self._notice_not_started(now)    # nor does this
             if self.status is None and reason == Status.TIMEOUT:
                 self._timeout_stacks = self._collect_stacks(STACKS_WAIT)  # where each rank was stuck
                 self._stop(Status.TIMEOUT)
@@ -618,6 +625,19 @@ class Supervisor:
                 f"perhaps waiting for it: {where}")
         self.deliver(PeersWaiting(rank=-1, finished_rank=first.rank, waiting=waiting, seconds=seconds, text=text))
 
+    def _notice_not_started(self, now: float) -> None:
+        """A rank whose process has not run our first line ``start_wait`` seconds after the launch began (a fork
+        that inherited a lock another thread of the kernel held, an import stuck on a network file system, an
+        actor Ray cannot place): the launch would wait for it in silence. Say so once, in each such rank's output.
+        (No stack dump: before its first line, SIGUSR1 would kill it.)"""
+        late = [watch for watch in self.watches.values() if watch.phase is RankPhase.STARTING]
+        if not late or now - self._created_at < self.start_wait:
+            return
+        self._start_noticed = True
+        for watch in late:
+            self.deliver(OutputLine(rank=watch.rank, stream="stderr",
+                                    text=not_started_note(watch.rank, watch.pid, now - self._created_at)))
+
     def request_stacks(self, timeout: float) -> Dict[int, str]:
         """From any thread: every running rank's stacks, collected by the loop (which owns the pipes)."""
         request = _StackRequest(timeout)
@@ -782,9 +802,19 @@ def _decode_result(rank: int, result: RankResult) -> Any:
                           f"{type(err).__name__}: {err}", rank=rank) from err
 
 
-def _peer_wait() -> float:
-    """``NOTEBOOK_ACCEL_PEER_WAIT`` seconds (30 by default) before a finished rank's waiting peers are named."""
+def not_started_note(rank: int, pid: Optional[int], seconds: float) -> str:
+    """The line a rank's output gets when it has not started ``seconds`` after its launch began."""
+    where = f" (its process, pid {pid}, is there; `py-spy dump --pid {pid}` shows where it waits)" if pid else ""
+    return (f"notebook_accel: rank {rank} has not started {seconds:.0f} s after the launch began{where}; "
+            f"the launch waits for it: Stop or interrupt to end it (set {START_WAIT_VARIABLE} to say this sooner "
+            f"or later)")
+
+
+def _seconds_from_env(name: str, default: float) -> float:
+    """``name``'s seconds from the environment (``default`` when unset or not a number): ``NOTEBOOK_ACCEL_PEER_WAIT``
+    (30 by default) before a finished rank's waiting peers are named, ``NOTEBOOK_ACCEL_START_WAIT`` (60) before a
+    rank that has not started is."""
     try:
-        return max(0.0, float(os.environ.get(PEER_WAIT_VARIABLE, DEFAULT_PEER_WAIT)))
+        return max(0.0, float(os.environ.get(name, default)))
     except ValueError:
-        return DEFAULT_PEER_WAIT
+        return default
