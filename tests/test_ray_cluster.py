@@ -86,6 +86,19 @@ CELL = notebook_cell('''
                 "ip": ray.util.get_node_ip_address(), "sum": total.item()}
 
 
+    def train_with_a_bar_and_metrics(steps):
+        import os
+        import time
+
+        from notebook_accel import progress, report
+
+        rank = int(os.environ["RANK"])
+        for step in progress(range(steps), desc="train"):
+            report(step=step, loss=float(rank * 100 + step))
+            time.sleep(0.05)
+        return rank
+
+
     def chatter(lines):
         import os
 
@@ -251,6 +264,24 @@ def test_every_line_arrives_once_labelled_in_order_and_ray_forwards_none_of_them
     ray.kill(plain)
     # ... but not a line of our ranks: their fds 1/2 are ours
     assert "loss 0.5" not in _seen(capfd)
+
+
+def test_progress_metrics_and_memory_of_ranks_on_the_cluster_reach_the_dashboard(ray):
+    from notebook_accel.wire.events import PeakMemoryReport, ProgressUpdate
+
+    recorder = Recorder()
+    job = start_launch(train_with_a_bar_and_metrics, args=(6,), num_processes=2, cluster="ray",
+                       placement="STRICT_SPREAD", view=recorder, display="none", return_all=True)
+    assert job.wait(600) == [0, 1]
+    for rank in (0, 1):
+        bars = [event for event in recorder.of(ProgressUpdate) if event.rank == rank]
+        assert bars and {event.desc for event in bars} == {"train"}, bars
+        assert bars[-1].n == 6 and bars[-1].total == 6  # the bar's last state, as the rank's tqdm ended it
+        # every report call, each at its step, labelled with the rank that made it
+        losses = sorted((row.step, row.value) for row in job.metric_log.rows() if row.rank == rank)
+        assert losses == [(step, float(rank * 100 + step)) for step in range(6)], losses
+        peaks = [event.peak_rss for event in recorder.of(PeakMemoryReport) if event.rank == rank]
+        assert peaks and peaks[-1] > 10 * 2**20, peaks  # the actor process's own high-water mark, > 10 MiB
 
 
 _captured = []

@@ -47,6 +47,7 @@ FILES: Dict[str, str] = {
     "test_promises_stop.py": "ranks",
     "test_ray_cluster.py": "ranks",      # Ray actors on a fake two-node ray.cluster_utils.Cluster
     "test_ray_options.py": "ranks",
+    "test_ray_local.py": "ranks",        # a script whose launch starts a local Ray (no ray.init() of its own)
     "test_rank_imports.py": "ranks",
     "test_session.py": "ranks",
     "test_session_xla.py": "ranks",
