@@ -59,8 +59,11 @@ class FakeCluster:
             raise
 
     def _keep_new_children(self) -> None:
+        """The new children that are the cluster's: each of Ray's processes names the cluster's temp dir. Not what an
+        earlier test of the module started meanwhile (a fork server, its resource tracker), which outlive the
+        cluster by design."""
         KEPT_TREES.update(child.pid for child in psutil.Process().children()
-                                   if child.pid not in self._before)
+                          if child.pid not in self._before and self.temp in _name(child))
 
     def add_node(self, **resources: Any) -> Any:
         node = self.cluster.add_node(**resources)
@@ -85,9 +88,10 @@ class FakeCluster:
             if getattr(self, "cluster", None) is not None:
                 self.cluster.shutdown()
             _, alive = psutil.wait_procs(tree, timeout=30)
+            named = [f"{process.pid} {_name(process)[:300]}" for process in alive]
             for process in alive:
                 process.kill()
-            assert not alive, f"Ray processes outlived the cluster's shutdown: {[p.pid for p in alive]}"
+            assert not alive, f"Ray processes outlived the cluster's shutdown: {named}"
         finally:
             KEPT_TREES.clear()
             for name, value in self._saved.items():
@@ -129,3 +133,10 @@ def leftovers(ray: Any, timeout: float = 60.0) -> List[str]:
             return found
         time.sleep(0.2)
 
+
+def _name(process: psutil.Process) -> str:
+    """What the process runs (its whole command line); "?" once it is gone."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return "?"
