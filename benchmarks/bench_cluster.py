@@ -15,19 +15,19 @@ For each tool, 2 ranks with ``SPREAD`` placement (one per node where Ray can):
 ``TorchTrainer`` runs only where ``ray.train.torch`` imports (``pip install "ray[train]"``); its start includes
 Ray Train's own controller. All on the same cluster, in one run, one tool after the other.
 
-Measured on this 2-core machine, quiet (load average ~1.4), fake 2-node cluster, ray 2.60 with ``ray[train]``, torch
-2.13 CPU, two runs in a row (the second shown; the first within 0.1 s, plain actors' output 5/40):
+Measured on this 2-core machine, quiet (load average ~1.3-1.6), fake 2-node cluster, ray 2.60 with ``ray[train]``,
+torch 2.13 CPU, two runs in a row (the second shown; the first within 0.2 s, 0.5 s for TorchTrainer):
 
                              start  first all-reduce  whole call  warm run                      output
-    notebook_accel          2.36 s            3.25 s      3.29 s     55 ms    40/40 lines, median 3 ms
-    plain Ray actors        1.45 s            2.28 s      2.30 s      2 ms    2/40 lines, median 16 ms
-    Ray Train TorchTrainer 15.47 s           15.47 s     16.47 s         —                           —
+    notebook_accel          2.67 s            3.63 s      3.66 s      5 ms    40/40 lines, median 1 ms
+    plain Ray actors        1.66 s            2.61 s      2.63 s      2 ms    5/40 lines, median 60 ms
+    Ray Train TorchTrainer 17.08 s           17.09 s     20.04 s         —                           —
 
-Plain actors' other lines came after the 10 s window, folded by Ray into one "[repeated 38x across cluster]" line
-labelled by pid. Our warm run (a ``Session.run``: the command, the rank's events through its control thread and the
-relay, the end of the task) costs ~50 ms more than an actor method call; where those go is not broken down yet.
-On a loaded machine (load average ~15):
-ours 4.59 s start / 7.73 s first all-reduce / 58 ms warm, plain actors 3.14 s / 10.06 s / 6 ms.
+Plain actors' other lines came after the 10 s window, folded by Ray into one "[repeated Nx across cluster]" line
+labelled by pid. Our warm run was 55 ms before the session's commands went to the actors straight from the
+kernel's thread (they waited for the relay thread's turn in ``ray.wait``, 50 ms). On a loaded machine (load
+average ~15, before that change): ours 4.59 s start / 7.73 s first all-reduce / 58 ms warm, plain actors
+3.14 s / 10.06 s / 6 ms.
 """
 from __future__ import annotations
 

@@ -133,8 +133,12 @@ class ActorRelay:
 
     def command(self, rank: int, command: Any) -> None:
         """Send ``command`` (a ``Command``, or the ObjectRef of one in the object store) to the rank's control
-        thread."""
-        self._requests.put(("command", rank, command))
+        thread, from this thread and at once (Ray's calls may come from any thread): handed to the relay thread, it
+        waited for that thread's turn in ``ray.wait`` (up to ``_TURN``), on every warm run. Its answer is not
+        waited for; an actor gone is the relay thread's to see."""
+        relayed = self._relayed[rank]
+        if not relayed.closed:
+            relayed.rank.control("command", command)
 
     def kill(self, rank: int) -> None:
         """End the rank's actor once the events it made are here (at most ``DRAIN_WAIT`` s from now)."""
@@ -218,9 +222,7 @@ class ActorRelay:
             relayed = self._relayed[rank]
             if relayed.closed:
                 continue
-            if kind == "command":
-                relayed.rank.control("command", argument)  # answered at once; an actor gone is the loop's to see
-            elif kind == "stacks":
+            if kind == "stacks":
                 relayed.stack_calls.append(relayed.rank.control("stacks"))
             elif kind == "kill" and relayed.killing_since is None:
                 relayed.killing_since = time.monotonic()
