@@ -11,6 +11,7 @@ own while the cluster is up.
 """
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
 import tempfile
@@ -43,6 +44,9 @@ class FakeCluster:
         # too deep for that). Removed by ``shutdown``.
         self.temp = tempfile.mkdtemp(prefix="na-ray-", dir="/tmp")
         self._saved = {name: os.environ.get(name) for name in ("RAY_TMPDIR", "HOME", "PYTHONPATH")}
+        # Ray's driver replaces builtins.print (tqdm_ray's safe_print) once a worker's bar reaches it, and never puts
+        # it back: later tests of this process would launch Ray's print (test_panel saw "LaunchPanel(safe_print").
+        self._print = builtins.print
         os.environ["RAY_TMPDIR"] = self.temp
         os.environ["HOME"] = self.temp
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [FAST_IMPORTS, self._saved["PYTHONPATH"]]))
@@ -93,6 +97,7 @@ class FakeCluster:
                 process.kill()
             assert not alive, f"Ray processes outlived the cluster's shutdown: {named}"
         finally:
+            builtins.print = self._print
             KEPT_TREES.clear()
             for name, value in self._saved.items():
                 if value is None:
