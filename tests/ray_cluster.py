@@ -67,7 +67,7 @@ class FakeCluster:
         earlier test of the module started meanwhile (a fork server, its resource tracker), which outlive the
         cluster by design."""
         KEPT_TREES.update(child.pid for child in psutil.Process().children()
-                          if child.pid not in self._before and self.temp in _name(child))
+                          if child.pid not in self._before and self.temp in command_line(child))
 
     def add_node(self, **resources: Any) -> Any:
         node = self.cluster.add_node(**resources)
@@ -92,7 +92,7 @@ class FakeCluster:
             if getattr(self, "cluster", None) is not None:
                 self.cluster.shutdown()
             _, alive = psutil.wait_procs(tree, timeout=30)
-            named = [f"{process.pid} {_name(process)[:300]}" for process in alive]
+            named = [f"{process.pid} {command_line(process)[:300]}" for process in alive]
             for process in alive:
                 process.kill()
             assert not alive, f"Ray processes outlived the cluster's shutdown: {named}"
@@ -139,8 +139,9 @@ def leftovers(ray: Any, timeout: float = 60.0) -> List[str]:
         time.sleep(0.2)
 
 
-def _name(process: psutil.Process) -> str:
-    """What the process runs (its whole command line); "?" once it is gone."""
+def command_line(process: psutil.Process) -> str:
+    """What the process runs (its whole command line, which for Ray's processes names their temp dir); "?" once it is
+    gone."""
     try:
         return " ".join(process.cmdline())
     except psutil.Error:

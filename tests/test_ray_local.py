@@ -7,6 +7,7 @@ for Ray 2.60's token), so that no Ray of the suite's is reachable from it.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from ray_cluster import FAST_IMPORTS
+from ray_cluster import FAST_IMPORTS, command_line
 from scripts import script_env
 
 pytestmark = pytest.mark.timeout(300)
@@ -38,14 +39,7 @@ if __name__ == "__main__":
 
 def processes_under(path: str):
     """Processes whose command line names ``path`` (Ray's GCS, raylet and workers name their session dir)."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if any(path in part for part in process.info["cmdline"] or []):
-                found.append(process)
-        except psutil.Error:
-            pass
-    return found
+    return [process for process in psutil.process_iter() if path in command_line(process)]
 
 
 def test_a_kernel_without_ray_init_gets_a_local_ray_said_once_and_leaves_nothing_at_exit():
@@ -66,10 +60,13 @@ def test_a_kernel_without_ray_init_gets_a_local_ray_said_once_and_leaves_nothing
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (processes_under(temp) or any(psutil.pid_exists(p) for p in pids)):
             time.sleep(0.5)
-        left = [(process.pid, " ".join(process.cmdline()[:2])) for process in processes_under(temp)]
+        left = [(process.pid, command_line(process)[:200]) for process in processes_under(temp)]
         assert not left, f"the kernel's local Ray outlived it: {left}"
         assert not [pid for pid in pids if psutil.pid_exists(pid)], "the session's actors outlived the kernel"
     finally:
         for process in processes_under(temp):
-            process.kill()
-        subprocess.run(["rm", "-rf", temp])
+            try:
+                process.kill()
+            except psutil.Error:  # gone meanwhile
+                pass
+        shutil.rmtree(temp, ignore_errors=True)
