@@ -2,6 +2,7 @@
 
     python benchmarks/bench_cluster.py                     # a fake 2-node cluster on this machine (2 CPUs a node)
     python benchmarks/bench_cluster.py --address auto      # the cluster of this machine (``ray start``)
+    python benchmarks/bench_cluster.py --client            # the fake cluster through Ray Client (``ray://``)
 
 For each tool, 2 ranks with ``SPREAD`` placement (one per node where Ray can):
 
@@ -15,19 +16,22 @@ For each tool, 2 ranks with ``SPREAD`` placement (one per node where Ray can):
 ``TorchTrainer`` runs only where ``ray.train.torch`` imports (``pip install "ray[train]"``); its start includes
 Ray Train's own controller. All on the same cluster, in one run, one tool after the other.
 
-Measured on this 2-core machine, quiet (load average ~1.3-1.6), fake 2-node cluster, ray 2.60 with ``ray[train]``,
-torch 2.13 CPU, two runs in a row (the second shown; the first within 0.2 s, 0.5 s for TorchTrainer):
+Measured on this 2-core machine, quiet (load average 1.2-1.7), fake 2-node cluster, ray 2.60 with ``ray[train]``,
+torch 2.13 CPU, 2026-11-27 (second of two runs each; docs/benchmarks.md has both):
 
-                             start  first all-reduce  whole call  warm run                      output
-    notebook_accel          2.67 s            3.63 s      3.66 s      5 ms    40/40 lines, median 1 ms
-    plain Ray actors        1.66 s            2.61 s      2.63 s      2 ms    5/40 lines, median 60 ms
-    Ray Train TorchTrainer 17.08 s           17.09 s     20.04 s         —                           —
+    direct                       start  first all-reduce  whole call  warm run                      output
+    notebook_accel              2.11 s            2.82 s      2.85 s      5 ms    40/40 lines, median 2 ms
+    plain Ray actors            1.67 s            2.78 s      2.80 s      2 ms    3/40 lines, median 39 ms
+    Ray Train TorchTrainer     17.79 s           17.79 s     20.78 s         —                           —
+
+    --client (ray://)            start  first all-reduce  whole call  warm run                      output
+    notebook_accel              3.40 s            4.02 s      4.09 s     18 ms    40/40 lines, median 9 ms
+    plain Ray actors            1.57 s            2.53 s      2.55 s      6 ms   40/40 lines, median 57 ms
+    Ray Train TorchTrainer     18.04 s           18.04 s     20.94 s         —                           —
 
 Plain actors' other lines came after the 10 s window, folded by Ray into one "[repeated Nx across cluster]" line
-labelled by pid. Our warm run was 55 ms before the session's commands went to the actors straight from the
-kernel's thread (they waited for the relay thread's turn in ``ray.wait``, 50 ms). On a loaded machine (load
-average ~15, before that change): ours 4.59 s start / 7.73 s first all-reduce / 58 ms warm, plain actors
-3.14 s / 10.06 s / 6 ms.
+labelled by pid. Ours reached the first all-reduce at 3.6 s before each actor imported torch.distributed in a
+thread as it starts (rank 0 imported it to host the store while the others waited, then each in turn).
 """
 from __future__ import annotations
 
@@ -227,25 +231,40 @@ def _latency_text(latencies: List[float]) -> str:
     return f"{len(latencies)}/{2 * LINES} lines, median {statistics.median(latencies) * 1000:.0f} ms"
 
 
-def _fake_cluster() -> Any:
+def _fake_cluster(client_port: Optional[int] = None) -> Any:
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    head = {"num_cpus": 2, "include_dashboard": False}
+    if client_port is not None:  # the head's Ray Client server (ray://), as KubeRay's head offers on 10001
+        head["ray_client_server_port"] = client_port
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
     return cluster
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--address", help="a Ray cluster to use (default: a fake 2-node one on this machine)")
     parser.add_argument("--repeats", type=int, default=10, help="warm runs timed per tool")
+    parser.add_argument("--client", action="store_true",
+                        help="reach the fake cluster through Ray Client (ray://), as a notebook outside its network")
     options = parser.parse_args()
 
     import ray
 
-    cluster = None if options.address else _fake_cluster()
-    ray.init(address=options.address or cluster.address, logging_level="ERROR")
+    client_port = _free_port() if options.client and not options.address else None
+    cluster = None if options.address else _fake_cluster(client_port)
+    if client_port is not None:
+        ray.init(f"ray://127.0.0.1:{client_port}", logging_level="ERROR")
+    else:
+        ray.init(address=options.address or cluster.address, logging_level="ERROR")
     import torch.distributed  # noqa: F401  (warm, as a notebook kernel that already imported torch)
     try:
         results = {"notebook_accel": bench_ours(options.repeats), "plain Ray actors": bench_plain(ray, options.repeats)}

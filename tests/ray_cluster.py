@@ -22,6 +22,7 @@ import psutil
 
 
 FAST_IMPORTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_fast_imports")
+CLIENT_SERVER = "ray.util.client.server"  # the module Ray's client server (ray://) runs as
 ACTOR_TITLE = "ray::RankActor"   # the process title Ray gives our actors' workers
 # The pids at the top of the process trees a module's fake cluster keeps up (its GCS, raylets, their workers): the
 # suite's leftover check leaves them alone until ``FakeCluster.shutdown`` ends them and checks they ended.
@@ -63,11 +64,12 @@ class FakeCluster:
             raise
 
     def _keep_new_children(self) -> None:
-        """The new children that are the cluster's: each of Ray's processes names the cluster's temp dir. Not what an
-        earlier test of the module started meanwhile (a fork server, its resource tracker), which outlive the
-        cluster by design."""
+        """The new children that are the cluster's: each of Ray's processes names the cluster's temp dir, but for the
+        head's Ray Client server (``ray_client_server_port``), named by its module. Not what an earlier test of the
+        module started meanwhile (a fork server, its resource tracker), which outlive the cluster by design."""
         KEPT_TREES.update(child.pid for child in psutil.Process().children()
-                          if child.pid not in self._before and self.temp in command_line(child))
+                          if child.pid not in self._before and any(mark in command_line(child)
+                                                                   for mark in (self.temp, CLIENT_SERVER)))
 
     def add_node(self, **resources: Any) -> Any:
         node = self.cluster.add_node(**resources)

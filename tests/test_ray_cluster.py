@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -20,7 +21,7 @@ from notebook_accel import Session, notebook_launcher, start_launch
 from notebook_accel.errors import LaunchConfigError, LaunchError, LaunchTimeout
 from notebook_accel.wire.events import AttemptStarted, OutputLine, RankStarted, ResourceSample
 from ray_cluster import FakeCluster, leftovers
-from scripts import Recorder
+from scripts import Recorder, script_env
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(900)
@@ -355,15 +356,161 @@ def _interrupt_when(ready: str) -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_a_breakpoint_in_a_rank_on_the_cluster_is_skipped_with_a_notice_not_waited_on(ray):
-    """No one can type into a Ray rank yet (issue 27 covers local ranks): its breakpoint() says so and goes on."""
+def test_a_breakpoint_in_a_rank_on_the_cluster_with_no_one_to_type_is_skipped_with_a_notice(ray):
+    """A launch in a background thread cannot ask anyone (as on local ranks): the breakpoint says so and goes on."""
     recorder = Recorder()
     job = start_launch(CELL["stops_at_a_breakpoint"], num_processes=2, cluster="ray", view=recorder,
                        display="none", return_all=True)
     assert job.wait(300) == [0, 1]
     notices = [event.text for event in recorder.of(OutputLine) if event.stream == "stderr" and event.rank == 1]
-    assert any("rank 1's breakpoint at ray-cell.py" in line and "was skipped: a rank on a Ray cluster" in line
-               for line in notices), notices
+    assert any("rank 1's breakpoint at ray-cell.py" in line and "was skipped: the launch runs in a background thread"
+               in line for line in notices), notices
+
+
+PDB_SCRIPT = """
+import os
+import ray
+from notebook_accel import Session, notebook_launcher
+
+ray.init(address=os.environ["RAY_ADDRESS"])
+
+
+def train():
+    rank = int(os.environ["RANK"])
+    x = 40 + rank
+    if rank == 1:
+        breakpoint()
+    return x
+
+
+print("RESULT", notebook_launcher(train, num_processes=2, cluster="ray", placement="STRICT_SPREAD", display="text",
+                                  return_all=True), flush=True)
+with Session(num_processes=2, cluster="ray", display="text") as session:
+    print("WARM", session.run(train, return_all=True), flush=True)
+
+
+def fails():
+    if os.environ["RANK"] == "1":
+        marker = "failing frame of rank 1"
+        raise ValueError("rank 1 breaks")
+
+
+try:
+    notebook_launcher(fails, num_processes=2, cluster="ray", display="text", pdb=True)
+except ValueError as error:
+    print("RAISED", error, flush=True)
+"""
+
+
+def test_pdb_in_a_rank_on_the_cluster_asks_in_the_terminal_for_a_launch_and_a_session(ray, cluster, tmp_path):
+    """breakpoint() in a rank on another node: pdb's lines come back labelled, what is typed in the terminal
+    reaches the rank through its command thread, and the rank's frame changes (x comes back as 100); with
+    ``pdb=True`` a failing rank's post-mortem opens in its failing frame."""
+    import pexpect
+
+    script = tmp_path / "train.py"
+    script.write_text(PDB_SCRIPT)
+    child = pexpect.spawn(sys.executable, [str(script)], env=dict(script_env(), RAY_ADDRESS=cluster.cluster.address),
+                          cwd=str(tmp_path), encoding="utf-8", timeout=180, dimensions=(40, 200))
+    try:
+        for done in ("RESULT", "WARM"):
+            child.expect(r"\[rank 1\] \(Pdb\) ")
+            child.sendline("p x")
+            child.expect(r"\[rank 1\] 41")
+            child.expect(r"\[rank 1\] \(Pdb\) ")
+            child.sendline("x = 100")
+            child.expect(r"\[rank 1\] \(Pdb\) ")
+            child.sendline("c")
+            child.expect(rf"{done} \[40, 100\]")
+        child.expect(r"\[rank 1\] \(Pdb\) ")  # pdb=True: the post-mortem, in the failing frame
+        child.sendline("p marker")
+        child.expect(r"\[rank 1\] 'failing frame of rank 1'")
+        child.expect(r"\[rank 1\] \(Pdb\) ")
+        child.sendline("q")
+        child.expect("RAISED rank 1 breaks")
+        child.expect(pexpect.EOF, timeout=120)
+        child.close()
+        assert child.exitstatus == 0, child.before
+    finally:
+        child.close(force=True)
+
+
+CLI_SCRIPT = """
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def main():
+    dist.init_process_group("gloo")
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    print(f"{__name__} argv={sys.argv[1:]} rank={dist.get_rank()} group={os.environ['GROUP_RANK']} sum={total.item()}")
+    if "--fail" in sys.argv and dist.get_rank() == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+# The command line, with the script's file removed once the launch is planned: every node of the fake cluster shares
+# this machine's disk, and this is how a node that never had the file sees it.
+CLI_WITHOUT_THE_FILE = """
+import os
+import sys
+
+import notebook_accel.plan.plan as plan
+from notebook_accel.cli import main
+
+planned = plan.plan_launch
+
+
+def plan_then_remove_the_script(*args, **options):
+    made = planned(*args, **options)
+    os.remove(sys.argv[-3])
+    return made
+
+
+plan.plan_launch = plan_then_remove_the_script
+sys.exit(main(["launch"] + sys.argv[1:]))
+"""
+
+
+def test_the_command_line_launches_a_script_on_the_cluster_whose_nodes_never_saw_its_file(ray, cluster, tmp_path):
+    """``notebook-accel launch --cluster ray``: the script's text travels to the ranks (the file is gone by the time
+    they start), runs as ``__main__`` with its arguments, and a failing rank's traceback quotes the script's line."""
+    script = tmp_path / "train_cli.py"
+    options = ["--cluster", "ray", "--num-processes", "2", "--placement", "STRICT_SPREAD", "--resources-per-rank",
+               "CPU=1"]
+    env = dict(script_env(), RAY_ADDRESS=cluster.cluster.address)
+    script.write_text(CLI_SCRIPT)
+    done = subprocess.run([sys.executable, "-c", CLI_WITHOUT_THE_FILE, *options, str(script), "--lr", "0.1"],
+                          env=env, cwd=str(tmp_path), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not script.exists()
+    for rank in (0, 1):
+        assert f"[rank {rank}] __main__ argv=['--lr', '0.1'] rank={rank} group={rank} sum=2.0" in done.stdout, \
+            done.stdout + done.stderr
+    assert leftovers(ray) == []
+
+    script.write_text(CLI_SCRIPT)
+    failed = subprocess.run([sys.executable, "-c", CLI_WITHOUT_THE_FILE, *options, str(script), "--fail", "x"],
+                            env=env, cwd=str(tmp_path), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            timeout=300)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "RuntimeError: rank 1 fails on purpose" in failed.stderr, failed.stderr
+    assert 'raise RuntimeError("rank 1 fails on purpose")' in failed.stderr, failed.stderr  # its line, from its text
+
+    # a mistyped resource is refused before anything starts, with launch's exit code for bad options
+    bad = subprocess.run([sys.executable, "-m", "notebook_accel.cli", "launch", "--cluster", "ray",
+                          "--resources-per-rank", "CPU", str(script)], env=env, cwd=str(tmp_path),
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "'CPU' is not NAME=AMOUNT" in bad.stderr, bad.stderr
 
 
 def test_a_kernel_that_called_ray_init_still_launches_local_ranks_safely_and_debugs_them_itself(ray):

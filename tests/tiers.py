@@ -48,6 +48,7 @@ FILES: Dict[str, str] = {
     "test_ray_cluster.py": "ranks",      # Ray actors on a fake two-node ray.cluster_utils.Cluster
     "test_ray_options.py": "ranks",
     "test_ray_local.py": "ranks",        # a script whose launch starts a local Ray (no ray.init() of its own)
+    "test_ray_client.py": "ranks",       # a script reaching the fake cluster only through ray:// (Ray Client)
     "test_rank_imports.py": "ranks",
     "test_session.py": "ranks",
     "test_session_xla.py": "ranks",

@@ -41,7 +41,6 @@ from ..formatting import signal_name
 from ..outcome.root_cause import Failure, Outcome, choose_root_cause, is_interrupt
 from ..outcome.stacks import fold_inherited_frames, where_waiting
 from ..wire.channel import EventDecoder, receive
-from ..wire.commands import CommandSender
 from ..wire.events import (OutputLine, OutputLines, PeersWaiting, PromptKind, RankEvent, RankExited, RankFailed,
                            RankPrompt, RankResult, RankStacks, RankStarted, Status, TaskDone)
 from ..wire.fds import pending_bytes
@@ -82,8 +81,9 @@ class RankProcess:
     stderr_fd: int
     events_fd: int
     stacks_fd: int   # faulthandler writes the rank's Python stacks here on SIGUSR1 (``Launch.dump_stacks``)
-    # Where the lines typed at the rank's prompts go (pdb, input(): ``backends.prompts``); None: nowhere.
-    answers: Optional[CommandSender] = None
+    # Where the lines typed at the rank's prompts go (pdb, input(): ``backends.prompts``); None: nowhere. A
+    # ``CommandSender``, or anything whose ``send(answer)`` gets the answer to the rank (a Ray rank's relay).
+    answers: Optional[Any] = None
     closed: Set[int] = field(default_factory=set, repr=False)
 
     @property

@@ -13,21 +13,21 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
 from ..errors import LaunchConfigError, LaunchError, LaunchTimeout
 from ..plan.config import LaunchConfig, load_config
 from ..plan.options import OPTIONS
 from ..rank.tracebacks import without_launcher_frames
-from ..wire.choices import Device, Display, MixedPrecision, RendezvousBackend, StartMethod
+from ..wire.choices import Cluster, Device, Display, MixedPrecision, Placement, RendezvousBackend, StartMethod
 from .sharding_flags import add_sharding_arguments, sharding_from_flags
 
 # Launcher options the command line sets by their own name (others: display, rdzv_conf and accelerate's
 # spellings and the sharding flags are translated below; master_addr, use_port, return_all, compile_cache make no
-# sense for a script; a script on a Ray cluster, which would have to travel there, is not offered yet).
+# sense for a script).
 COMMAND_LINE_OPTIONS = tuple(name for name in OPTIONS if name not in (
     "display", "rdzv_conf", "master_addr", "use_port", "return_all", "compile_cache", "fsdp_config",
-    "deepspeed_config", "cluster", "resources_per_rank", "placement"))
+    "deepspeed_config"))
 
 EXIT_BAD_OPTIONS = 2
 EXIT_INTERRUPTED = 130
@@ -71,6 +71,13 @@ def add_launch_parser(commands) -> argparse.ArgumentParser:
     add("--pdb", action="store_true", default=None,
         help="post-mortem: a rank that raises opens pdb in the failing frame, in this terminal (breakpoint() "
              "works in every rank without it)")
+    add("--cluster", choices=Cluster.values(), default=None,
+        help="run the ranks on a Ray cluster (RAY_ADDRESS, else a local Ray): the script's text travels there; "
+             "what it imports must be installed on the nodes")
+    add("--resources-per-rank", "--resources_per_rank", dest="resources_per_rank", type=parse_resources,
+        default=None, metavar="NAME=AMOUNT,...", help="with --cluster: what Ray reserves per rank, e.g. CPU=4,GPU=1")
+    add("--placement", choices=Placement.values(), default=None,
+        help="with --cluster: Ray's placement group strategy (default PACK)")
     add("--display", choices=(Display.TEXT.value, Display.NONE.value), default=Display.TEXT.value)
     add_sharding_arguments(parser)
     add("target", metavar="script.py | module", help="the script to run (or module name with -m)")
@@ -105,6 +112,24 @@ def launcher_options(options: argparse.Namespace) -> Dict[str, Any]:
     return merged
 
 
+def parse_resources(text: str) -> Dict[str, float]:
+    """``"CPU=4,GPU=1"`` → ``{"CPU": 4.0, "GPU": 1.0}`` (``--resources-per-rank``).
+
+    >>> parse_resources("CPU=4, GPU=0.5")
+    {'CPU': 4.0, 'GPU': 0.5}
+    """
+    resources: Dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, amount = item.partition("=")
+        try:
+            resources[name.strip()] = float(amount)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not NAME=AMOUNT (e.g. CPU=4,GPU=1)") from None
+        if not sep or not name.strip():
+            raise argparse.ArgumentTypeError(f"{item!r} is not NAME=AMOUNT (e.g. CPU=4,GPU=1)")
+    return resources
+
+
 def parse_rdzv_conf(text: str) -> Dict[str, str]:
     """``"join_timeout=60,read_timeout=30"`` → ``{"join_timeout": "60", "read_timeout": "30"}``."""
     conf: Dict[str, str] = {}
@@ -120,13 +145,17 @@ def run_launch(options: argparse.Namespace) -> int:
     """Plan (errors before any process starts), run, and turn the outcome into an exit code."""
     from ..launcher import Launch
     from ..plan.plan import plan_launch
-    from ..rank.script import check_target, run_main, script_label
+    from ..rank.script import check_target, run_main, run_source, script_label
 
     try:
         target = check_target(options.target, options.module)
         merged = launcher_options(options)
-        plan = plan_launch(run_main, (target, list(options.target_args), options.module), None,
-                           merged.pop("num_processes", None), display=options.display,
+        function: Callable[..., None] = run_main
+        args: tuple = (target, list(options.target_args), options.module)
+        if merged.get("cluster") and not options.module:  # the ranks' machines have no such path: send its text
+            with open(target, encoding="utf-8") as script:
+                function, args = run_source, (target, script.read(), list(options.target_args))
+        plan = plan_launch(function, args, None, merged.pop("num_processes", None), display=options.display,
                            allow_inline=False, **merged)
     except LaunchConfigError as err:  # every bad option, of any kind (plan.options checks them all)
         print(f"notebook-accel launch: {err}", file=sys.stderr)

@@ -131,7 +131,7 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
     check_call(function, args, kwargs)
     cluster = check_cluster_options(options)
     if cluster is not None:
-        return _plan_on_cluster(function, args, kwargs, options, cluster)
+        return _plan_on_cluster(function, args, kwargs, options, cluster, post_mortem)
     nodes = check_node_options(**{name: options[name] for name in NODE_OPTION_NAMES})
     sharding_env = sharding_environment(options["fsdp_config"], options["deepspeed_config"])
 
@@ -182,7 +182,7 @@ def wants_post_mortem(pdb: Optional[bool]) -> bool:
 
 
 def _plan_on_cluster(function: Callable, args: Any, kwargs: Any, options: Dict[str, Any],
-                     cluster: ClusterOptions) -> LaunchPlan:
+                     cluster: ClusterOptions, post_mortem: bool) -> LaunchPlan:
     """A launch whose ranks are a cluster's actors (``backends.ray``): nothing of this machine's devices is asked;
     the function is pickled now (``PortablePayload``: what cannot be pickled is named before anything connects)."""
     device = cluster_device(options["device"], options["resources_per_rank"])
@@ -201,7 +201,7 @@ def _plan_on_cluster(function: Callable, args: Any, kwargs: Any, options: Dict[s
         timeout=None if options["timeout"] is None else float(options["timeout"]), return_all=options["return_all"],
         display=options["display"], sharding_env=sharding_environment(options["fsdp_config"],
                                                                        options["deepspeed_config"]),
-        cluster=cluster)
+        cluster=cluster, post_mortem=post_mortem)
 
 
 def check_call(function: Any, args: Any, kwargs: Any) -> None:

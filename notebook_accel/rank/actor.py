@@ -1,16 +1,18 @@
 """A rank inside a Ray actor: set up as a process rank is (``rank.process``), talking to the kernel through Ray.
 
-The kernel side (``backends.ray``) makes ``RankActor`` a Ray actor with two concurrency groups. The default one
-runs the rank — ``run`` (a launch's function) or ``serve`` (a warm session's task loop) — in a thread Ray owns.
-The ``control`` group is the rank's control thread, which the kernel calls while the rank runs:
+The kernel side (``backends.ray``) makes ``RankActor`` a Ray actor whose methods run in concurrency groups
+(``backends.ray.remote_rank``). The default one runs the rank — ``run`` (a launch's function) or ``serve`` (a warm
+session's task loop) — in a thread Ray owns. The others are the rank's control threads, which the kernel calls while
+the rank runs:
 
 - ``poll``: the events since the last poll (output lines, progress, metrics, the result or the failure), waiting
   a moment for the first one. The kernel polls every rank all the time: nothing needs a port on the kernel's
   machine, and a kernel that reaches the cluster only through Ray (``ray://``) gets its dashboard too.
 - ``stacks``: every thread's Python stack, in faulthandler's format (``Launch.dump_stacks``, a timeout).
 - ``command``: a kernel → rank command (``wire.commands``): ``Interrupt`` (``KeyboardInterrupt`` in the rank's
-  thread), and a warm session's tasks and ``BreakGroup``. One call per command, answered at once: the per-rank
-  input channel (a debugger's line will come this way too).
+  thread), and a warm session's tasks and ``BreakGroup``. One call per command, answered at once, in the order the
+  kernel sent them (a group of one thread): the per-rank input channel, which also brings the line typed at the
+  rank's prompt (``PromptAnswer``: pdb, ``input()``).
 
 Output: fds 1 and 2 are pipes read by a thread of the actor (``OutputCapture``), so C/C++ and subprocess output is
 captured as in a process rank; Ray's log files, and so its forwarding of worker output to the driver, never see
@@ -31,9 +33,9 @@ import select
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from ..wire.commands import Command, Interrupt, PromptAnswer
+from ..wire.commands import Command, Interrupt, PromptAnswer, QueuedAnswers
 from ..wire.events import OutputLines, RankEvent, RankPrompt, ResourceSample
 from ..wire.fds import pending_bytes
 from .device_memory import send_peak_rss
@@ -58,6 +60,8 @@ class ActorRankSpec:
     node: str = ""                        # the node's name, for the dashboard
     group_backend: Optional[str] = None   # a session's group: "gloo" | "nccl"; None: no group
     group_generation: int = 0
+    no_one_types: Optional[str] = None    # why no one can answer a launch's prompts (a headless run), or None
+    post_mortem: bool = False             # a launch's rank that raises opens pdb in the failing frame first
 
 
 class EventQueue:
@@ -105,22 +109,33 @@ def merge_output(events: List[RankEvent]) -> List[RankEvent]:
 
 
 class QueueSender:
-    """The rank's channel (``rank_channel()``): events go to the actor's ``EventQueue``."""
+    """The rank's channel (``rank_channel()``): events go to the actor's ``EventQueue``; a prompt (breakpoint(),
+    pdb, ``input()``, a post-mortem) is an event like any other, and its answer comes back as a ``PromptAnswer``
+    command to the actor's command thread, which puts it into ``answers``."""
 
     def __init__(self, events: EventQueue, rank: int) -> None:
         self.events = events
         self.rank = rank
-        # Nothing carries a typed line to a rank on a cluster yet: its prompts (breakpoint(), pdb, input(),
-        # post-mortem) are skipped with a one-line notice, as in a headless run, instead of waiting on the
-        # actor's stdin, which no one holds.
-        self.no_one_types: Optional[str] = "a rank on a Ray cluster cannot be typed into from here yet"
+        self.answers: Any = QueuedAnswers()   # a session's rank puts its own here (``SessionRank``)
+        self.no_one_types: Optional[str] = None  # why no one can answer (a headless launch): prompts are skipped
+        # Called before a prompt is sent: the output written before it (pdb's "> file(line)") becomes events
+        # first, as a process rank's is in its pipe before its prompt.
+        self.before_prompt: Callable[[], None] = lambda: None
+        self._asking = threading.Lock()
+        self._prompts = 0
 
     def send(self, event: RankEvent) -> None:
         self.events.put(event)
 
     def ask(self, prompt: RankPrompt) -> PromptAnswer:
-        """A prompt's answer: always "skipped" (``no_one_types``; the prompt functions say so before asking)."""
-        return PromptAnswer(prompt.seq, skipped=self.no_one_types)
+        """Send ``prompt`` and wait for the line typed at it (one prompt at a time: another thread of the rank
+        waits its turn). The wait wakes often, so that an ``Interrupt`` raised in this thread lands."""
+        with self._asking:
+            self._prompts += 1
+            prompt.seq = self._prompts
+            self.before_prompt()
+            self.send(prompt)
+            return self.answers.next_answer(prompt.seq)
 
     def close(self) -> None:
         pass
@@ -216,6 +231,9 @@ class RankActor:
         self._commands: Optional[CommandQueue] = None
         self._session: Any = None                     # a warm session's task loop (``serve``)
         self._resources = _SelfSampler(rank)
+        # Every rank needs torch.distributed (rank 0 hosts the store with it, each joins the group): imported now,
+        # in every actor at once, not by rank 0 first while the others wait, then by each in turn (a second here).
+        threading.Thread(target=_import_torch_distributed, name="notebook_accel-import-torch", daemon=True).start()
 
     # ------------------------------------------------------------------------------------- default group
 
@@ -240,9 +258,11 @@ class RankActor:
         the result or the failure. Returns the exit code a process rank would have."""
         try:
             before = self._start(spec)
+            self.sender.no_one_types = spec.no_one_types
             self._busy = True
             try:
-                run = run_rank(lambda: register_in_main(payload.load()), self.sender, send_result=spec.send_result)
+                run = run_rank(lambda: register_in_main(payload.load()), self.sender, send_result=spec.send_result,
+                               post_mortem=spec.post_mortem)
             finally:
                 self._busy = False
             send_peak_rss(self.sender)
@@ -281,6 +301,7 @@ class RankActor:
         os.environ.update(spec.env)
         _set_torch_threads(int(spec.env.get("OMP_NUM_THREADS", "0")))
         self._capture = OutputCapture(self.events, spec.rank)
+        self.sender.before_prompt = self._sync_output
         return before
 
     def _sync_output(self) -> None:
@@ -317,9 +338,12 @@ class RankActor:
 
     def command(self, command: Command) -> None:
         """A command from the kernel, handled now: ``Interrupt`` raises ``KeyboardInterrupt`` in the rank's
-        thread (Ray runs it in a thread: no signal reaches it); a session's commands go to its task loop."""
+        thread (Ray runs it in a thread: no signal reaches it); ``PromptAnswer`` is the line typed at the rank's
+        prompt; a session's commands go to its task loop (which handles both as a process rank's does)."""
         if self._commands is not None:
             self._commands.put(command)
+        elif isinstance(command, PromptAnswer):  # the line typed at a launch's prompt
+            self.sender.answers.put(command)
         elif isinstance(command, Interrupt):
             self._interrupt()
 
@@ -327,6 +351,13 @@ class RankActor:
         if self._busy and self._rank_thread is not None:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._rank_thread),
                                                        ctypes.py_object(KeyboardInterrupt))
+
+
+def _import_torch_distributed() -> None:
+    try:
+        import torch.distributed  # noqa: F401
+    except Exception:  # the rank's own import says what is wrong, where the user sees it
+        pass
 
 
 def _read_all(fd: int, chunks: List[bytes]) -> None:

@@ -7,10 +7,13 @@ rank's ``run_function`` already treats ``SystemExit`` that way).
 """
 from __future__ import annotations
 
+import builtins
 import importlib.util
+import linecache
 import os
 import runpy
 import sys
+import types
 from typing import List, Sequence
 
 from ..errors import LaunchConfigError
@@ -29,6 +32,28 @@ def run_main(target: str, argv: Sequence[str], as_module: bool) -> None:
         sys.argv = [target] + list(argv)
         sys.path.insert(0, os.path.dirname(target))  # as `python script.py` does
         runpy.run_path(target, run_name="__main__")
+
+
+def run_source(path: str, source: str, argv: Sequence[str]) -> None:
+    """Run a script's text as ``__main__``, as ``run_main`` runs its file: for a rank on another machine (a Ray
+    cluster's node), where the kernel's path names nothing. Tracebacks and pdb show its lines (``linecache``);
+    files beside the script are not there, so what it imports must be installed on the node.
+
+    >>> run_source("/home/me/train.py", "import sys; print(sys.argv)", ["--epochs", "1"])
+    ['/home/me/train.py', '--epochs', '1']
+    """
+    sys.argv = [path] + list(argv)
+    linecache.cache[path] = (len(source), None, source.splitlines(True), path)  # its lines, with no file to read
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main  # pickle and dataclasses look classes up there, as under run_path
+    try:
+        exec(compile(source, path, "exec"), main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
 
 
 def check_target(target: str, as_module: bool) -> str:

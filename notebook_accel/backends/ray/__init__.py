@@ -6,7 +6,8 @@ Only this package imports Ray, and only when a launch or session asks for ``clus
 |-----------------|-------------------------------------------------------------------------------------|
 | ``connection``  | import Ray (or say how to install it), connect as the kernel set it up              |
 | ``placement``   | the placement group: checked against the nodes, waited for, each rank's node        |
-| ``actors``      | ``rank.actor.RankActor`` as a Ray actor, its resources, calls to its control thread |
+| ``remote_rank`` | ``rank.actor.RankActor`` with its control methods in Ray concurrency groups          |
+| ``actors``      | that class as a Ray actor, its resources, calls to its control thread               |
 | ``world``       | one attempt's actors, torchrun's environment, kill                                  |
 | ``relay``       | each rank's events polled through Ray into the pipes the ``Supervisor`` reads       |
 | ``backend``     | ``RayBackend``: connect, object store, attempts (``max_restarts``), deaths named    |

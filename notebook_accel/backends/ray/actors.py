@@ -4,11 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from ...rank.actor import RankActor
 from .placement import RankPlace
 
-CONTROL_GROUP = "control"     # the actor's concurrency group for poll, stacks and commands: its control thread
-CONTROL_THREADS = 3           # a poll in flight, a stack dump and a command at once
 _actor_class: Any = None
 
 
@@ -28,15 +25,18 @@ class RayRank:
         return self.place.rank
 
     def control(self, method: str, *args: Any) -> Any:
-        """Call one of the actor's control-thread methods (``poll``, ``stacks``, ``command``): an ObjectRef."""
-        return getattr(self.actor, method).options(concurrency_group=CONTROL_GROUP).remote(*args)
+        """Call one of the actor's control-thread methods (``poll``, ``stacks``, ``command``), which run beside the
+        rank in concurrency groups of their own (``remote_rank``): an ObjectRef."""
+        return getattr(self.actor, method).remote(*args)
 
 
 def actor_class(ray: Any) -> Any:
-    """``RankActor`` as a Ray actor class with its control concurrency group (made once per kernel)."""
+    """``RankActor`` as a Ray actor class with its control concurrency groups (made once per kernel)."""
     global _actor_class
     if _actor_class is None:
-        _actor_class = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(RankActor)
+        from .remote_rank import CONCURRENCY_GROUPS, RankActor
+
+        _actor_class = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(RankActor)
     return _actor_class
 
 

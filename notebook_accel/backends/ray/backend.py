@@ -24,6 +24,7 @@ from ...outcome.root_cause import Outcome, is_system_exit
 from ...plan.plan import LaunchPlan
 from ...wire.events import AttemptStarted, OutputLine, OutputLines, RankEvent, Status
 from ..base import Backend, LaunchSink, StopPolicy
+from ..prompts import Asker
 from ..supervisor import Supervisor
 from .connection import alive_nodes, connect
 from .placement import check_feasible, node_types_to_add
@@ -62,6 +63,7 @@ class RayBackend(Backend):
         self._payload: Any = None        # the ObjectRef of the function and its arguments
         self._world: Optional[RayWorld] = None
         self._supervisor: Optional[Supervisor] = None
+        self._asker: Optional[Asker] = None  # where the ranks' prompts are asked (None: no one can type)
 
     def open_rendezvous(self) -> _NoStore:  # type: ignore[override]
         """Connect, and refuse what the cluster's nodes cannot hold — in the caller's cell, before anything waits."""
@@ -74,6 +76,7 @@ class RayBackend(Backend):
     def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
         if self.ray is None:
             self.open_rendezvous()
+        self._asker = sink.asker
         self._payload = self.ray.put(self.plan.payload.portable())  # once, for every rank and attempt
 
     def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
@@ -110,9 +113,9 @@ class RayBackend(Backend):
             stopped = lambda: policy.reason() is not None  # noqa: E731
             if not world.place(stopped, sink.tick, say) or not world.start_actors(stopped, sink.tick):
                 return Outcome(policy.reason() or Status.STOPPED)
-            handles = world.run(self._payload)
+            handles = world.run(self._payload, no_one_types=sink.asker.absent)
             self._supervisor = Supervisor(handles, deliver, sink.tick, policy=policy,
-                                          expect_results=self.plan.sends_result)
+                                          expect_results=self.plan.sends_result, asker=sink.asker)
             outcome = self._supervisor.run()
             return self._named(outcome, world, tails)
         finally:

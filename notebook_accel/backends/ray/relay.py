@@ -12,7 +12,7 @@ counts the rank gone, exactly as for a local process. Nothing listens on a port;
 
 ``RayRankProcess`` maps the supervisor's signals onto the actor: SIGTERM and SIGINT are ``Interrupt`` through its
 control thread (``KeyboardInterrupt`` in the rank), SIGKILL is ``ray.kill`` once the events already made are
-polled; a stack dump is a call to its control thread. So a launch's and a warm session's stop strategies, end
+polled; a stack dump is a call to its control thread, and a line typed at its prompt (pdb) a ``PromptAnswer`` command. So a launch's and a warm session's stop strategies, end
 conditions and root-cause rules apply to Ray ranks unchanged.
 """
 from __future__ import annotations
@@ -83,6 +83,18 @@ class RayRankProcess(RankProcess):
 
 
 @dataclass
+class RelayedAnswers:
+    """Where the line typed at a Ray rank's prompt goes (a ``RankProcess.answers``): a ``PromptAnswer`` command to
+    the rank's command thread."""
+
+    relay: Any
+    rank: int
+
+    def send(self, answer: Any) -> None:
+        self.relay.command(self.rank, answer)
+
+
+@dataclass
 class _Relayed:
     """The relay's side of one rank: the write ends of its pipes, and where its calls stand."""
 
@@ -118,7 +130,8 @@ class ActorRelay:
             self._relayed[rank.rank] = _Relayed(rank, process, pipes["stdout"][1], pipes["stderr"][1],
                                                 EventSender(pipes["events"][1], rank.rank), pipes["stacks"][1])
             self.handles.append(RayRankProcess(rank.rank, process, pipes["stdout"][0], pipes["stderr"][0],
-                                               pipes["events"][0], pipes["stacks"][0], relay=self))
+                                               pipes["events"][0], pipes["stacks"][0],
+                                               answers=RelayedAnswers(self, rank.rank), relay=self))
         for relayed in self._relayed.values():
             # The rank's first event, from here: the kernel knows its node, and its row is there even if it dies
             # at once; the supervisor then counts it started (its stacks can be asked for).

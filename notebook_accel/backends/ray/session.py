@@ -91,6 +91,8 @@ class SessionRayActors:
             raise RuntimeError("the session's ranks could not be placed")
         self.handles = world.serve(self.group_backend, self.group_generation)
         self.commands = {rank.rank: _RayCommandSender(self, rank.rank) for rank in world.ranks}
+        for handle in self.handles:  # what is typed at a rank's prompt goes with its commands, in order
+            handle.answers = self.commands[handle.rank]
         self.pids = {rank.rank: rank.pid for rank in world.ranks}
         return list(self.handles)
 

@@ -110,11 +110,12 @@ class RayWorld:
         return ActorRankSpec(rank=rank.rank, world_size=self.plan.world_size, env=rank.env,
                              send_result=self.plan.sends_result(rank.rank), node=rank.place.node, **more)
 
-    def run(self, payload_ref: Any) -> List[RayRankProcess]:
+    def run(self, payload_ref: Any, no_one_types: Optional[str] = None) -> List[RayRankProcess]:
         """Every rank runs the launched function (its ``run`` call resolves when it ends); the handles the
-        supervisor watches them through."""
+        supervisor watches them through. ``no_one_types``: why no one can answer the ranks' prompts, if so."""
         for rank in self.ranks:
-            rank.call = rank.actor.run.remote(self.spec(rank), payload_ref)
+            spec = self.spec(rank, no_one_types=no_one_types, post_mortem=self.plan.post_mortem)
+            rank.call = rank.actor.run.remote(spec, payload_ref)
         return self._relay()
 
     def serve(self, group_backend: Optional[str], generation: int) -> List[RayRankProcess]:
