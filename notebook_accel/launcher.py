@@ -10,6 +10,7 @@ import asyncio
 import threading
 import time
 import warnings
+import weakref
 from collections import defaultdict
 from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
@@ -57,7 +58,8 @@ class Launch:
         self.backend = backend if backend is not None else backend_for(plan)  # a session passes its own
         self.view: View = view if view is not None else make_view(plan.display)
         if hasattr(self.view, "on_dump_stacks"):  # the dashboard's "where is each rank?" button
-            self.view.on_dump_stacks = self.dump_stacks  # type: ignore[attr-defined]
+            # Weakly: the widget outlives the launch in the notebook's output, and must not keep its result alive.
+            self.view.on_dump_stacks = _while_alive(self.dump_stacks, {})  # type: ignore[attr-defined]
         self.status = Status.STARTING  # then RUNNING, then FINISHED | FAILED | STOPPED | TIMEOUT (see ``Status``)
         self.outputs: Dict[int, List[str]] = defaultdict(list)  # by global rank
         self.result: Any = None
@@ -214,6 +216,9 @@ class Launch:
             self._finish(outcome, time.monotonic() - started)
         finally:
             self.resources.close()
+            # No reference cycle keeps an ended launch (and its result) alive: a session's next result goes into
+            # the memory this one's frees (``wire.results.ResultPool``) only once it is freed.
+            self.resources.deliver = _discard
             store.close()
 
     def _run_backend(self, store: HostedStore) -> Outcome:
@@ -277,6 +282,20 @@ class Launch:
 
 
 _last_launch: Optional[Launch] = None
+
+
+def _discard(event: RankEvent) -> None:
+    pass
+
+
+def _while_alive(method: Callable[..., Any], otherwise: Any) -> Callable[..., Any]:
+    """``method`` (bound), held weakly: once its object is gone, calling it returns ``otherwise``."""
+    weak = weakref.WeakMethod(method)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = weak()
+        return otherwise if bound is None else bound(*args, **kwargs)
+    return call
 
 
 def leave_post_mortem_to_the_rank() -> None:

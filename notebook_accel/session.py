@@ -311,6 +311,7 @@ class Session:
                 self.runs += 1
                 if backend.supervisor is not None:
                     self._note_shadowed(backend.supervisor.shadowed)
+                    backend.supervisor = None  # it holds the launch's deliver: no cycle keeps the result alive
                 # Ranks on another machine sample themselves while they run: the row keeps their last figures.
                 self._samples.update({rank: sample for rank, sample in launch.resources.latest().items()
                                       if rank not in self._samples or sample.time >= self._samples[rank].time})

@@ -294,6 +294,58 @@ def test_a_rank_killed_while_sending_leaves_nothing_behind():
     assert dev_shm() == shm_before
 
 
+POOL_CELL = notebook_cell("""
+    def filled(value, megabytes):
+        import torch
+
+        return torch.full((megabytes << 18,), float(value))
+
+
+    def pool_state():
+        from notebook_accel.wire.channel import rank_channel
+
+        pool = rank_channel().result_pool
+        return {"reused": pool.reused, "files": len(pool.files),
+                "free MiB": sum(pooled.capacity for pooled in pool.files if not pooled.lent()) >> 20}
+""")
+filled, pool_state = POOL_CELL["filled"], POOL_CELL["pool_state"]
+
+
+def full(value, megabytes=4):
+    return torch.full((megabytes << 18,), float(value))
+
+
+def test_a_warm_rank_writes_a_result_into_memory_the_kernel_gave_back_never_into_what_it_holds():
+    with Session(num_processes=1, display="none") as session:
+        first = session.run(filled, args=(1, 4))
+        second = session.run(filled, args=(2, 4))          # the first is held: a file of its own
+        assert session.run(pool_state)["reused"] == 0
+        del first
+        gc.collect()                                       # the kernel gives the first's memory back...
+        third = session.run(filled, args=(3, 4))           # ...and the rank writes the third there
+        assert session.run(pool_state) == {"reused": 1, "files": 2, "free MiB": 0}
+        assert torch.equal(second, full(2)) and torch.equal(third, full(3))
+        third.fill_(9)                                     # the kernel's own, in the pooled file
+        fourth = session.run(filled, args=(4, 4))          # both files are held: a third one
+        assert torch.equal(third, full(9)) and torch.equal(second, full(2)) and torch.equal(fourth, full(4))
+        assert session.run(pool_state)["files"] == 3
+        del second, third, fourth
+        gc.collect()
+        assert result_mappings() == []                     # the kernel maps nothing once its values are freed
+
+
+def test_a_warm_rank_keeps_at_most_its_limit_of_returned_memory(monkeypatch):
+    monkeypatch.setenv("NOTEBOOK_ACCEL_RESULT_POOL_MIB", "6")
+    with Session(num_processes=1, display="none") as session:
+        held = [session.run(filled, args=(value, 4)) for value in range(3)]   # three files lent
+        del held
+        session.run(one)  # ``last_launch()`` keeps the last run's result: now this one's
+        gc.collect()                                       # 12 MiB free in the rank's pool now
+        again = session.run(filled, args=(7, 4))           # one reused; the free ones beyond 6 MiB closed
+        assert torch.equal(again, full(7))
+        assert session.run(pool_state) == {"reused": 1, "files": 2, "free MiB": 4}
+
+
 def test_pulling_200_mb_takes_well_under_a_slow_machines_bound():
     with Session(num_processes=2, display="none") as session:
         session.run(notebook_cell("""

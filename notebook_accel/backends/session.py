@@ -298,6 +298,7 @@ class SessionRunBackend(Backend):
     def _close(self) -> None:
         if self.supervisor is not None:
             self.after(self.supervisor, self._deliver)
+        self._deliver = lambda event: None  # the launch's: no cycle keeps an ended launch (and its result) alive
 
     def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
         supervisor = self.supervisor

@@ -172,8 +172,10 @@ def send_result_event(sender: Any, value: Any) -> None:
             sender.send(RankResult(rank=sender.rank, payload=dumps_for_kernel(value)))
             return
         buffer, storages, buffers = io.BytesIO(), [], []
-        _ResultPickler(buffer, storages, buffers).dump(value)
-        shared, fds = share_pieces(storages, buffers)
+        pickler = _ResultPickler(buffer, storages, buffers)
+        pickler.dump(value)
+        pickler.clear_memo()  # it is in a cycle (its buffer callback): the memo must not keep the value alive
+        shared, fds = share_pieces(storages, buffers, getattr(sender, "result_pool", None))
     except Exception as err:
         raise TypeError(
             f"the function's return value ({type(value).__name__}) cannot be sent back to the kernel: "

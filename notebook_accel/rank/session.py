@@ -35,6 +35,7 @@ from ..wire.commands import (BreakGroup, CommandReceiver, Debug, ExecuteCode, In
 from ..wire.events import RankStarted, TaskDone
 from ..wire.fds import take_fd
 from ..wire.payload import PickledPayload, PortablePayload, RankNames, rank_namespace, set_thread_rank_names
+from ..wire.results import ResultPool
 from .device_memory import send_peak_rss
 from .process import (RankSpec, _set_torch_threads, as_launched, capture_output, end_like_python,
                       take_over_process)
@@ -95,6 +96,8 @@ class SessionRank:
         self.commands = commands if hasattr(commands, "receive") else CommandReceiver(commands)
         self.answers = QueuedAnswers()  # lines typed at this rank's prompts, from the reader thread
         sender.answers = self.answers
+        if getattr(sender, "passes_files", False):  # results through shared memory: keep the files warm
+            sender.result_pool = ResultPool()
         self.failure: Optional[Tuple[int, BaseException]] = None  # (task, exception) of the last failed task
         self.tasks: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self.busy = False

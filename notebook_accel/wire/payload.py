@@ -216,6 +216,7 @@ def _pickle_call(function: Callable, args: Tuple, kwargs: Dict[str, Any], *, int
             f"sockets, CUDA streams, generators) inside the function instead of capturing them{alternative}."
         ) from err
     pickler.dump(pickler.sources())  # a second pickle in the same bytes: what the rank's linecache lacks
+    pickler.clear_memo()  # it is in a cycle (its buffer callback): the memo must not keep the arguments alive
     data = out.getvalue()
     if len(data) >= LARGE_PAYLOAD_BYTES:
         warnings.warn(describe_large_payload(len(data), function, args, kwargs), stacklevel=5)

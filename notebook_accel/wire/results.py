@@ -11,7 +11,8 @@ the kernel maps each piece and closes the fd at once (``map_shared``). So:
   ``pull``, without the kernel's value changing (the rank's bytes were copied, not shared);
 - a tensor (or array) in the kernel is a view of its own mapping, no copy on the kernel's side, and that memory goes
   back to the system once the tensor is freed, as a tensor's own memory does (pieces share a file only past
-  ``FILES_PER_RESULT`` of them);
+  ``FILES_PER_RESULT`` of them) — or, for a warm session's rank, back to that rank's ``ResultPool``, which writes
+  its next result into those pages (already there: a plain memory copy) and keeps at most its limit of them;
 - nothing has a name: no /dev/shm entry, no temp file. A rank killed while sending takes its files with it; files
   already sent are closed with the kernel's end of the socket, or by the decoder that received them.
 
@@ -29,6 +30,7 @@ import ctypes
 import io
 import mmap
 import os
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Tuple
@@ -40,8 +42,10 @@ FILES_PER_RESULT = 250          # SCM_RIGHTS carries at most 253 fds in one mess
 _PAGE = mmap.ALLOCATIONGRANULARITY   # each piece is mapped on its own: its offset in the file is page-aligned
 _WRITE_BYTES = 1 << 30          # os.pwrite writes at most ~2 GiB at once on Linux
 FILE_NAME = "notebook_accel-result"
+POOL_LIMIT_VARIABLE = "NOTEBOOK_ACCEL_RESULT_POOL_MIB"   # MiB of free result files a warm session rank keeps
+DEFAULT_POOL_MIB = 1024
 
-__all__ = ["FILES_PER_RESULT", "ResultPickler", "SharedPieces", "map_shared", "share_pieces"]
+__all__ = ["FILES_PER_RESULT", "ResultPickler", "ResultPool", "SharedPieces", "map_shared", "share_pieces"]
 
 
 class ResultPickler(SharingPickler):
@@ -63,13 +67,17 @@ class SharedPieces:
     storages: List[Piece] = field(default_factory=list)
     buffers: List[Piece] = field(default_factory=list)
     files: int = 0
+    # Per file, where its lent flag lies when it is a warm session rank's pooled file (``ResultPool``): the kernel
+    # clears the flag once its mapping is gone, and the rank may then write its next result there. None: a file of
+    # its own, freed with the mapping.
+    flags: List[Optional[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._mapped: Optional[List[memoryview]] = None
         self._missing = ""
 
     def __getstate__(self) -> dict:
-        return {"storages": self.storages, "buffers": self.buffers, "files": self.files}
+        return {"storages": self.storages, "buffers": self.buffers, "files": self.files, "flags": self.flags}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -84,7 +92,8 @@ class SharedPieces:
             if len(fds) != self.files:
                 self._missing = f"{len(fds)} of its {self.files} shared-memory files arrived"
                 return
-            self._mapped = [map_shared(fds[piece.file], piece.offset, piece.nbytes)
+            flags = self.flags or [None] * self.files
+            self._mapped = [map_shared(fds[piece.file], piece.offset, piece.nbytes, flags[piece.file])
                             for piece in self.storages + self.buffers]
         finally:
             for fd in fds:
@@ -103,24 +112,36 @@ class SharedPieces:
         return SharedUnpickler(io.BytesIO(data), storages, buffers).load()
 
 
-def map_shared(fd: int, offset: int, nbytes: int) -> memoryview:
+def map_shared(fd: int, offset: int, nbytes: int, flag: Optional[int] = None) -> memoryview:
     """``nbytes`` of the file ``fd`` from ``offset`` (page-aligned), mapped shared and writable, as a memoryview
     that owns the mapping: unmapped when the last object using it is freed, and its pages of the file given back
     then (``MADV_REMOVE``), whoever else still maps other parts of that file. Unlike Python's ``mmap`` (before
-    3.13), no duplicate of ``fd`` is kept: the kernel holds no fd per tensor it received."""
+    3.13), no duplicate of ``fd`` is kept: the kernel holds no fd per tensor it received.
+
+    ``flag``: the file is a rank's pooled file (``ResultPool``), its lent flag at that offset: its pages are kept
+    (the rank writes its next result into them) and the flag is cleared once the mapping is gone."""
+    address = _map(fd, offset, nbytes)
+    flag_page = _map(fd, flag, _PAGE) if flag is not None else None
+    region = (ctypes.c_char * nbytes).from_address(address)
+    weakref.finalize(region, _unmap, address, nbytes, flag_page)
+    return memoryview(region).cast("B")
+
+
+def _map(fd: int, offset: int, nbytes: int) -> int:
     address = _libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, offset)
     if address in (None, _MAP_FAILED):
         error = ctypes.get_errno()
         raise OSError(error, f"mmap of a result's shared memory failed: {os.strerror(error)}")
-    region = (ctypes.c_char * nbytes).from_address(address)
-    weakref.finalize(region, _unmap, address, nbytes)
-    return memoryview(region).cast("B")
+    return address
 
 
-def _unmap(address: int, nbytes: int) -> None:
-    if _MADV_REMOVE is not None:
+def _unmap(address: int, nbytes: int, flag_page: Optional[int] = None) -> None:
+    if flag_page is None and _MADV_REMOVE is not None:
         _libc.madvise(address, nbytes, _MADV_REMOVE)
     _libc.munmap(address, nbytes)
+    if flag_page is not None:  # only now, with no way left to reach those bytes: the rank may reuse them
+        ctypes.c_uint8.from_address(flag_page).value = 0
+        _libc.munmap(flag_page, _PAGE)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -134,12 +155,20 @@ _MADV_REMOVE = getattr(mmap, "MADV_REMOVE", None)   # Linux: free a shared mappi
 
 # ------------------------------------------------------------------------------------------------ rank
 
-def share_pieces(storages: List[Any], buffers: List[Any]) -> Tuple[Optional[SharedPieces], List[int]]:
-    """Copy what a ``ResultPickler`` set aside into new shared-memory files; returns where each piece lies and
-    the files' fds (the caller sends, then closes them). ``(None, [])`` when nothing was set aside."""
+def share_pieces(storages: List[Any], buffers: List[Any],
+                 pool: Optional["ResultPool"] = None) -> Tuple[Optional[SharedPieces], List[int]]:
+    """Copy what a ``ResultPickler`` set aside into shared-memory files; returns where each piece lies and the
+    files' fds (the caller sends, then closes them). ``(None, [])`` when nothing was set aside. With a warm
+    session rank's ``pool``, each piece goes into one of its files the kernel gave back, when one fits."""
     sources = [_storage_bytes(storage) for storage in storages] + [buffer.raw() for buffer in buffers]
     if not sources:
         return None, []
+    if pool is not None and len(sources) <= FILES_PER_RESULT:
+        pieces, fds, flags = pool.share(sources)
+        for piece, storage in zip(pieces, storages):
+            piece.dtype = dtype_name(storage)
+        return SharedPieces(storages=pieces[:len(storages)], buffers=pieces[len(storages):], files=len(fds),
+                            flags=flags), fds
     groups = _groups(len(sources), FILES_PER_RESULT)
     pieces: List[Piece] = []
     fds: List[int] = []
@@ -161,6 +190,128 @@ def share_pieces(storages: List[Any], buffers: List[Any]) -> Tuple[Optional[Shar
     for piece, storage in zip(pieces, storages):
         piece.dtype = dtype_name(storage)
     return SharedPieces(storages=pieces[:len(storages)], buffers=pieces[len(storages):], files=len(fds)), fds
+
+
+@dataclass
+class _PooledFile:
+    """One of a ``ResultPool``'s files: ``capacity`` bytes of data, then a page whose first byte says it is lent
+    (the kernel maps it), all mapped in the rank at ``address``. ``warm``: its pages exist (written once)."""
+
+    fd: int
+    capacity: int
+    address: int
+    warm: bool = False
+
+    def lent(self) -> bool:
+        return ctypes.c_uint8.from_address(self.address + self.capacity).value != 0
+
+    def lend(self) -> None:
+        ctypes.c_uint8.from_address(self.address + self.capacity).value = 1
+
+    def close(self) -> None:
+        _libc.munmap(self.address, self.capacity + _PAGE)
+        os.close(self.fd)
+
+
+class ResultPool:
+    """A warm session rank's result files, kept for its next results (issue 29: ``pull`` at the memory's pace).
+
+    A new file costs the system a page allocation and zeroing per 4 KiB, the copy included; writing into pages a
+    file already has, through a mapping that already reaches them, is a plain memory copy (100 MiB: about 16 ms
+    here against 35 ms into a new file). So a rank keeps the files it sent: each is lent while the kernel maps it
+    (a flag byte past its data, which the kernel clears once its tensor is freed: ``map_shared``) and written
+    again once free. The kernel's tensors are never written while it holds them; what the pool keeps free is at
+    most ``limit`` bytes (``NOTEBOOK_ACCEL_RESULT_POOL_MIB``, 1024 by default; the rest goes back to the system),
+    in at most ``MAX_FILES`` files. Pieces below ``MIN_BYTES`` get files of their own, as a launch's rank's do.
+    """
+
+    MAX_FILES = 64
+    MIN_BYTES = 1 << 20
+
+    def __init__(self, limit: Optional[int] = None) -> None:
+        if limit is None:
+            limit = int(float(os.environ.get(POOL_LIMIT_VARIABLE, DEFAULT_POOL_MIB)) * (1 << 20))
+        self.limit = limit
+        self.files: List[_PooledFile] = []
+        self.reused = 0          # writes into a file the kernel gave back (for tests and benchmarks)
+        self._lock = threading.Lock()
+
+    def share(self, sources: List[memoryview]) -> Tuple[List[Piece], List[int], List[Optional[int]]]:
+        """Each source into a file of its own (a pooled one when it is large enough): its piece, a duplicate
+        of its fd for the kernel, and where its lent flag lies (None: not pooled)."""
+        pieces: List[Piece] = []
+        fds: List[int] = []
+        flags: List[Optional[int]] = []
+        try:
+            with self._lock:
+                for index, source in enumerate(sources):
+                    pooled = self._file_for(source.nbytes) if source.nbytes >= self.MIN_BYTES else None
+                    if pooled is None:
+                        fd = shared_memory_file(-(-source.nbytes // _PAGE) * _PAGE, FILE_NAME)
+                        fds.append(fd)
+                        _write(fd, source, 0)
+                        flags.append(None)
+                    else:
+                        fds.append(os.dup(pooled.fd))
+                        if pooled.warm:
+                            _copy_into(pooled.address, source)
+                            self.reused += 1
+                        else:
+                            _write(pooled.fd, source, 0)
+                            pooled.warm = True
+                        pooled.lend()
+                        flags.append(pooled.capacity)
+                    pieces.append(Piece(index, 0, source.nbytes))
+                self._trim()
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return pieces, fds, flags
+
+    def _file_for(self, nbytes: int) -> Optional[_PooledFile]:
+        """The smallest free file that holds ``nbytes``, else a new one (None once ``MAX_FILES`` are lent)."""
+        free = [pooled for pooled in self.files if not pooled.lent() and pooled.capacity >= nbytes]
+        if free:
+            return min(free, key=lambda pooled: pooled.capacity)
+        if len(self.files) >= self.MAX_FILES:
+            self._trim(keep=0)  # make room: free files too small for this piece go
+            if len(self.files) >= self.MAX_FILES:
+                return None
+        capacity = -(-nbytes // _PAGE) * _PAGE
+        fd = shared_memory_file(capacity + _PAGE, FILE_NAME)
+        try:
+            address = _map(fd, 0, capacity + _PAGE)
+        except OSError:
+            os.close(fd)
+            raise
+        pooled = _PooledFile(fd, capacity, address)
+        self.files.append(pooled)
+        return pooled
+
+    def _trim(self, keep: Optional[int] = None) -> None:
+        """Close free files beyond ``keep`` bytes of them (the pool's ``limit``), largest first."""
+        keep = self.limit if keep is None else keep
+        free = sorted((pooled for pooled in self.files if not pooled.lent()), key=lambda pooled: -pooled.capacity)
+        kept = sum(pooled.capacity for pooled in free)
+        for pooled in free:
+            if kept <= keep:
+                break
+            self.files.remove(pooled)
+            pooled.close()
+            kept -= pooled.capacity
+
+    def close(self) -> None:
+        """Let every file go (those the kernel still maps stay alive through its mappings)."""
+        with self._lock:
+            for pooled in self.files:
+                pooled.close()
+            self.files = []
+
+
+def _copy_into(address: int, source: memoryview) -> None:
+    """One memory copy of ``source`` to ``address`` (a read-only source too)."""
+    memoryview((ctypes.c_char * source.nbytes).from_address(address)).cast("B")[:] = source.cast("B")
 
 
 def _groups(count: int, most: int) -> List[Tuple[int, int]]:
