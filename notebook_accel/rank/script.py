@@ -39,7 +39,7 @@ def run_source(path: str, source: str, argv: Sequence[str]) -> None:
     cluster's node), where the kernel's path names nothing. Tracebacks and pdb show its lines (``linecache``);
     files beside the script are not there, so what it imports must be installed on the node.
 
-    >>> run_source("/home/me/train.py", "import sys; print(sys.argv)", ["--epochs", "1"])
+    >>> run_source("/home/me/train.py", "import sys; print(sys.argv)", ["--epochs", "1"])  # doctest: +SKIP
     ['/home/me/train.py', '--epochs', '1']
     """
     sys.argv = [path] + list(argv)
