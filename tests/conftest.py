@@ -110,7 +110,9 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Each test gets its file's tier as a marker (tests/tiers.py); a file without one is an error."""
+    """Each test gets its file's tier as a marker (tests/tiers.py); a file without one is an error. The files that
+    make this process a Ray driver go last (``tiers.RAY_DRIVER_FILES``)."""
+    items.sort(key=lambda item: item.path.name in tiers.RAY_DRIVER_FILES)  # stable: the rest keep their order
     unmapped = set()
     for item in items:
         tier = tiers.tier_of(item.path.name)
