@@ -151,6 +151,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--ours-only", action="store_true", help="leave out HF accelerate's rows")
+    parser.add_argument("--configs", default=None,
+                        help="only these of our rows, comma-separated (DDP, the ratios' base, always runs first): "
+                             "FSDP2, FSDP2+init_module, ZeRO-2, ZeRO-3, ZeRO-3+init_module")
     args = parser.parse_args(argv)
     total = sum(p.numel() for p in make_model(args.width, args.layers).parameters())
     print(f"{total / 1e6:.0f}M parameters ({format_bytes(total * 4)} fp32), AdamW, 2 CPU ranks, "
@@ -166,6 +169,9 @@ def main(argv: Optional[List[str]] = None) -> None:
             plan.append(("ours", config, True))
         if with_accelerate:
             plan.append(("accelerate", config, False))
+    if args.configs:
+        wanted = {"DDP"} | {name.strip() for name in args.configs.split(",")}
+        plan = [row for row in plan if row[0] == "ours" and row[1] + ("+init_module" if row[2] else "") in wanted]
     header = f"{'library':<11}{'config':<20}{'step s':>8}{'vs DDP':>8}{'params/rank':>13}{'optim/rank':>12}"
     print(header + f"{'peak RSS':>10}{'peak growth':>13}{'vs DDP':>8}  model", flush=True)
     ddp: Dict[str, Any] = {}

@@ -450,7 +450,9 @@ def test_zero3s_bucket_and_step_sizes_come_from_the_models_width_as_hf_accelerat
                            mixed_precision="no", model=model)  # fmt: skip
     assert config["zero_optimization"] == {"stage": 3, "reduce_bucket_size": 64 * 64,
                                            "stage3_prefetch_bucket_size": int(0.9 * 64 * 64),
-                                           "sub_group_size": 4 * 64 * 64}  # fmt: skip
+                                           "sub_group_size": 4 * 64 * 64,
+                                           "stage3_max_live_parameters": 4 * 64 * 64,
+                                           "stage3_max_reuse_distance": 4 * 64 * 64}  # fmt: skip
     given = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 3, "reduce_bucket_size": 1000,
                                                                 "stage3_param_persistence_threshold": "auto"}})
     config = filled_config(given, micro_batch=2, accumulation=1, world=2, mixed_precision="no", model=model)

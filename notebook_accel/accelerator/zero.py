@@ -153,6 +153,10 @@ _SIZED_BY_THE_MODEL = {
     "reduce_bucket_size": lambda hidden: hidden * hidden,
     "stage3_prefetch_bucket_size": lambda hidden: int(0.9 * hidden * hidden),
     "sub_group_size": lambda hidden: 4 * hidden * hidden,
+    # How many gathered parameters stay after their module ran (DeepSpeed's defaults, 1G each, keep a model of
+    # up to a billion parameters gathered from the forward to its backward: no ZeRO-3 saving for smaller ones).
+    "stage3_max_live_parameters": lambda hidden: 4 * hidden * hidden,
+    "stage3_max_reuse_distance": lambda hidden: 4 * hidden * hidden,
 }
 _ALSO_HF_AUTO = {"stage3_param_persistence_threshold": lambda hidden: 10 * hidden}
 
