@@ -116,9 +116,10 @@ def test_a_kernel_on_ray_client_launches_fails_times_out_and_keeps_a_session_lea
     for _ in range(3):
         done = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), address], env=script_env(),
                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
-        # Ray's client proxy starts a server process for each client; here about 1 start in 15 died at once
-        # (SIGSEGV: rc=-11 in the proxy's log; ray-project/ray#48267), which the script's first line, ray.init,
-        # reports as this error. Nothing of ours ran yet: a client would retry, and so does the test.
+        # Ray's client proxy starts a server process for each client; here about 1 start in 15 died at once (its
+        # log: "SpecificServer startup failed"; the process's exit code, with that log line patched to show it,
+        # was -11, SIGSEGV; compare ray-project/ray#48267), which the script's first line, ray.init, reports as
+        # this error. Nothing of ours ran yet: a client would retry, and so does the test.
         if not (done.returncode and "Starting Ray client server failed" in done.stderr and not done.stdout):
             break
     shown = done.stdout + done.stderr

@@ -383,18 +383,22 @@ def train():
     return x
 
 
-print("RESULT", notebook_launcher(train, num_processes=2, cluster="ray", placement="STRICT_SPREAD", display="text",
-                                  return_all=True), flush=True)
-with Session(num_processes=2, cluster="ray", display="text") as session:
-    print("WARM", session.run(train, return_all=True), flush=True)
-
-
 def fails():
     if os.environ["RANK"] == "1":
         marker = "failing frame of rank 1"
         raise ValueError("rank 1 breaks")
 
 
+print("RESULT", notebook_launcher(train, num_processes=2, cluster="ray", placement="STRICT_SPREAD", display="text",
+                                  return_all=True), flush=True)
+with Session(num_processes=2, cluster="ray", display="text") as session:
+    print("WARM", session.run(train, return_all=True), flush=True)
+    try:
+        session.run(fails)
+    except ValueError as error:
+        print("SESSION RAISED", error, flush=True)
+    session.debug()  # pdb in the failed run's frame, on the actor that raised
+    print("DEBUGGED", flush=True)
 try:
     notebook_launcher(fails, num_processes=2, cluster="ray", display="text", pdb=True)
 except ValueError as error:
@@ -404,8 +408,8 @@ except ValueError as error:
 
 def test_pdb_in_a_rank_on_the_cluster_asks_in_the_terminal_for_a_launch_and_a_session(ray, cluster, tmp_path):
     """breakpoint() in a rank on another node: pdb's lines come back labelled, what is typed in the terminal
-    reaches the rank through its command thread, and the rank's frame changes (x comes back as 100); with
-    ``pdb=True`` a failing rank's post-mortem opens in its failing frame."""
+    reaches the rank through its command thread, and the rank's frame changes (x comes back as 100); a failed
+    Session run's ``Session.debug()`` and a launch's ``pdb=True`` post-mortem open in the failing frame."""
     import pexpect
 
     script = tmp_path / "train.py"
@@ -422,12 +426,14 @@ def test_pdb_in_a_rank_on_the_cluster_asks_in_the_terminal_for_a_launch_and_a_se
             child.expect(r"\[rank 1\] \(Pdb\) ")
             child.sendline("c")
             child.expect(rf"{done} \[40, 100\]")
-        child.expect(r"\[rank 1\] \(Pdb\) ")  # pdb=True: the post-mortem, in the failing frame
-        child.sendline("p marker")
-        child.expect(r"\[rank 1\] 'failing frame of rank 1'")
-        child.expect(r"\[rank 1\] \(Pdb\) ")
-        child.sendline("q")
-        child.expect("RAISED rank 1 breaks")
+        child.expect("SESSION RAISED rank 1 breaks")
+        for done in ("DEBUGGED", "RAISED rank 1 breaks"):  # Session.debug(), then pdb=True's post-mortem
+            child.expect(r"\[rank 1\] \(Pdb\) ")
+            child.sendline("p marker")
+            child.expect(r"\[rank 1\] 'failing frame of rank 1'")
+            child.expect(r"\[rank 1\] \(Pdb\) ")
+            child.sendline("q")
+            child.expect(done)
         child.expect(pexpect.EOF, timeout=120)
         child.close()
         assert child.exitstatus == 0, child.before
