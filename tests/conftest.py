@@ -5,6 +5,7 @@ import multiprocessing.process
 import multiprocessing.util
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -82,6 +83,31 @@ def temp_entries():
     kept = multiprocessing.process.current_process()._config.get("tempdir")  # the fork server's socket dir
     return {name for name in os.listdir(tempfile.gettempdir())
             if os.path.join(tempfile.gettempdir(), name) != kept}
+
+
+@pytest.fixture(autouse=True)
+def interrupts_still_work():
+    """Fail a test that leaves this process's SIGINT handling changed (ignored, or another handler): Ctrl-C would
+    no longer stop a launch here, and every script a later test starts inherits an ignored SIGINT (Python keeps it
+    ignored), so later tests that interrupt their ranks hang instead. Put back for the tests after it."""
+    before, ignored_before = signal.getsignal(signal.SIGINT), sigint_ignored()
+    yield
+    after, ignored_after = signal.getsignal(signal.SIGINT), sigint_ignored()
+    if after is not before or ignored_after != ignored_before:
+        signal.signal(signal.SIGINT, before)
+        raise AssertionError(f"the test left SIGINT's handling changed: {after!r} (ignored by the OS: "
+                             f"{ignored_after}), was {before!r} (ignored: {ignored_before})")
+
+
+def sigint_ignored() -> bool:
+    """Whether the OS ignores SIGINT for this process: C code (a library's sigaction) can set that without Python's
+    ``signal.getsignal`` seeing it."""
+    try:
+        with open("/proc/self/status") as status:
+            mask = int(status.read().split("SigIgn:")[1].split()[0], 16)
+    except (OSError, IndexError, ValueError):  # not Linux
+        return False
+    return bool(mask & (1 << (signal.SIGINT - 1)))
 
 
 @pytest.fixture(autouse=True)
