@@ -87,16 +87,22 @@ def temp_entries():
 
 @pytest.fixture(autouse=True)
 def interrupts_still_work():
-    """Fail a test that leaves this process's SIGINT handling changed (ignored, or another handler): Ctrl-C would
-    no longer stop a launch here, and every script a later test starts inherits an ignored SIGINT (Python keeps it
-    ignored), so later tests that interrupt their ranks hang instead. Put back for the tests after it."""
+    """Fail a test that leaves this process's SIGINT handling changed (ignored, blocked, or another handler):
+    Ctrl-C would no longer stop a launch here, and every script a later test starts inherits an ignored or blocked
+    SIGINT (Python keeps it so), so later tests that interrupt their ranks hang instead. Put back for the tests
+    after it."""
     before, ignored_before = signal.getsignal(signal.SIGINT), sigint_ignored()
+    blocked_before = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
     yield
     after, ignored_after = signal.getsignal(signal.SIGINT), sigint_ignored()
-    if after is not before or ignored_after != ignored_before:
+    blocked_after = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    if after is not before or ignored_after != ignored_before or blocked_after != blocked_before:
         signal.signal(signal.SIGINT, before)
+        if blocked_after and not blocked_before:  # blocked in this (the main) thread: children inherit that too
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         raise AssertionError(f"the test left SIGINT's handling changed: {after!r} (ignored by the OS: "
-                             f"{ignored_after}), was {before!r} (ignored: {ignored_before})")
+                             f"{ignored_after}, blocked: {blocked_after}), was {before!r} (ignored: "
+                             f"{ignored_before}, blocked: {blocked_before})")
 
 
 def sigint_ignored() -> bool:
