@@ -24,7 +24,6 @@ from ...outcome.root_cause import Outcome, is_system_exit
 from ...plan.plan import LaunchPlan
 from ...wire.events import AttemptStarted, OutputLine, OutputLines, RankEvent, Status
 from ..base import Backend, LaunchSink, StopPolicy
-from ..prompts import Asker
 from ..supervisor import Supervisor
 from .connection import alive_nodes, connect
 from .placement import check_feasible, node_types_to_add
@@ -63,7 +62,6 @@ class RayBackend(Backend):
         self._payload: Any = None        # the ObjectRef of the function and its arguments
         self._world: Optional[RayWorld] = None
         self._supervisor: Optional[Supervisor] = None
-        self._asker: Optional[Asker] = None  # where the ranks' prompts are asked (None: no one can type)
 
     def open_rendezvous(self) -> _NoStore:  # type: ignore[override]
         """Connect, and refuse what the cluster's nodes cannot hold — in the caller's cell, before anything waits."""
@@ -76,7 +74,6 @@ class RayBackend(Backend):
     def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
         if self.ray is None:
             self.open_rendezvous()
-        self._asker = sink.asker
         self._payload = self.ray.put(self.plan.payload.portable())  # once, for every rank and attempt
 
     def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
