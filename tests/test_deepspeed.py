@@ -57,6 +57,14 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
                for value in state.values() if isinstance(value, torch.Tensor))
 
 
+def master_copies(engine: Any) -> Dict[str, int]:
+    """ZeRO-3's fp32 "master" partitions the optimizer steps: how many share the parameters' own partition's
+    memory, and how many are a copy beside it."""
+    pairs = list(zip(engine.optimizer.fp16_partitioned_groups_flat, engine.optimizer.fp32_partitioned_groups_flat))
+    shared = sum(flat.data_ptr() == master.data_ptr() for flat, master in pairs)
+    return {"shared": shared, "copies": len(pairs) - shared}
+
+
 def train_zero(stage: int, batch_size: int, shuffle: bool, accumulation: int = 1, clip=None,
                **plugin_options: Any) -> Dict[str, Any]:
     plugin = DeepSpeedPlugin(zero_stage=stage, gradient_clipping=clip, **plugin_options)
@@ -79,6 +87,7 @@ def train_zero(stage: int, batch_size: int, shuffle: bool, accumulation: int = 1
         "stage": model.zero_optimization_stage(),  # the engine's own word on what it runs
         "optimizer_bytes": optimizer_state_bytes(optimizer.optimizer),  # the user's torch optimizer, as stepped
         "lr": optimizer.param_groups[0]["lr"],
+        "masters": master_copies(model) if stage == 3 else None,
         "config": {key: model.config[key] for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                                                       "train_batch_size")},  # fmt: skip
     }
@@ -108,6 +117,9 @@ def test_zero_1_2_3_on_two_ranks_train_like_one_process_with_the_whole_batch():
             # each rank keeps half of every parameter (odd sizes are padded to an even split)
             assert main["local_parameters"] + other["local_parameters"] in (total, total + 1, total + 2)
             assert main["local_parameters"] < total * 0.6
+            # fp32 parameters: the optimizer steps their partition itself, no second copy of it (DeepSpeed meant
+            # to, but compares a torch.device with a string)
+            assert main["masters"]["copies"] == 0 and main["masters"]["shared"] > 0, main["masters"]
         else:
             assert_same_weights(other["weights"], expected, f"ZeRO-{stage}, {name}, rank 1")  # whole on every rank
             assert main["local_parameters"] == total
@@ -123,6 +135,7 @@ def test_zero3_with_optimizer_and_parameter_offload_trains_like_one_process():
     # the user's torch optimizer, stepped on the CPU partitions (DeepSpeed would refuse it without being told)
     ranks = launch(offload_rank)
     assert_same_weights(ranks[0]["weights"], train_plain_pytorch(8 * WORLD, False), "ZeRO-3 with CPU offload")
+    assert ranks[0]["masters"]["shared"] == 0  # offloaded: DeepSpeed's own masters, left as they are
 
 
 def zero3_training(accelerator: Accelerator):
@@ -199,7 +212,7 @@ def transformer_rank() -> Dict[str, Any]:
             optimizer.zero_grad()
             losses.append(accelerator.reduce(loss.detach().float(), "mean").item())
     weights = accelerator.get_state_dict(model)
-    return {"losses": losses, "bf16": model.config["bf16"]["enabled"],
+    return {"losses": losses, "bf16": model.config["bf16"]["enabled"], "masters": master_copies(model),
             "dtypes": sorted({str(value.dtype) for value in weights.values()})}  # fmt: skip
 
 
@@ -211,6 +224,7 @@ def test_the_seeds_transformer_loop_under_zero3_with_bf16():
     assert main["losses"][-1] < main["losses"][0]
     assert ranks[1]["losses"] == main["losses"]
     assert main["dtypes"] == ["torch.bfloat16"]  # DeepSpeed's 16-bit weights, gathered on rank 0
+    assert main["masters"]["shared"] == 0 and main["masters"]["copies"] > 0  # bf16 weights: fp32 masters apart
 
 
 def differently_initialised_rank() -> Dict[str, torch.Tensor]:

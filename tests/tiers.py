@@ -42,6 +42,7 @@ FILES: Dict[str, str] = {
     "test_debugging.py": "ranks",
     "test_deepspeed.py": "ranks",
     "test_fsdp.py": "ranks",
+    "test_sharded_memory.py": "ranks",
     "test_launcher.py": "ranks",
     "test_launcher_errors.py": "ranks",
     "test_launcher_signals.py": "ranks",

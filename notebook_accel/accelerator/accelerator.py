@@ -17,7 +17,7 @@ from .checkpointing import load_checkpoint, load_model_weights, save_checkpoint
 from .data_loader import PreparedDataLoader, XlaDeviceLoader, prepare_data_loader
 from .fsdp import FullyShardedDataParallelPlugin, full_state_dict, is_sharded, shard_model
 from .gradient_state import GradientState
-from .memory import held_bytes, memory_line, release_freed_memory
+from .memory import held_bytes, memory_line, release_freed_memory, return_large_blocks_when_freed
 from .optimizer import AcceleratedOptimizer, move_state_to_params, switch_parameters
 from .placement import check_model_placement
 from .precision import (
@@ -124,6 +124,9 @@ class Accelerator:
         self.deepspeed_plugin = self._check_deepspeed_plugin(deepspeed_plugin)
         if self.deepspeed_plugin is not None:
             gradient_accumulation_steps = self._accumulation_with(self.deepspeed_plugin, gradient_accumulation_steps)
+        if (self.fsdp_plugin or self.deepspeed_plugin) and self.state.device.type == "cpu":
+            # sharding was chosen to save memory: glibc's heap would keep what each step frees (see there)
+            return_large_blocks_when_freed()
         # DeepSpeed scales an fp16 loss itself
         self.scaler = None if self.deepspeed_plugin else make_grad_scaler(self._mixed_precision, self.state.device)
         self.gradient_state = GradientState(gradient_accumulation_steps)

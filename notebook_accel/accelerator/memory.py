@@ -10,13 +10,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-from typing import Any, Callable, Dict, Optional
+import os
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 
 from ..formatting import format_bytes
 
-__all__ = ["held_bytes", "memory_line", "release_freed_memory"]
+__all__ = ["held_bytes", "memory_line", "release_freed_memory", "return_large_blocks_when_freed"]
 
 
 def _nbytes(tensor: Any) -> int:
@@ -68,11 +69,44 @@ def memory_line(how: str, world: int, figures: Dict[str, Optional[int]]) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _malloc_trim() -> Optional[Callable[[int], int]]:
+def _glibc(name: str) -> Optional[Callable[..., int]]:
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim  # glibc's
-    except (OSError, AttributeError):
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
         return None
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+MMAP_THRESHOLD_VARIABLE = "NOTEBOOK_ACCEL_MMAP_THRESHOLD_MIB"
+DEFAULT_MMAP_THRESHOLD_MIB = 4
+
+
+def return_large_blocks_when_freed(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    """Have glibc give every block of 4 MiB or more back to the system as soon as it is freed (``mallopt``'s
+    ``M_MMAP_THRESHOLD``); the threshold set, in bytes, or None where nothing was changed.
+
+    A sharded CPU rank frees and allocates blocks of a few MB all the time (FSDP2's gathered layers, ZeRO-3's
+    gathered parameters, their gradients, the optimizer's temporaries). glibc serves a freed mmap-ed block's size
+    from its heap from then on (its threshold follows the largest block freed, up to 32 MiB), and that heap keeps
+    freed memory resident and fragments: a rank's RSS then grows step after step (ZeRO-3 on bench_sharded's 100M
+    model: +1.1 GiB over 4 steps) — the memory sharding was chosen to save. Above a fixed threshold each block is
+    mapped and unmapped by itself: peak memory follows what the rank holds, at the cost of the system zeroing the
+    pages of each new block (step time measured in docs/accelerator.md). Set ``NOTEBOOK_ACCEL_MMAP_THRESHOLD_MIB``
+    to another size, or 0 to leave glibc as it is; glibc's own ``MALLOC_MMAP_THRESHOLD_`` in the environment
+    (where the user chose) is left alone."""
+    environ = os.environ if environ is None else environ
+    if "MALLOC_MMAP_THRESHOLD_" in environ:
+        return None
+    text = environ.get(MMAP_THRESHOLD_VARIABLE, "").strip()
+    try:
+        mib = float(text) if text else DEFAULT_MMAP_THRESHOLD_MIB
+    except ValueError:
+        raise ValueError(f"{MMAP_THRESHOLD_VARIABLE}={text!r}: give a size in MiB (0 leaves glibc's default)") from None
+    mallopt = _glibc("mallopt")
+    if mib <= 0 or mallopt is None:
+        return None
+    threshold = int(mib * 2**20)
+    return threshold if mallopt(_M_MMAP_THRESHOLD, threshold) == 1 else None  # glibc refuses above 32 MiB
 
 
 def release_freed_memory() -> None:
@@ -83,6 +117,6 @@ def release_freed_memory() -> None:
     makes that pattern at a few moments — a parameter made whole, its rows kept and the rest freed (init_module);
     whole layers gathered and freed (the first backward), before the optimizer state is allocated (the first
     step) — so a rank trims then: its resident memory stays near what it holds (a few ms each)."""
-    trim = _malloc_trim()
+    trim = _glibc("malloc_trim")
     if trim is not None:
         trim(0)
