@@ -127,12 +127,17 @@ def _failed(sender: Any, exc: BaseException, undo_patch: Callable[[], None], exi
 _kernel_classes: Dict[str, type] = {}
 
 
-def remember_kernel_classes(main_namespace: Dict[str, Any]) -> None:
+def main_classes(main_namespace: Dict[str, Any]) -> Dict[str, type]:
+    """The classes ``__main__`` defines, by name."""
+    return {name: value for name, value in main_namespace.items()
+            if isinstance(value, type) and value.__module__ == "__main__" and value.__qualname__ == name}
+
+
+def remember_kernel_classes(main_namespace: Dict[str, Any], found: Optional[Dict[str, type]] = None) -> None:
     """Note the ``__main__`` classes the kernel has too (call once the rank's ``__main__`` holds them: a forked
-    rank's is the notebook's own, ``process.register_in_main`` fills a fork-server or spawn rank's)."""
-    for name, value in main_namespace.items():
-        if isinstance(value, type) and value.__module__ == "__main__" and value.__qualname__ == name:
-            _kernel_classes[name] = value
+    rank's is the notebook's own, ``process.register_in_main`` fills a fork-server or spawn rank's); ``found``:
+    ``main_classes`` of it, worked out already (by the kernel, for its forked ranks)."""
+    _kernel_classes.update(main_classes(main_namespace) if found is None else found)
 
 
 class _KernelClasses:

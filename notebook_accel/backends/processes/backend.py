@@ -11,11 +11,12 @@ import os
 import signal
 import socket
 import warnings
+from collections import ChainMap
 from typing import Dict, List, Optional, Tuple
 
 from ...outcome.root_cause import Outcome
 from ...plan.plan import LaunchPlan
-from ...rank.process import RankSpec, rank_main
+from ...rank.process import MainNames, RankSpec, environ_changes, main_names_for_fork, rank_main
 from ...wire.commands import CommandSender, session_socketpair
 from ...wire.fds import PassedFd, rank_pipes
 from ..base import Backend, LaunchSink, StopPolicy
@@ -41,6 +42,9 @@ class ProcessBackend(Backend):
         self._handles: List[RankProcess] = []
         self._answer_senders: List[CommandSender] = []
         self._no_one_types: Optional[str] = None  # told to the ranks: why no one can answer their prompts
+        # fork: how the kernel's environment differs from the launch's (to set, to remove), see start()
+        self._kernel_env_changes: Optional[Tuple[Dict[str, str], List[str]]] = None
+        self._main_names: Optional[MainNames] = None  # fork: see rank.process.main_names_for_fork
 
     def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
         self._no_one_types = sink.asker.absent
@@ -65,8 +69,16 @@ class ProcessBackend(Backend):
         try:
             if self.plan.start_method == "forkserver":
                 ensure_fork_server()
-            for rank in range(self.plan.world_size):
-                handles.append(self._start_rank(rank, rendezvous_env, handles))
+            # The environment each forked rank inherits, against the launch's (usually the same): once, here.
+            forking = self.plan.start_method == "fork"
+            self._kernel_env_changes = environ_changes(os.environ, self.plan.kernel_env) if forking else None
+            self._main_names = main_names_for_fork(self.plan.payload.load()) if forking else None
+            with warnings.catch_warnings(), starting_rank_process():
+                # Python >= 3.12 warns on fork in a multi-threaded process (every Jupyter kernel); the rank
+                # replaces what it inherited from those threads (streams, signal handlers) first thing.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                for rank in range(self.plan.world_size):
+                    handles.append(self._start_rank(rank, rendezvous_env, handles))
         except BaseException:  # e.g. Ctrl-C between two starts: the supervisor never saw these ranks
             for started in handles:
                 started.signal_group(signal.SIGKILL)
@@ -106,6 +118,17 @@ class ProcessBackend(Backend):
         self._answer_senders.append(sender)
         return sender, rank_end
 
+    def _forked_env_changes(self, rank_env: Dict[str, str]) -> Tuple[Dict[str, str], List[str]]:
+        """What a forked rank changes in the environment it inherits: the launch's differences (worked out once)
+        and the rank's own variables. Every rank's copy of the kernel's whole environment would cost the kernel
+        (copying ~100 strings shares their pages with the ranks forked before, so each touch copies a page)
+        and each rank (see ``rank.process.as_launched``): 1–2 ms a rank at 16 ranks on 2 cores."""
+        assert self._kernel_env_changes is not None
+        launch_set, launch_removed = self._kernel_env_changes
+        to_set = {name: value for name, value in launch_set.items() if name not in rank_env}
+        to_set.update((name, value) for name, value in rank_env.items() if os.environ.get(name) != value)
+        return to_set, [name for name in launch_removed if name not in rank_env]
+
     def _start_rank(self, rank: int, rendezvous_env: Dict[str, str], started: List[RankProcess]) -> RankProcess:
         pipes = rank_pipes()
         answers, answers_end = self._answers_socket() if self.answers_own_socket else (None, None)
@@ -119,9 +142,13 @@ class ProcessBackend(Backend):
             inherited += [sender.sock.fileno() for sender in self._answer_senders]
             inherited += self._inherited_fds(rank)
         plan = self.plan
+        rank_env = plan.rank_env(rank, rendezvous_env)
+        forked = self._kernel_env_changes is not None
         spec = self.spec_class(
             rank=plan.global_rank(rank), world_size=plan.global_world_size or plan.world_size,
-            env={**plan.kernel_env, **plan.rank_env(rank, rendezvous_env)},
+            # fork: a view, not a copy (see _forked_env_changes)
+            env=ChainMap(rank_env, plan.kernel_env) if forked else {**plan.kernel_env, **rank_env},
+            env_changes=self._forked_env_changes(rank_env) if forked else None, main_names=self._main_names,
             cwd=plan.kernel_cwd, sys_path=plan.kernel_sys_path,
             # fork: the kernel's own objects, inherited; otherwise pickled once, large data in shared memory
             payload=plan.payload if plan.start_method == "fork" else plan.payload.pickled(),
@@ -138,11 +165,7 @@ class ProcessBackend(Backend):
         )
         process = self.context.Process(target=self.rank_target, args=(spec,), name=f"notebook_accel-rank-{rank}")
         try:
-            with warnings.catch_warnings(), starting_rank_process():
-                # Python >= 3.12 warns on fork in a multi-threaded process (every Jupyter kernel); the rank
-                # replaces what it inherited from those threads (streams, signal handlers) first thing.
-                warnings.simplefilter("ignore", DeprecationWarning)
-                process.start()
+            process.start()
         finally:
             for _, write in pipes.values():
                 os.close(write)  # the kernel keeps only read ends: EOF once the rank is gone
