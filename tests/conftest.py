@@ -85,6 +85,20 @@ def temp_entries():
             if os.path.join(tempfile.gettempdir(), name) != kept}
 
 
+def pytest_configure(config):
+    """Take SIGINT and SIGQUIT back when the suite started with them ignored.
+
+    A shell without job control (a script, ``bash -c``) that runs a command in the background (``pytest &``)
+    starts it with SIGINT and SIGQUIT ignored; Python keeps an inherited ignore, and so does every process started
+    from here — the scripts the interrupt tests start then never see their Ctrl-C, and those tests hang. (Seen:
+    a hung script with SigIgn ``...1006``, exactly these two.) In this process (and each xdist worker)
+    they get Python's own defaults back, as in a foreground run."""
+    if sigint_ignored():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 @pytest.fixture(autouse=True)
 def interrupts_still_work():
     """Fail a test that leaves this process's SIGINT handling changed (ignored, blocked, or another handler):

@@ -7,6 +7,7 @@ event, so what is checked is the backend itself, not the launcher around it. A n
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from typing import Any, Callable, Dict, List, Tuple
@@ -136,6 +137,20 @@ def test_stop_requested_stops_every_rank(case):
     assert outcome.status == "stopped"
     assert sorted(outcome.still_running) == list(range(world))
     assert all(event.stopped for event in of_type(events, RankExited))
+
+
+def test_stop_interrupts_the_inline_rank_in_a_process_started_with_sigint_ignored():
+    """A script started in the background by a shell without job control (``python train.py &``) ignores SIGINT
+    from its start; the in-process rank must still be stopped in its blocking sleep, and the ignore stays."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        started = time.monotonic()
+        outcome, _, _ = run_case("inline", sleeps_for_ever, stop_after=2.0)
+        assert time.monotonic() - started < 40, "the rank was not stopped (it sleeps for 60 s)"
+        assert outcome.status == "stopped"
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # the process's own choice, put back
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.mark.parametrize("case", CASES)

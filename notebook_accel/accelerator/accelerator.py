@@ -124,7 +124,8 @@ class Accelerator:
         self.deepspeed_plugin = self._check_deepspeed_plugin(deepspeed_plugin)
         if self.deepspeed_plugin is not None:
             gradient_accumulation_steps = self._accumulation_with(self.deepspeed_plugin, gradient_accumulation_steps)
-        if (self.fsdp_plugin or self.deepspeed_plugin) and self.state.device.type == "cpu":
+        sharded = (self.fsdp_plugin or self.deepspeed_plugin) and self.num_processes > 1
+        if sharded and self.state.device.type == "cpu":
             # sharding was chosen to save memory: glibc's heap would keep what each step frees (see there)
             return_large_blocks_when_freed()
         # DeepSpeed scales an fp16 loss itself

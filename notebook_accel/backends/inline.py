@@ -159,6 +159,13 @@ def _interrupt_on(stop_requested: threading.Event) -> Iterator[None]:
                         _interrupt_main_thread()
                 return
 
+    # A process started with SIGINT ignored (a background job of a script's shell, `python train.py &`) would
+    # let the stop only set a flag, which a blocking call (a sleep, a wait) never sees: Python's own Ctrl-C
+    # handler is in place while the function runs, and the ignore back after.
+    ignored = (threading.current_thread() is threading.main_thread()
+               and signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     watcher = threading.Thread(target=watch, name="notebook_accel-inline-stop", daemon=True)
     watcher.start()
     try:
@@ -167,3 +174,5 @@ def _interrupt_on(stop_requested: threading.Event) -> Iterator[None]:
         with lock:
             finished.set()
         watcher.join()
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
