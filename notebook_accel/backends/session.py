@@ -108,6 +108,7 @@ class SessionProcesses(SessionRanks, ProcessBackend):
     name = "session"
     spec_class = SessionRankSpec
     rank_target = staticmethod(session_rank_main)
+    runs_the_plans_call = False
 
     def __init__(self, plan: LaunchPlan, group_backend: Optional[str], group_generation: int) -> None:
         ProcessBackend.__init__(self, plan)

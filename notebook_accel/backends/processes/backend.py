@@ -31,6 +31,7 @@ class ProcessBackend(Backend):
     # What a rank process runs, and the spec it gets: a warm session's ranks (``backends.session``) differ here.
     spec_class = RankSpec
     rank_target = staticmethod(rank_main)
+    runs_the_plans_call = True  # the rank runs the plan's payload (a session's runs each task's: it works out its own)
 
     def __init__(self, plan: LaunchPlan) -> None:
         super().__init__(plan)
@@ -72,7 +73,8 @@ class ProcessBackend(Backend):
             # The environment each forked rank inherits, against the launch's (usually the same): once, here.
             forking = self.plan.start_method == "fork"
             self._kernel_env_changes = environ_changes(os.environ, self.plan.kernel_env) if forking else None
-            self._main_names = main_names_for_fork(self.plan.payload.load()) if forking else None
+            runs_call = forking and self.runs_the_plans_call
+            self._main_names = main_names_for_fork(self.plan.payload.load()) if runs_call else None
             with warnings.catch_warnings(), starting_rank_process():
                 # Python >= 3.12 warns on fork in a multi-threaded process (every Jupyter kernel); the rank
                 # replaces what it inherited from those threads (streams, signal handlers) first thing.
