@@ -7,7 +7,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-from typing import Dict, Optional
+from typing import Optional
 
 import pytest
 import torch

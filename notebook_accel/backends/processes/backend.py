@@ -145,7 +145,7 @@ class ProcessBackend(Backend):
             inherited += self._inherited_fds(rank)
         plan = self.plan
         rank_env = plan.rank_env(rank, rendezvous_env)
-        forked = self._kernel_env_changes is not None
+        forked = plan.start_method == "fork"
         spec = self.spec_class(
             rank=plan.global_rank(rank), world_size=plan.global_world_size or plan.world_size,
             # fork: a view, not a copy (see _forked_env_changes)
@@ -153,7 +153,7 @@ class ProcessBackend(Backend):
             env_changes=self._forked_env_changes(rank_env) if forked else None, main_names=self._main_names,
             cwd=plan.kernel_cwd, sys_path=plan.kernel_sys_path,
             # fork: the kernel's own objects, inherited; otherwise pickled once, large data in shared memory
-            payload=plan.payload if plan.start_method == "fork" else plan.payload.pickled(),
+            payload=plan.payload if forked else plan.payload.pickled(),
             send_result=plan.sends_result(rank),
             stdout_fd=PassedFd(pipes["stdout"][1]),
             stderr_fd=PassedFd(pipes["stderr"][1]),
