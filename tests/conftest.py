@@ -182,6 +182,41 @@ def neutral_working_directory():
     os.chdir(before)
 
 
+# ------------------------------------------------------------------------------------------------ GPUs
+
+_GPUS_HERE = None
+VISIBLE_AT_START = os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def gpus_here() -> int:
+    """CUDA devices on this machine, asked once, through NVML (nothing is initialized in pytest's process)."""
+    global _GPUS_HERE
+    if _GPUS_HERE is None:
+        from notebook_accel.plan.devices import cuda_device_count
+
+        _GPUS_HERE = cuda_device_count()
+    return _GPUS_HERE
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """On a machine with GPUs, a launch that names no device runs on them, one rank per GPU. Most tests here are
+    about CPU ranks and ask for 2 without naming a device, as a user of a CPU-only runtime writes; on a 1-GPU
+    machine each would be refused ("num_processes=2 is more than the 1 cuda devices"). So they see no GPU
+    (``CUDA_VISIBLE_DEVICES=""``, inherited by their ranks, scripts and kernels), as on the CI machine. Tests marked
+    ``cuda`` see the GPUs, and so do the notebooks, which must run as they are on any runtime. Set before each
+    test's fixtures (its module's too: they may start ranks), and before nbval starts a notebook's kernel."""
+    if not gpus_here():
+        return
+    if item.get_closest_marker("cuda") is not None or item.path.suffix == ".ipynb":
+        if VISIBLE_AT_START is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = VISIBLE_AT_START
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
 @pytest.fixture(autouse=True)
 def no_cpp_build():
     """No test compiles a C++ extension (see TORCH_EXTENSIONS above)."""

@@ -39,7 +39,7 @@ enum { CUDA_SUCCESS = 0, CUDA_ERROR_NOT_INITIALIZED = 3, CUDA_ERROR_NO_DEVICE = 
 static int init_calls = 0;
 int stand_in_init_calls(void) { return init_calls; }      /* not CUDA's: how often cuInit ran */
 CUresult cuInit(unsigned int flags) { init_calls++; return CUDA_ERROR_NO_DEVICE; }
-CUresult cuDriverGetVersion(int *version) { *version = 12080; return CUDA_SUCCESS; }
+CUresult cuDriverGetVersion(int *version) { *version = 13000; return CUDA_SUCCESS; }  /* 580: CUDA 12.x and 13.x builds */
 CUresult cuDeviceGetCount(int *count) { *count = 0; return init_calls ? CUDA_ERROR_NO_DEVICE : CUDA_ERROR_NOT_INITIALIZED; }
 CUresult cuCtxGetCurrent(void **context) { *context = 0; return init_calls ? CUDA_ERROR_NO_DEVICE : CUDA_ERROR_NOT_INITIALIZED; }
 /* The CUDA runtime finds every driver function through cuGetProcAddress: the stand-in's own, by name. */
@@ -63,7 +63,7 @@ int nvmlInitWithFlags(unsigned int flags) { return 0; }
 int nvmlShutdown(void) { return 0; }
 int nvmlDeviceGetCount(unsigned int *count) { *count = 0; return 0; }
 int nvmlDeviceGetCount_v2(unsigned int *count) { *count = 0; return 0; }
-int nvmlSystemGetDriverVersion(char *version, unsigned int length) { strncpy(version, "570.0", length); return 0; }
+int nvmlSystemGetDriverVersion(char *version, unsigned int length) { strncpy(version, "580.0", length); return 0; }
 const char *nvmlErrorString(int result) { return "NVML stand-in"; }
 """
 

@@ -19,12 +19,16 @@ from notebook_accel.plan.devices import cuda_device_count
 
 # Asked through NVML: torch.cuda.is_available() here would initialize the driver in pytest's process.
 GPUS = cuda_device_count()
-pytestmark = [pytest.mark.skipif(GPUS == 0, reason="needs CUDA (none on this machine)"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(GPUS == 0, reason="needs CUDA (none on this machine)"), pytest.mark.timeout(300)]
 
 
 def run_as_kernel(code: str, tmp_path) -> str:
+    """``code`` as a script file: multiprocessing's spawn re-imports a script's ``__main__`` (for its functions by
+    name), which ``python -c`` has not (seen on the first GPU run: "Can't get attribute 'rank_side'")."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+    script = tmp_path / "kernel.py"
+    script.write_text(textwrap.dedent(code))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=280, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout

@@ -296,6 +296,7 @@ def gpus_here() -> int:
     return cuda_device_count()
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(gpus_here() == 0, reason="needs a GPU: only a real CUDA allocation raises torch's "
                                               "OutOfMemoryError (test_outcome.py checks the classifier on its message)")
 def test_a_cuda_out_of_memory_error_is_explained_in_one_line():

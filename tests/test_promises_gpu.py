@@ -72,6 +72,13 @@ def nvml_gpu_of_each_rank(nvml, ranks=(0, 1), *, node_ranks=None, **gpu_options)
 MIXED = ("NVIDIA GeForce GT 1030", "NVIDIA GeForce RTX 4090")  # PCI order: the slow display card first
 
 
+
+@pytest.fixture(autouse=True)
+def visible_devices_unset(monkeypatch):
+    """The fake NVML describes its own GPUs: this machine's CUDA_VISIBLE_DEVICES (a user's own, or the suite's ""
+    on a GPU machine, conftest.py) must not choose among them where a test leaves it to the environment."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
 def test_under_pci_bus_id_cudas_indexes_are_nvmls():
     nvml = FakeNvml(*MIXED)
     assert nvml_gpu_of_each_rank(nvml, visible_devices=None, device_order="PCI_BUS_ID") == {0: 0, 1: 1}

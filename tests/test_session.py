@@ -291,6 +291,7 @@ def test_a_failure_while_a_peer_blocks_in_all_reduce_keeps_the_ranks_and_replace
         assert session.run(all_reduce_rank, return_all=True) == [3.0, 3.0]  # the new group works
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(cuda_device_count() < 2, reason="needs 2 CUDA devices (NCCL): none here")
 def test_a_session_on_two_gpus_keeps_its_nccl_group_and_replaces_it_after_a_failure_mid_collective():
     # Where the hardware is: README "one process group for the session's life (nccl on CUDA)" and "NCCL

@@ -37,6 +37,7 @@ FILES: Dict[str, str] = {
     "test_accelerator_distributed.py": "ranks",
     "test_backend_contract.py": "ranks",
     "test_cli.py": "ranks",
+    "test_cuda_machine.py": "ranks",    # a real GPU (skipped without one)
     "test_cuda_payload.py": "ranks",
     "test_cuda_stand_in.py": "ranks",
     "test_debugging.py": "ranks",

@@ -173,17 +173,21 @@ def cuda_driver_initialized() -> bool:
 
     Nothing is initialized to find out: /proc/self/maps says whether it is mapped; the mapped library itself
     (opened with ``RTLD_NOLOAD``: never loaded here) answers ``cuCtxGetCurrent`` with CUDA_ERROR_NOT_INITIALIZED
-    until ``cuInit`` ran. A driver that cannot be asked counts as initialized.
+    until ``cuInit`` ran. A driver that cannot be asked counts as initialized. Every mapped copy is asked: a library
+    that loads its own by path (a bundled or compat driver) beside the system's one torch mapped may be the one
+    initialized.
     """
     try:
         with open("/proc/self/maps") as maps:
-            mapped = [line.split(None, 5)[-1].strip() for line in maps if "/libcuda.so" in line]
+            mapped = {line.split(None, 5)[-1].strip() for line in maps if "/libcuda.so" in line}
     except OSError:  # not Linux
         return False
-    if not mapped:
-        return False
+    return any(_driver_initialized(path) for path in sorted(mapped))
+
+
+def _driver_initialized(path: str) -> bool:
     try:
-        driver = ctypes.CDLL(mapped[0], mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        driver = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
         context = ctypes.c_void_p()
         return driver.cuCtxGetCurrent(ctypes.byref(context)) != CUDA_ERROR_NOT_INITIALIZED
     except (OSError, AttributeError):

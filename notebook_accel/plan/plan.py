@@ -256,7 +256,9 @@ def _resolve_world_size(num_processes: Any, device: str, available: int) -> int:
     if device == "cpu":
         return _cpu_ranks(int(num_processes), available)
     if num_processes > available:  # a GPU or TPU core cannot be shared between ranks
-        raise LaunchConfigError(f"num_processes={num_processes} is more than the {available} {device} devices here")
+        hint = " (for CPU ranks, pass device='cpu')" if device == "cuda" else ""
+        raise LaunchConfigError(f"num_processes={num_processes} is more than the {available} {device} devices "
+                                f"here{hint}")
     return int(num_processes)
 
 

@@ -1,0 +1,131 @@
+"""A machine with a real GPU: what the rest of the suite can only fake (NVML, a live CUDA driver in the kernel).
+
+Skipped without CUDA (none on the CI machine); run on a GPU machine as ``pytest tests/test_cuda_machine.py``.
+CUDA is never initialized in pytest's process (a later fork would be refused): the "kernel" with CUDA live is a
+fresh interpreter, and CUDA work runs in ranks.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from notebook_accel.launcher import start_launch
+from notebook_accel.plan.devices import cuda_device_count
+from notebook_accel.wire.events import ResourceSample
+from scripts import Recorder, script_env
+
+GPUS = cuda_device_count()  # asked through NVML: nothing is initialized here
+GIB = 2 ** 30
+pytestmark = [pytest.mark.skipif(GPUS == 0, reason="needs a CUDA device (none on this machine)"),
+              pytest.mark.timeout(240)]
+
+
+def holds_two_gib_on_its_gpu() -> int:
+    import time
+
+    import torch
+    from tqdm.auto import tqdm
+
+    block = torch.ones(2 * GIB // 4, device="cuda")  # 2 GiB through torch's caching allocator
+    for _ in tqdm(range(40)):  # 4 s of progress: the kernel samples about once a second
+        time.sleep(0.1)
+    return int(block.numel() * 4)
+
+
+@pytest.mark.cuda
+def test_nvml_and_torch_figures_of_a_ranks_gpu_reach_the_kernel():
+    """The dashboard's GPU column: NVML's memory in use on the rank's GPU (asked by the kernel) and torch's own
+    peak (reported by the rank) both show the rank's 2 GiB."""
+    view = Recorder()
+    job = start_launch(holds_two_gib_on_its_gpu, num_processes=1, device="cuda", start_method="spawn", view=view)
+    assert job.wait(180) == 2 * GIB
+    samples = [event for event in view.events if isinstance(event, ResourceSample) and event.rank == 0]
+    assert samples, "no resource sample of rank 0"
+    used = max(sample.device_used or 0 for sample in samples)
+    total = max(sample.device_total or 0 for sample in samples)
+    peak_allocated = max(sample.device_peak_allocated or 0 for sample in samples)
+    assert used >= 2 * GIB and total > used, (used, total)  # NVML: the whole device, the rank's 2 GiB within it
+    assert peak_allocated >= 2 * GIB, peak_allocated       # torch.cuda.max_memory_allocated, from the rank
+
+
+KERNEL_WITH_CUDA_LIVE = """
+import os
+import torch
+import torch.distributed as dist
+from notebook_accel import notebook_launcher
+from notebook_accel.errors import LaunchConfigError
+from notebook_accel.plan.plan import plan_launch
+
+model = torch.nn.Linear(64, 1).to("cuda")   # an earlier cell put the model on the GPU: CUDA is live
+weights = torch.arange(4.0)
+
+def total_on_cpu_ranks():
+    dist.init_process_group("gloo")
+    total = weights.sum() * (dist.get_rank() + 1)
+    dist.all_reduce(total)
+    return dist.get_rank(), total.item()
+
+def one_step_on_the_gpu():
+    from notebook_accel import Accelerator
+    accelerator = Accelerator()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    prepared, optimizer = accelerator.prepare(model, optimizer)
+    loss = prepared(torch.ones(8, 64, device=accelerator.device)).pow(2).mean()
+    accelerator.backward(loss)
+    optimizer.step()
+    return str(accelerator.device), os.getpid()
+
+if __name__ == "__main__":
+    print("PLAN", plan_launch(total_on_cpu_ranks, num_processes=2, device="cpu").start_method)
+    print("CPU", notebook_launcher(total_on_cpu_ranks, num_processes=2, device="cpu", display="none",
+                                   return_all=True))
+    try:
+        notebook_launcher(total_on_cpu_ranks, num_processes=2, device="cpu", start_method="fork", display="none")
+    except LaunchConfigError as refused:
+        print("FORK REFUSED", str(refused).replace("\\n", " "))
+    device, pid = notebook_launcher(one_step_on_the_gpu, display="none")  # the defaults: every GPU here
+    print("DEFAULT", device, "IN THE KERNEL" if pid == os.getpid() else "IN A RANK", torch.cuda.device_count())
+    device, pid = notebook_launcher(one_step_on_the_gpu, num_processes=1, start_method="spawn", display="none")
+    print("SPAWNED", device, "IN THE KERNEL" if pid == os.getpid() else "IN A RANK")
+"""
+
+
+@pytest.mark.cuda
+def test_a_kernel_with_cuda_live_launches_cpu_ranks_and_gpu_ranks(tmp_path):
+    """The Colab/Kaggle pattern on a real driver: CUDA live in the kernel. CPU ranks come from the fork server (a
+    forked child of an initialized driver cannot use CUDA), ``start_method='fork'`` is refused before any process
+    starts and says why, and the kernel's CUDA model trains in a launched rank."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(KERNEL_WITH_CUDA_LIVE)], capture_output=True,
+                          text=True, timeout=220, cwd=tmp_path, env=script_env())
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    assert "PLAN forkserver" in out, out
+    assert "CPU [(0, 18.0), (1, 18.0)]" in out, out
+    assert "FORK REFUSED" in out and "CUDA" in out.split("FORK REFUSED")[1].splitlines()[0], out
+    assert f"DEFAULT cuda:0 {'IN THE KERNEL' if GPUS == 1 else 'IN A RANK'} {GPUS}" in out, out
+    assert "SPAWNED cuda:0 IN A RANK" in out, out
+
+
+@pytest.mark.cuda
+def test_more_ranks_than_gpus_is_refused_with_the_way_to_cpu_ranks():
+    """Colab's one GPU and ``num_processes=2`` (the quick start's call before it named device='cpu')."""
+    from notebook_accel.errors import LaunchConfigError
+    from notebook_accel.plan.plan import plan_launch
+
+    with pytest.raises(LaunchConfigError, match=rf"num_processes={GPUS + 1} is more than the {GPUS} cuda devices "
+                                                r"here \(for CPU ranks, pass device='cpu'\)"):
+        plan_launch(print, num_processes=GPUS + 1)
+
+
+@pytest.mark.cuda
+def test_a_test_marked_cuda_sees_the_gpus():
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") != "" and cuda_device_count() == GPUS
+
+
+def test_a_test_not_marked_cuda_sees_none():
+    """conftest.py hides the GPUs from the tests about CPU ranks, which name no device (see there)."""
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and cuda_device_count() == 0
