@@ -358,6 +358,28 @@ def test_a_cuda_driver_initialized_by_another_library_makes_the_launch_use_the_f
     assert "REFUSED start_method='fork' is not safe here: a CUDA driver is initialized in this process" in out
 
 
+def test_a_second_cuda_driver_mapped_beside_the_first_is_asked_too(tmp_path):
+    """Seen on a GPU machine: torch's CUDA build maps the system's ``libcuda.so.1`` at import, and a library that
+    loads its own copy by path initializes that one. Fork is then unsafe, whichever of the two ``/proc/self/maps``
+    lists first. Here both are stand-ins, and the one listed second is initialized."""
+    import cuda_stand_in
+
+    try:
+        paths = [cuda_stand_in.build(str(tmp_path / name))["libcuda.so.1"] for name in ("a", "b")]
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.skip(f"no C compiler to build the stand-in driver: {error}")
+    out = ok_script(f"""
+        import ctypes
+        from notebook_accel.plan.devices import cuda_driver_initialized
+        drivers = {{path: ctypes.CDLL(path) for path in {paths!r}}}
+        print("BOTH MAPPED", cuda_driver_initialized())
+        listed = [line.split()[-1] for line in open("/proc/self/maps") if "/libcuda.so" in line]
+        drivers[[path for path in drivers if path != listed[0]][0]].cuInit(0)
+        print("SECOND INITIALIZED", cuda_driver_initialized())
+    """)
+    assert "BOTH MAPPED False" in out and "SECOND INITIALIZED True" in out, out
+
+
 # ------------------------------------------------------------------------ 10: the in-kernel rank's fds
 
 def writes_at_every_level():
