@@ -7,16 +7,15 @@ fresh interpreter, and CUDA work runs in ranks.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
+from notebook_accel.errors import LaunchConfigError
 from notebook_accel.launcher import start_launch
 from notebook_accel.plan.devices import cuda_device_count
+from notebook_accel.plan.plan import plan_launch
 from notebook_accel.wire.events import ResourceSample
-from scripts import Recorder, script_env
+from scripts import Recorder, run_script
 
 GPUS = cuda_device_count()  # asked through NVML: nothing is initialized here
 GIB = 2 ** 30
@@ -95,12 +94,11 @@ if __name__ == "__main__":
 
 
 @pytest.mark.cuda
-def test_a_kernel_with_cuda_live_launches_cpu_ranks_and_gpu_ranks(tmp_path):
+def test_a_kernel_with_cuda_live_launches_cpu_ranks_and_gpu_ranks():
     """The Colab/Kaggle pattern on a real driver: CUDA live in the kernel. CPU ranks come from the fork server (a
     forked child of an initialized driver cannot use CUDA), ``start_method='fork'`` is refused before any process
     starts and says why, and the kernel's CUDA model trains in a launched rank."""
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(KERNEL_WITH_CUDA_LIVE)], capture_output=True,
-                          text=True, timeout=220, cwd=tmp_path, env=script_env())
+    done = run_script(KERNEL_WITH_CUDA_LIVE, timeout=220)
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert "PLAN forkserver" in out, out
@@ -113,9 +111,6 @@ def test_a_kernel_with_cuda_live_launches_cpu_ranks_and_gpu_ranks(tmp_path):
 @pytest.mark.cuda
 def test_more_ranks_than_gpus_is_refused_with_the_way_to_cpu_ranks():
     """Colab's one GPU and ``num_processes=2`` (the quick start's call before it named device='cpu')."""
-    from notebook_accel.errors import LaunchConfigError
-    from notebook_accel.plan.plan import plan_launch
-
     with pytest.raises(LaunchConfigError, match=rf"num_processes={GPUS + 1} is more than the {GPUS} cuda devices "
                                                 r"here \(for CPU ranks, pass device='cpu'\)"):
         plan_launch(print, num_processes=GPUS + 1)

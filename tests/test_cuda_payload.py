@@ -19,7 +19,8 @@ from notebook_accel.plan.devices import cuda_device_count
 
 # Asked through NVML: torch.cuda.is_available() here would initialize the driver in pytest's process.
 GPUS = cuda_device_count()
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(GPUS == 0, reason="needs CUDA (none on this machine)"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(GPUS == 0, reason="needs CUDA (none on this machine)"),
+              pytest.mark.timeout(300)]
 
 
 def run_as_kernel(code: str, tmp_path) -> str:
