@@ -117,12 +117,17 @@ def _children(process: psutil.Process) -> List[psutil.Process]:
 
 
 def rank_actor_processes() -> List[psutil.Process]:
-    """Every live process of this machine running one of our rank actors."""
+    """Every live process running one of our rank actors below this one (its fake cluster's raylets start them).
+
+    Only this process's own: pytest-xdist may run another Ray test file beside this one, whose cluster's actors are
+    alive on purpose."""
     found = []
-    for process in psutil.process_iter(["cmdline", "status"]):
-        command = " ".join(process.info["cmdline"] or [])
-        if ACTOR_TITLE in command and process.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(process)
+    for process in _children(psutil.Process()):
+        try:
+            if ACTOR_TITLE in command_line(process) and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.Error:
+            pass   # ended meanwhile
     return found
 
 
