@@ -8,6 +8,7 @@ import traceback
 import pytest
 
 from notebook_accel import notebook_launcher
+from notebook_accel.plan.devices import cuda_device_count
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -288,16 +289,13 @@ def cuda_oom_on_the_last_rank():
     time.sleep(30)
 
 
-def gpus_here() -> int:
-    """CUDA devices, asked through NVML as the launcher does (torch.cuda.is_available() would load the CUDA
-    driver into pytest's process, and later tests asking for start_method='fork' would be refused)."""
-    from notebook_accel.plan.devices import cuda_device_count
-
-    return cuda_device_count()
+# CUDA devices, asked through NVML as the launcher does (torch.cuda.is_available() would load the CUDA driver
+# into pytest's process, and later tests asking for start_method='fork' would be refused)
+GPUS = cuda_device_count()
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(gpus_here() == 0, reason="needs a GPU: only a real CUDA allocation raises torch's "
+@pytest.mark.skipif(GPUS == 0, reason="needs a GPU: only a real CUDA allocation raises torch's "
                                               "OutOfMemoryError (test_outcome.py checks the classifier on its message)")
 def test_a_cuda_out_of_memory_error_is_explained_in_one_line():
     import torch
@@ -306,7 +304,7 @@ def test_a_cuda_out_of_memory_error_is_explained_in_one_line():
     from notebook_accel.launcher import start_launch
 
     view = RecordingView()
-    ranks = min(2, gpus_here())
+    ranks = min(2, GPUS)
     job = start_launch(cuda_oom_on_the_last_rank, num_processes=ranks, device="cuda", view=view)
     with pytest.raises(torch.OutOfMemoryError) as caught:
         job.wait(120)
