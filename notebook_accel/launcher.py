@@ -22,7 +22,7 @@ from .errors import LaunchError, LaunchTimeout, one_line
 from .monitor.metric_log import MetricLog
 from .monitor.resources import ResourceSampler
 from .outcome.oom import explain as explain_out_of_memory
-from .outcome.oom import kind_of_failure, oom_kill_count
+from .outcome.oom import cuda_oom_figures, kind_of_failure, oom_kill_count
 from .outcome.raising import root_cause_exception
 from .outcome.root_cause import Outcome
 from .outcome.stacks import fold_inherited_frames, fold_stack_dump
@@ -266,7 +266,8 @@ class Launch:
         kind = kind_of_failure(root.event, outcome.exitcodes.get(root.rank, root.exitcode), self._oom_kills_before)
         if kind is None:
             return
-        self.out_of_memory = explain_out_of_memory(kind, root.rank, self.resources.peaks())
+        figures = cuda_oom_figures(root.event.message) if kind == "gpu" and root.event is not None else None
+        self.out_of_memory = explain_out_of_memory(kind, root.rank, self.resources.peaks(), figures)
         error = self.error
         if isinstance(error, LaunchError) and root.event is None:
             self.error = LaunchError(f"{self.out_of_memory}\n{error}", rank=error.rank, exitcode=error.exitcode,

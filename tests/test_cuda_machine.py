@@ -124,3 +124,43 @@ def test_a_test_marked_cuda_sees_the_gpus():
 def test_a_test_not_marked_cuda_sees_none():
     """conftest.py hides the GPUs from the tests about CPU ranks, which name no device (see there)."""
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and cuda_device_count() == 0
+
+
+IN_KERNEL_OUT_OF_MEMORY = """
+import torch
+from notebook_accel import notebook_launcher
+from notebook_accel.launcher import last_launch
+
+torch.ones(1, device="cuda")   # an earlier cell used the GPU: CUDA is live, the launch runs in the kernel
+total = torch.cuda.get_device_properties(0).total_memory
+
+def asks_for_more_than_the_card():
+    torch.empty(3 * total, dtype=torch.uint8, device="cuda")
+
+try:
+    notebook_launcher(asks_for_more_than_the_card, display="none")
+except torch.OutOfMemoryError:
+    job = last_launch()
+    print("BACKEND", job.backend.name)
+    print("TOTAL", total)
+    print("LINE", job.out_of_memory)
+"""
+
+
+@pytest.mark.cuda
+def test_a_real_cuda_out_of_memory_in_the_kernel_says_what_was_asked_the_cards_memory_and_a_real_peak():
+    """The issue's case on a real card: in the kernel, the line said only "peak GPU memory per rank: rank 0: 512 B".
+    Now it says how much was asked, the card's total and free memory, and what the process held (CUDA's context
+    included) as the rank's peak."""
+    from notebook_accel.formatting import format_bytes
+
+    done = run_script(IN_KERNEL_OUT_OF_MEMORY, timeout=120)
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    assert "BACKEND inline" in out, out
+    total = int(out.split("TOTAL ")[1].split()[0])
+    line = out.split("LINE ")[1].splitlines()[0]
+    assert line.startswith(f"rank 0 ran out of GPU memory (CUDA out of memory): asked for {format_bytes(3 * total)} "
+                           f"on GPU 0 ({format_bytes(total)} in all, "), line
+    peak = line.split("peak GPU memory per rank: rank 0: ")[1].split(";")[0]
+    assert peak.endswith("MiB") or peak.endswith("GiB"), line  # the process's CUDA context at least, not 512 B

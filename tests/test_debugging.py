@@ -315,6 +315,33 @@ def test_a_cuda_out_of_memory_error_is_explained_in_one_line():
     assert "\n" not in finished.error
 
 
+def raises_the_in_kernel_cuda_oom_of_the_issue():
+    import torch
+
+    # No GPU here: torch's CUDA allocator's message (an H200 asked for 400 GiB) raised by hand, as the real one is;
+    # test_cuda_machine.py raises the real one in a kernel with CUDA live.
+    raise torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 400.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which "
+        "138.93 GiB is free. Including non-PyTorch memory, this process has 834.00 MiB memory in use. Of the "
+        "allocated memory 512 bytes is allocated by PyTorch, and 1.99 MiB is reserved by PyTorch but unallocated.")
+
+
+def test_an_in_kernel_cuda_out_of_memory_says_what_was_asked_the_cards_memory_and_what_the_process_held():
+    import torch
+
+    from notebook_accel.launcher import last_launch
+
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        notebook_launcher(raises_the_in_kernel_cuda_oom_of_the_issue, num_processes=1, display="none")
+    job = last_launch()
+    assert job.backend.name == "inline"
+    expected = ("rank 0 ran out of GPU memory (CUDA out of memory): asked for 400 GiB on GPU 0 (140 GiB in all, "
+                "139 GiB free; this process held 834 MiB, 512 B of it allocated by PyTorch); peak GPU memory per "
+                "rank: rank 0: 834 MiB; try a smaller batch size")
+    assert job.out_of_memory.startswith(expected), job.out_of_memory
+    assert any(note.startswith(f"(notebook_accel: {expected}") for note in caught.value.__notes__)
+
+
 def torch_cpu_allocation_fails_on_rank_one(go_file):
     import time
 

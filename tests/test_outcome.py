@@ -106,3 +106,57 @@ def test_out_of_memory_is_recognised_from_what_torch_and_python_raise():
     gpu = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity "
                                  "of 79.10 GiB of which 1.06 GiB is free.")
     assert kind_of_failure(failed(1, gpu), None, None) == "gpu"
+
+
+# Messages torch's CUDA caching allocator wrote (c10/cuda/CUDACachingAllocator.cpp's format, figures from real
+# failures): torch >= 2.1, with another process on the card; the issue's in-kernel case (400 GiB asked on an H200,
+# 512 bytes allocated by PyTorch); and torch < 2.1's older layout.
+TORCH_2_OOM = ("CUDA out of memory. Tried to allocate 1.95 GiB. GPU 0 has a total capacity of 14.57 GiB of which "
+               "1.58 GiB is free. Process 2493055 has 12.02 GiB memory in use. Including non-PyTorch memory, this "
+               "process has 966.00 MiB memory in use. Of the allocated memory 734.07 MiB is allocated by PyTorch, "
+               "and 33.93 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large "
+               "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+               "documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-"
+               "variables)")
+IN_KERNEL_OOM = ("CUDA out of memory. Tried to allocate 400.00 GiB. GPU 0 has a total capacity of 139.80 GiB of "
+                 "which 138.93 GiB is free. Including non-PyTorch memory, this process has 834.00 MiB memory in use. "
+                 "Of the allocated memory 512 bytes is allocated by PyTorch, and 1.99 MiB is reserved by PyTorch but "
+                 "unallocated.")
+TORCH_1_OOM = ("CUDA out of memory. Tried to allocate 36.00 MiB (GPU 0; 7.93 GiB total capacity; 130.35 MiB already "
+               "allocated; 47.06 MiB free; 188.00 MiB reserved in total by PyTorch) If reserved memory is >> "
+               "allocated memory try setting max_split_size_mb to avoid fragmentation.")
+
+
+def test_a_cuda_out_of_memory_message_gives_its_figures_in_bytes():
+    from notebook_accel.outcome.oom import cuda_oom_figures
+
+    GiB, MiB = 2 ** 30, 2 ** 20
+    figures = cuda_oom_figures(TORCH_2_OOM)
+    assert figures.asked == round(1.95 * GiB) and figures.gpu == 0
+    assert (figures.total, figures.free) == (round(14.57 * GiB), round(1.58 * GiB))
+    assert figures.process_in_use == 966 * MiB  # this process, not "Process 2493055" before it
+    assert figures.allocated_by_torch == round(734.07 * MiB)
+    kernel = cuda_oom_figures(IN_KERNEL_OOM)
+    assert (kernel.asked, kernel.allocated_by_torch, kernel.process_in_use) == (400 * GiB, 512, 834 * MiB)
+    old = cuda_oom_figures(TORCH_1_OOM)
+    assert (old.asked, old.gpu, old.total, old.free) == (36 * MiB, 0, round(7.93 * GiB), round(47.06 * MiB))
+    assert (old.allocated_by_torch, old.reserved_by_torch, old.process_in_use) == (
+        round(130.35 * MiB), 188 * MiB, None)
+    assert cuda_oom_figures("CUDA out of memory.").text() == ""
+
+
+def test_a_gpu_out_of_memory_line_says_what_was_asked_the_cards_total_and_free_and_a_real_peak():
+    from notebook_accel.outcome.oom import cuda_oom_figures, explain
+
+    # In the kernel the launch ended before any NVML sample: torch's counter says 512 B; what the process held
+    # when the allocation failed (torch's message) is the peak shown instead.
+    line = explain("gpu", 0, {0: (2 ** 30, 512)}, cuda_oom_figures(IN_KERNEL_OOM))
+    assert line.startswith("rank 0 ran out of GPU memory (CUDA out of memory): asked for 400 GiB on GPU 0 "
+                           "(140 GiB in all, 139 GiB free; this process held 834 MiB, 512 B of it allocated by "
+                           "PyTorch); peak GPU memory per rank: rank 0: 834 MiB; try a smaller batch size"), line
+    # a peak sampled higher than the message's figure stays; the other ranks' peaks are theirs
+    line = explain("gpu", 1, {0: (0, 5 * 2 ** 30), 1: (0, 9 * 2 ** 30)}, cuda_oom_figures(TORCH_2_OOM))
+    assert "asked for 2.0 GiB on GPU 0 (14.6 GiB in all, 1.6 GiB free;" in line
+    assert "peak GPU memory per rank: rank 0: 5.0 GiB, rank 1: 9.0 GiB;" in line
+    assert "\n" not in line
+    assert explain("gpu", 0, {}, None) == explain("gpu", 0, {}, cuda_oom_figures("CUDA out of memory."))

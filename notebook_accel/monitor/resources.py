@@ -155,7 +155,9 @@ class ResourceSampler:
         """{rank: (peak host RSS, peak device bytes or None)} over the launch so far."""
         result = {}
         for rank, tracked in sorted(self._ranks.items()):
-            device = max(tracked.device_peak, (tracked.framework.peak_allocated or 0) if tracked.framework else 0)
+            framework = tracked.framework
+            torch_peak = max(framework.peak_allocated or 0, framework.peak_reserved or 0) if framework else 0
+            device = max(tracked.device_peak, torch_peak)  # NVML's (context included) or torch's allocator's
             result[rank] = (tracked.peak_rss, device or None)
         return result
 

@@ -28,7 +28,8 @@ def device_memory_report(rank: int) -> Optional[DeviceMemoryReport]:
     cuda = getattr(torch, "cuda", None) if torch is not None else None
     try:
         if cuda is not None and cuda.is_initialized():
-            return DeviceMemoryReport(rank=rank, peak_allocated=int(cuda.max_memory_allocated()))
+            return DeviceMemoryReport(rank=rank, peak_allocated=int(cuda.max_memory_allocated()),
+                                      peak_reserved=int(cuda.max_memory_reserved()))
     except Exception:
         pass
     xla_model = sys.modules.get("torch_xla.core.xla_model")

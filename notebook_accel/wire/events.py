@@ -189,10 +189,13 @@ class RankExited(RankEvent):
 @dataclass
 class DeviceMemoryReport(RankEvent):
     """Sent by a rank (at most about once a second, and when it fails): what its framework says about device
-    memory. ``peak_allocated`` is ``torch.cuda.max_memory_allocated()``; ``used``/``total`` come from
-    torch_xla's ``get_memory_info`` on TPU. Only sent once the rank uses the device."""
+    memory. ``peak_allocated`` is ``torch.cuda.max_memory_allocated()``, ``peak_reserved`` what torch's caching
+    allocator held from the device at most (``max_memory_reserved``: what the process really took, its CUDA
+    context aside); ``used``/``total`` come from torch_xla's ``get_memory_info`` on TPU. Only sent once the rank
+    uses the device."""
 
     peak_allocated: Optional[int] = None
+    peak_reserved: Optional[int] = None
     used: Optional[int] = None
     total: Optional[int] = None
     source: str = "torch.cuda"
