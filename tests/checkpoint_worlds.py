@@ -9,6 +9,7 @@ weights *and* the optimizer state came back (momentum moves the step), and that 
 """
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any, Callable, Dict, List
 
@@ -98,7 +99,19 @@ def load_and_continue(directory: str, sharding: str) -> Dict[str, Any]:
 def on_ranks(world: int, function: Callable[..., Any], *args: Any) -> List[Any]:
     """Every rank's return value: ``world`` CPU ranks, or this process for one."""
     if world == 1:
-        return [function(*args)]
+        from notebook_accel.accelerator.state import end_one_rank_group
+
+        names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")  # DeepSpeed's engine sets them if unset
+        before = {name: os.environ.get(name) for name in names}
+        try:
+            return [function(*args)]
+        finally:
+            end_one_rank_group()  # DeepSpeed's one-rank group: later tests fork ranks from this process
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
     return notebook_launcher(one_thread_then, args=(function, *args), num_processes=world, device="cpu",
                              display="none", return_all=True)  # fmt: skip
 

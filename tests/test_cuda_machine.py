@@ -164,3 +164,81 @@ def test_a_real_cuda_out_of_memory_in_the_kernel_says_what_was_asked_the_cards_m
                            f"on GPU 0 ({format_bytes(total)} in all, "), line
     peak = line.split("peak GPU memory per rank: rank 0: ")[1].split(";")[0]
     assert peak.endswith("MiB") or peak.endswith("GiB"), line  # the process's CUDA context at least, not 512 B
+
+
+# ----------------------------------------------------------------------- one GPU, a model bigger than its memory
+
+CAP = 4 * GIB  # the card is made this small for the rank (set_per_process_memory_fraction), whatever its size
+
+
+def layers_whose_weights_exceed(cap: int):
+    """Linear(8192, 8192) layers enough that their fp32 weights alone (4 bytes a parameter) exceed ``cap``: fp32
+    Adam's two moments are twice that (about 1.2 G parameters for a 4 GiB cap: 24 GB of host memory in all)."""
+    import torch
+
+    per_layer = 8192 * 8192 + 8192
+    count = cap // (4 * per_layer) + 2
+    return torch.nn.Sequential(*[torch.nn.Linear(8192, 8192) for _ in range(count)]), count * per_layer
+
+
+def trains_with_zero3_offload_under_a_cap():
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from notebook_accel import Accelerator, DeepSpeedPlugin
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(CAP / total)  # allocations past CAP raise OutOfMemoryError
+    plugin = DeepSpeedPlugin(zero_stage=3, offload_optimizer_device="cpu", offload_param_device="cpu")
+    accelerator = Accelerator(deepspeed_plugin=plugin)
+    model, parameters = layers_whose_weights_exceed(CAP)
+    data = TensorDataset(torch.randn(8, 8192), torch.randn(8, 8192))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=4))
+    losses = []
+    for x, y in loader:
+        loss = F.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        losses.append(loss.item())
+    return {"parameters": parameters, "losses": losses, "peak": torch.cuda.max_memory_allocated(),
+            "engine": type(model).__name__, "offload": model.zero_offload_optimizer().device}
+
+
+@pytest.mark.cuda
+def test_one_gpu_trains_a_model_whose_adam_state_does_not_fit_it_with_zero3_offload():
+    """ZeRO-Offload on one process, as a Colab GPU would use it: fp32 Adam state larger than the (capped) card, in
+    host memory; the card holds a layer or two at a time."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is an optional extra")
+    result = start_launch(trains_with_zero3_offload_under_a_cap, num_processes=1, device="cuda",
+                          start_method="spawn").wait(400)
+    assert result["engine"] == "DeepSpeedEngine" and result["offload"] == "cpu", result
+    assert 4 * result["parameters"] > CAP  # the weights alone would not fit, their Adam state twice over
+    assert result["peak"] < CAP and len(result["losses"]) == 2, result
+
+
+def trains_with_fsdp2_cpu_offload_on_one_gpu():
+    import torch
+    import torch.nn.functional as F
+
+    from notebook_accel import Accelerator, FullyShardedDataParallelPlugin
+
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(cpu_offload=True))
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    before = [param.full_tensor().clone() for param in model.parameters()]
+    loss = F.mse_loss(model(torch.randn(8, 256, device="cuda")), torch.zeros(8, 1, device="cuda"))
+    accelerator.backward(loss)
+    optimizer.step()
+    moved = any(not torch.equal(a, b.full_tensor()) for a, b in zip(before, model.parameters()))
+    devices = {param.to_local().device.type for param in model.parameters()}
+    return {"devices": sorted(devices), "moved": moved, "world": torch.distributed.get_world_size()}
+
+
+@pytest.mark.cuda
+def test_fsdp2_cpu_offload_on_one_gpu_keeps_the_parameters_in_host_memory_and_trains():
+    result = start_launch(trains_with_fsdp2_cpu_offload_on_one_gpu, num_processes=1, device="cuda",
+                          start_method="spawn").wait(180)
+    assert result == {"devices": ["cpu"], "moved": True, "world": 1}, result

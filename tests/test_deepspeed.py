@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from notebook_accel import Accelerator, DeepSpeedPlugin
+from notebook_accel import Accelerator, DeepSpeedPlugin, notebook_launcher
 from notebook_accel.accelerator.zero import filled_config
 from checkpoint_worlds import assert_resumed, load_and_continue, on_ranks, train_and_save
 from test_accelerator_distributed import (
@@ -38,6 +38,7 @@ from test_accelerator_distributed import (
     assert_same_weights,
     fresh_training_objects,
     launch,
+    one_thread_then,
     regression_data,
     train_plain_pytorch,
 )
@@ -179,10 +180,10 @@ def test_a_zero3_checkpoint_resumes_on_the_ranks_that_saved_it(tmp_path):
 
 @pytest.mark.parametrize("saved_on, loaded_on", [(1, 2), (2, 1), (2, 3)])
 def test_a_zero3_checkpoint_resumes_on_another_number_of_ranks(tmp_path, saved_on, loaded_on):
-    # one process trains without DeepSpeed and writes the plain files, which the engine loads as full state;
+    # one process trains with DeepSpeed's engine too (as HF accelerate's does) and writes its checkpoint;
     # DeepSpeed's own checkpoint (each rank's partitions) is merged into full state for another number of ranks
     saved = on_ranks(saved_on, train_and_save, str(tmp_path), "zero3")[0]
-    assert os.path.isdir(tmp_path / "model.deepspeed") is (saved_on > 1)
+    assert os.path.isdir(tmp_path / "model.deepspeed")
     loaded = on_ranks(loaded_on, load_and_continue, str(tmp_path), "zero3")[0]
     assert_resumed(saved, loaded, f"a ZeRO-3 checkpoint from {saved_on} to {loaded_on} ranks")
 
@@ -417,7 +418,7 @@ def test_deepspeed_is_told_its_ranks_train_on_the_cpu_so_no_rank_warns_that_it_g
 
         def rank():
             import os
-            from notebook_accel import Accelerator, DeepSpeedPlugin
+            from notebook_accel import Accelerator, DeepSpeedPlugin, notebook_launcher
             torch.set_num_threads(1)
             Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))  # imports DeepSpeed
             from deepspeed.accelerator import get_accelerator
@@ -504,9 +505,59 @@ def test_hf_accelerates_environment_builds_the_same_plugin(tmp_path):
     assert DeepSpeedPlugin.from_environment({"ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}) is None
 
 
-def test_one_process_warns_and_trains_without_deepspeed():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin())
-    assert any("nothing to partition" in str(warning.message) for warning in caught)
-    assert type(accelerator.prepare(torch.nn.Linear(2, 2))) is torch.nn.Linear
+def one_process_offload_rank() -> Dict[str, Any]:
+    result = train_zero(3, 8, False, offload_optimizer_device="cpu", offload_param_device="cpu")
+    result["group"] = (torch.distributed.get_backend(), torch.distributed.get_world_size())
+    return result
+
+
+def test_one_process_builds_deepspeeds_engine_with_zero3_offload_and_trains_like_plain_pytorch():
+    """As HF accelerate does: one process still gets DeepSpeed's engine (ZeRO-Offload is how one GPU trains a model
+    bigger than its memory; test_cuda_machine.py trains one there), over a one-rank gloo group of its own."""
+    result = notebook_launcher(one_thread_then, args=(one_process_offload_rank,), num_processes=1, device="cpu",
+                               start_method="fork", display="none")
+    assert result["stage"] == 3 and result["group"] == ("gloo", 1)
+    assert result["config"]["train_batch_size"] == 8
+    assert_same_weights(result["weights"], train_plain_pytorch(8, False), "one process, ZeRO-3 with CPU offload")
+    assert result["masters"]["shared"] == 0  # offloaded: DeepSpeed's own fp32 masters in host memory
+
+
+IN_KERNEL_ZERO = """
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from notebook_accel import Accelerator, DeepSpeedPlugin, notebook_launcher
+from notebook_accel.plan.devices import kernel_process_group
+
+def train():
+    plugin = DeepSpeedPlugin(zero_stage=2, offload_optimizer_device="cpu")
+    accelerator = Accelerator(cpu=True, deepspeed_plugin=plugin)
+    model = torch.nn.Linear(4, 1)
+    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=8)
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    for x, y in loader:
+        accelerator.backward(F.mse_loss(model(x), y))
+        optimizer.step()
+    return type(model).__name__, model.zero_optimization_stage(), model.zero_offload_optimizer().device, \
+        torch.distributed.get_world_size()
+
+def rank():
+    return torch.distributed.is_initialized()
+
+if __name__ == "__main__":
+    print("IN THE KERNEL", notebook_launcher(train, num_processes=1, display="none"))
+    print("GROUP AFTER", kernel_process_group())
+    print("FORKED", notebook_launcher(rank, num_processes=2, device="cpu", start_method="fork", display="none",
+                                      return_all=True))
+"""
+
+
+def test_a_zero_engine_in_the_kernel_ends_its_one_rank_group_with_the_run():
+    """In the kernel (one rank, inline) the engine's one-rank group ends with the run: left there, it would refuse
+    every later forked launch."""
+    from scripts import run_script
+
+    done = run_script(IN_KERNEL_ZERO, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "IN THE KERNEL ('DeepSpeedEngine', 2, 'cpu', 1)" in done.stdout, done.stdout
+    assert "GROUP AFTER None" in done.stdout and "FORKED [False, False]" in done.stdout, done.stdout

@@ -33,7 +33,7 @@ from .rng import set_seed as _set_seed
 from .rng import torch_random_state
 from .sharded_init import ShardedInit, SkippedInit
 from .scheduler import AcceleratedScheduler
-from .state import DistributedType, ProcessState, destroy_process_group, resolve_process_state
+from .state import DistributedType, ProcessState, destroy_process_group, one_rank_group, resolve_process_state
 from .zero import DeepSpeedOptimizer, DeepSpeedPlugin, build_engine, engine_state_dict, filled_config, import_deepspeed
 from .zero import is_engine, zero_init
 
@@ -158,10 +158,11 @@ class Accelerator:
                 "use (they talk through torch_xla's collectives); on TPU, train without the plugin (or use "
                 "torch_xla's own SPMD/FSDP)"
             )
-        if self.num_processes == 1:
+        if self.num_processes == 1 and not (plugin.cpu_offload and self.device.type == "cuda"):
             warnings.warn(
                 "fsdp_plugin with one process: there is nothing to shard, so the model is trained as it is "
-                "(launch with num_processes > 1 to shard it)",
+                "(launch with num_processes > 1 to shard it, or on a GPU give cpu_offload=True to keep its "
+                "parameters, gradients and optimizer state in host memory)",
                 stacklevel=3,
             )
             return None
@@ -179,13 +180,8 @@ class Accelerator:
             raise TypeError(f"deepspeed_plugin must be a DeepSpeedPlugin, not {type(plugin).__name__}")
         if self.distributed_type == DistributedType.XLA:
             raise ValueError("deepspeed_plugin: DeepSpeed does not run on TPU cores; train without the plugin")
-        if self.num_processes == 1:
-            warnings.warn(
-                "deepspeed_plugin with one process: there is nothing to partition, so the model is trained as it "
-                "is (launch with num_processes > 1 to use ZeRO)",
-                stacklevel=3,
-            )
-            return None
+        # One process still gets DeepSpeed's engine, as with HF accelerate: ZeRO-Offload (optimizer state, and
+        # under ZeRO-3 parameters, in host memory) is how one GPU trains a model bigger than its memory.
         import_deepspeed(on_cpu=self.device.type == "cpu")  # a missing install says so now, before any model is built
         return plugin
 
@@ -421,8 +417,9 @@ class Accelerator:
         config = filled_config(self.deepspeed_plugin, micro_batch=micro_batch, world=self.num_processes,
                                accumulation=self.gradient_accumulation_steps, mixed_precision=self._mixed_precision,
                                model=model)
-        if self.device_placement:
-            model = model.to(self.device)
+        offloads_parameters = config["zero_optimization"].get("offload_param", {}).get("device", "none") != "none"
+        if self.device_placement and not offloads_parameters:  # offloaded: DeepSpeed moves each where it belongs,
+            model = model.to(self.device)                      # a model bigger than the GPU never goes there whole
         add_low_precision_forward(model, self._mixed_precision)  # DeepSpeed makes the weights bf16/fp16 itself
         engine = build_engine(model, optimizer, config)
         self._deepspeed_engine = engine
@@ -450,6 +447,8 @@ class Accelerator:
         """FSDP2 in place. Like DDP at construction, every rank starts from rank 0's weights first (each rank's own
         init may differ; a model from init_module was built from rank 0's random state, and only its buffers are
         sent); then an optimizer prepared earlier is pointed at the new parameters."""
+        if self.num_processes == 1:
+            one_rank_group(self.device)  # one process, CPU offload: FSDP2 still shards over a (one-rank) mesh
         with torch.no_grad():
             for tensor in list(model.buffers()) + (list(model.parameters()) if recorded is None else []):
                 torch.distributed.broadcast(tensor, src=0)

@@ -8,7 +8,10 @@ Everything here is read once from the environment the launcher (or torchrun, or 
   ``NOTEBOOK_ACCEL_DEVICE=cpu``).
 
 The process group is created at most once per process and only when there is more than one rank: a
-single process needs no group, and every collective in :mod:`.operations` is an identity then.
+single process needs no group, and every collective in :mod:`.operations` is an identity then — except for
+DeepSpeed's engine and FSDP2's CPU offload, which want one even alone: :func:`one_rank_group` makes it from an
+in-process store (no port), and :func:`end_one_rank_group` ends it (an in-kernel run's group must not stay in the
+kernel, where it would refuse every later forked launch).
 """
 from __future__ import annotations
 
@@ -23,7 +26,10 @@ import torch.distributed as dist
 
 from .operations import use_xla_collectives, xla_device
 
-__all__ = ["DistributedType", "ProcessState", "resolve_process_state", "destroy_process_group", "xla_device"]
+__all__ = ["DistributedType", "ProcessState", "resolve_process_state", "destroy_process_group", "xla_device",
+           "one_rank_group", "end_one_rank_group"]
+
+_one_rank_group: Optional[object] = None  # the default group one_rank_group made, while it is the default
 
 
 class DistributedType(str, enum.Enum):
@@ -154,7 +160,46 @@ def _resolve_xla_state() -> ProcessState:
     return ProcessState(rank, local_rank, world, max(local_world, 1), device, kind, "xla" if world > 1 else None)
 
 
+def one_rank_group(device: torch.device) -> bool:
+    """Make a process group of this process alone, if none exists (True when made here): what DeepSpeed's engine
+    and FSDP2 need even for one rank, as HF accelerate's ``deepspeed.init_distributed()`` gives them. Its store is
+    in this process (``HashStore``): no port is held, no peer is waited for. nccl on a GPU, gloo otherwise."""
+    global _one_rank_group
+    if dist.is_initialized():
+        return False
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    _one_rank_group = dist.group.WORLD
+    return True
+
+
+def end_one_rank_group() -> None:
+    """Destroy the group :func:`one_rank_group` made, if it is still the default one (nothing else's)."""
+    global _one_rank_group
+    made, _one_rank_group = _one_rank_group, None
+    if made is not None and dist.is_initialized() and dist.group.WORLD is made:
+        dist.destroy_process_group()
+        _forget_deepspeeds_groups()
+
+
+def _forget_deepspeeds_groups() -> None:
+    """DeepSpeed keeps the groups it made from the default one (its world and data-parallel groups) in module
+    globals: once the default group is gone they name nothing, and a next engine in this process — or in a rank
+    forked from it, which inherits them — fails ("Group ... is not registered"). Its own teardown releases them."""
+    import sys
+
+    groups = sys.modules.get("deepspeed.utils.groups")
+    release = getattr(groups, "_release_process_group_references", None)
+    if release is not None:
+        release(None)
+    elif groups is not None:  # a DeepSpeed before that function: the same globals, by hand
+        for name in ("_WORLD_GROUP", "_DATA_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "mpu"):
+            if hasattr(groups, name):
+                setattr(groups, name, None)
+
+
 def destroy_process_group() -> None:
     """Destroy the default process group if there is one (safe to call twice)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        _forget_deepspeeds_groups()

@@ -6,6 +6,9 @@ DeepSpeed config from what the launch knows (the loader's batch size, the Accele
 and precision), so no "auto" is left for the user to fix. The training loop stays the same:
 ``accelerator.backward`` goes through the engine, ``optimizer.step()`` is the engine's step on sync steps.
 
+One process gets the engine too, as with HF accelerate (ZeRO-Offload is how one GPU trains a model bigger than its
+memory): a one-rank process group is made for it from an in-process store (``state.one_rank_group``).
+
 ``deepspeed`` is an optional dependency, imported only when a plugin is used (``pip install deepspeed``). No
 DeepSpeed op is built: none at install (``DS_BUILD_OPS=0``), and on CPU not its shared-memory collective either,
 which it would JIT-compile at the first engine (see :func:`_no_shared_memory_op_on_cpu`); the torch optimizer runs.
@@ -249,10 +252,25 @@ def _no_shared_memory_op_on_cpu(deepspeed: Any) -> None:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
+def _group_even_for_one_rank(deepspeed: Any) -> None:
+    """DeepSpeed's engine and ``zero.Init`` talk through torch.distributed even alone: a one-rank group when the
+    launch made none (one process), on DeepSpeed's device (nccl on a GPU, gloo on the CPU)."""
+    from deepspeed.accelerator import get_accelerator
+
+    from .state import one_rank_group
+
+    if one_rank_group(torch.device("cuda" if get_accelerator().device_name() == "cuda" else "cpu")):
+        # what deepspeed.init_distributed would set for a process started without a launcher (the engine asks
+        # for LOCAL_RANK); a launched rank has them all already
+        for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
+            os.environ.setdefault(name, value)
+
+
 def zero_init(plugin: DeepSpeedPlugin, *, accumulation: int, world: int, mixed_precision: str) -> "ZeroInit":
     """``deepspeed.zero.Init`` with the plugin's config (see :class:`ZeroInit`). The batch size is not known yet,
     and does not matter here."""
     deepspeed = import_deepspeed()
+    _group_even_for_one_rank(deepspeed)
     _no_shared_memory_op_on_cpu(deepspeed)  # zero.Init starts DeepSpeed's comm backend, which would build it
     config = filled_config(plugin, micro_batch=1, accumulation=accumulation, world=world,
                            mixed_precision=mixed_precision)  # fmt: skip
@@ -392,6 +410,7 @@ class _GatheredWrites(TorchFunctionMode):
 
 def build_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Dict[str, Any]) -> Any:
     deepspeed = import_deepspeed()
+    _group_even_for_one_rank(deepspeed)
     _no_shared_memory_op_on_cpu(deepspeed)
     # DeepSpeed calls collectives torch has deprecated, and torch says so at every step in every rank: a
     # warning about DeepSpeed's code the user can do nothing about, so it is not shown

@@ -59,6 +59,7 @@ class InlineBackend(Backend):
             run, outcome = None, Outcome(Status.STOPPED, still_running=[0])
         finally:
             set_rank_channel(None)
+            _end_one_rank_group()
         if run is not None and run.exception is None:
             outcome = Outcome(Status.FINISHED, results={0: to_cpu(run.value)}, exitcodes={0: 0})
         elif run is not None:
@@ -91,6 +92,14 @@ class InlineBackend(Backend):
             desk.withdraw(0)
             raise
         return desk.answered(prompt, line)
+
+
+def _end_one_rank_group() -> None:
+    """The one-rank process group an Accelerator made for DeepSpeed or FSDP2's offload in this run ends with it: left
+    in the kernel, it would refuse every later forked launch. Only looked up where the Accelerator was imported."""
+    state = sys.modules.get("notebook_accel.accelerator.state")
+    if state is not None:
+        state.end_one_rank_group()
 
 
 def format_thread_stacks() -> str:
