@@ -58,6 +58,47 @@ def load_ipython_extension(ipython: Any) -> None:
     from .magics import load_ipython_extension as load
 
     load(ipython)
+    _warm_start_where_cuda_is_live()
+
+
+def _warm_start_where_cuda_is_live() -> None:
+    """Where the kernel has CUDA live (or torch's CUDA build imported, and a GPU), start the fork server in the
+    background now, so the first launch finds it warm (``backends.processes.warm_start``, which checks again and
+    says why). Here only what costs nothing: the environment, ``sys.modules``, and whether a CUDA driver library
+    is mapped; elsewhere (a CPU machine, a rank, the fork server itself) nothing is imported or started."""
+    import os
+    import sys
+
+    if os.environ.get("NOTEBOOK_ACCEL_WARM_START", "1").strip().lower() in ("0", "false", "no", "off") \
+            or "RANK" in os.environ or "LOCAL_RANK" in os.environ:
+        return
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is not None and multiprocessing.parent_process() is not None:  # a spawned rank
+        return
+    owner = os.environ.get("NOTEBOOK_ACCEL_FORKSERVER_OWNER", "").partition(":")[0]
+    if owner.isdigit() and int(owner) != os.getpid():  # the fork server, preloading the rank side
+        return
+    torch = sys.modules.get("torch")
+    cuda_build = torch is not None and bool(getattr(getattr(torch, "backends", None), "cuda", None)
+                                            and torch.backends.cuda.is_built())
+    if not cuda_build:
+        try:  # a CUDA driver another library initialised (or the test suite's stand-in)
+            with open("/proc/self/maps") as maps:
+                if not any("/libcuda.so" in line for line in maps):
+                    return
+        except OSError:
+            return
+    import threading
+
+    def start() -> None:
+        from .backends.processes.warm_start import maybe_start
+
+        maybe_start(in_this_thread=True)
+
+    threading.Thread(target=start, name="notebook_accel-warm-start", daemon=True).start()
+
+
+_warm_start_where_cuda_is_live()
 
 
 def __getattr__(name: str) -> Any:

@@ -204,7 +204,7 @@ class Launch:
         self._oom_kills_before = oom_kill_count()  # a SIGKILL counts as OOM only if this goes up
         try:
             if plan.nodes is None:  # the nodes backend says it once the rendezvous placed this node
-                self._deliver(plan.started_event())
+                self._deliver(plan.started_event(start_up=_start_up(plan)))
             self.status = Status.RUNNING
             try:
                 outcome = self._run_backend(store)
@@ -283,6 +283,15 @@ class Launch:
 
 
 _last_launch: Optional[Launch] = None
+
+
+def _start_up(plan: LaunchPlan) -> str:
+    """What the fork server's warm start at import spent, for a launch whose ranks come from it."""
+    if plan.start_method != "forkserver":
+        return ""
+    from .backends.processes.warm_start import describe
+
+    return describe()
 
 
 def _discard(event: RankEvent) -> None:

@@ -40,6 +40,7 @@ FILES: Dict[str, str] = {
     "test_cuda_machine.py": "ranks",    # a real GPU (skipped without one)
     "test_cuda_payload.py": "ranks",
     "test_cuda_stand_in.py": "ranks",
+    "test_warm_start.py": "ranks",       # the fork server started at import where CUDA is live (the stand-in)
     "test_debugging.py": "ranks",
     "test_deepspeed.py": "ranks",
     "test_fsdp.py": "ranks",

@@ -26,4 +26,9 @@ def _register() -> None:
         atexit.register(_remove_if_orphaned, int(pid), tempdir)
 
 
+def probe() -> None:
+    """A process forked from the server and gone at once: how a kernel learns that its fork server is warm
+    (``backends.processes.warm_start``)."""
+
+
 _register()

@@ -469,6 +469,8 @@ class LaunchState:
                 parts.insert(0, launch_title(started.function_name))
             if started.mixed_precision and started.mixed_precision != "no":
                 parts.append(started.mixed_precision)
+            if started.start_up:
+                parts.append(started.start_up)
         parts += [f"{name} {value}" for name, value in self.place()]
         parts.append(self.status)
         parts.append(format_interval(self.elapsed()))

@@ -303,6 +303,8 @@ class LaunchStarted(RankEvent):
     num_nodes: int = 1
     node_rank: int = 0
     ranks: Optional[List[int]] = None
+    # How the ranks' start was prepared, for the header: "fork server warm (started at import, ready in 3.9 s)"
+    start_up: str = ""
 
 
 @dataclass

@@ -46,10 +46,15 @@ def configure_fork_server(context: multiprocessing.context.BaseContext) -> None:
     os.environ[KERNEL_TEMPDIR_VARIABLE] = f"{os.getpid()}:{multiprocessing.util.get_temp_dir()}"
 
 
+_server_lock = threading.Lock()
+
+
 def ensure_fork_server() -> None:
     """Start the fork server, if it is not running, so that it preloads the kernel's copy of the package (it
-    keeps those modules for its life: every later fork-server rank is a fork of it)."""
-    with starting_rank_process(), temporary_environ(_server_environment()):
+    keeps those modules for its life: every later fork-server rank is a fork of it). One start at a time: the
+    background warm start (``warm_start``) and a launch may both ask, and their environment changes must not
+    interleave."""
+    with _server_lock, starting_rank_process(), temporary_environ(_server_environment()):
         multiprocessing.forkserver.ensure_running()
 
 
