@@ -22,6 +22,11 @@ import tiers  # noqa: E402  (tests/ is on the path now)
 # through NVML, as the launcher asks, it initializes nothing: with or without a GPU, only the CUDA tests change.
 os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
 
+# On a GPU machine, importing notebook_accel with torch's CUDA build would start the fork server in the background
+# (backends/processes/warm_start.py) in pytest's process and in every script and kernel the tests start: the suite
+# keeps the behaviour it describes; tests/test_warm_start.py and test_cuda_machine.py turn it on where they test it.
+os.environ["NOTEBOOK_ACCEL_WARM_START"] = "0"
+
 # Our own temp dir for the whole session, inherited by every rank and script the tests start, so the
 # leftover check below sees only what this suite made (not other programs sharing /tmp).
 # Under pytest-xdist each worker makes its own, beside (not inside) the controller's: nested paths grow past the

@@ -276,6 +276,7 @@ def test_a_kernel_with_cuda_live_starts_its_fork_server_at_import(pause, monkeyp
     import, in the background: after a pause the launch finds the server warm; launched at once, it waits for the
     start under way and reuses it (one server either way). Times printed for the note, bounds only for a hang."""
     monkeypatch.setenv("USER_PAUSE", pause)
+    monkeypatch.setenv("NOTEBOOK_ACCEL_WARM_START", "1")  # conftest.py turns it off for the rest of the suite
     done = run_script(WARM_START_KERNEL, timeout=220)
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
