@@ -36,7 +36,8 @@ from .outcome.root_cause import Outcome
 from .plan.entry_points import entry_point
 from .plan.options import PathLike, launch_settings
 from .plan.plan import LaunchPlan, check_call, plan_launch, wants_post_mortem
-from .rank.session import set_on_rank, value_on_rank
+from .plan.devices import cuda_initialized
+from .rank.session import set_on_rank, value_on_rank, value_on_rank_for_the_gpu
 from .rank.tracebacks import without_launcher_frames
 from .views import OutputView, make_view
 from .monitor.resources import ResourceSampler
@@ -197,11 +198,20 @@ class Session:
         self._task(ExecuteCode(task_id=0, code=code, filename=filename), [], "%%ranks", return_all=False,
                    timeout=timeout, display=display, typed_cell=True, pdb=pdb)
 
-    def pull(self, name: str) -> List[Any]:
-        """The value of ``name`` in each rank's namespace, as a list by rank."""
+    def pull(self, name: str, device: Optional[str] = None) -> List[Any]:
+        """The value of ``name`` in each rank's namespace, as a list by rank.
+
+        Its CUDA tensors come to host memory (large ones copied from the GPU straight into shared memory; the
+        kernel initialises no CUDA) — or, with ``device="cuda"`` (the default where the kernel has CUDA live
+        already), stay on the GPU: handed over by CUDA IPC and copied there, device to device."""
         if not isinstance(name, str) or not name.isidentifier():
             raise TypeError(f"name must be a variable name, got {name!r}")
-        return self.run(value_on_rank, args=(name,), return_all=True, display="none")
+        if device not in (None, "cuda", "cpu"):
+            raise ValueError(f"device must be 'cuda' or 'cpu' (None: 'cuda' where CUDA is live here), not {device!r}")
+        if device is None:
+            device = "cuda" if cuda_initialized() else "cpu"
+        task = value_on_rank_for_the_gpu if device == "cuda" else value_on_rank
+        return self.run(task, args=(name,), return_all=True, display="none")
 
     def push(self, **values: Any) -> None:
         """Set each ``name=value`` in every rank's namespace (large tensors travel through shared memory)."""

@@ -449,3 +449,103 @@ def is_zombie(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+# ------------------------------------------------------------------- a GPU rank's tensor, copied into the result
+
+def test_a_device_tensors_chunks_cover_it_once_in_order():
+    from notebook_accel.wire.results import CHUNK_BYTES, chunk_bounds
+
+    assert chunk_bounds(0) == []
+    assert chunk_bounds(CHUNK_BYTES) == [(0, CHUNK_BYTES)]
+    bounds = chunk_bounds(2 * CHUNK_BYTES + 3)
+    assert bounds == [(0, CHUNK_BYTES), (CHUNK_BYTES, 2 * CHUNK_BYTES), (2 * CHUNK_BYTES, 2 * CHUNK_BYTES + 3)]
+
+
+@pytest.mark.parametrize("nbytes, chunk", [(10 * 4096 + 12, 4096), (3 << 20, 1 << 20), (5, 64 << 20)])
+def test_a_device_storage_is_copied_by_chunks_into_the_shared_file_and_read_back_whole(nbytes, chunk, monkeypatch):
+    """The route of a CUDA storage (``_DeviceSource``: copied by ``copy_from_device``, not from host memory), with a
+    CPU storage standing in for want of a GPU: torch copies it by the same ``copy_`` of each chunk. Chunk sizes
+    that do and do not divide it; the kernel's mapping holds every byte once, in order."""
+    import torch
+
+    from notebook_accel.wire import results
+
+    monkeypatch.setattr(results, "CHUNK_BYTES", chunk)
+    source = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
+    seen = []
+    original = torch.Tensor.copy_
+
+    def counting_copy(self, other, non_blocking=False):
+        seen.append(other.numel())
+        return original(self, other, non_blocking=non_blocking)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", counting_copy)
+    fd = results.shared_memory_file(-(-nbytes // 4096) * 4096, "test")
+    try:
+        results._write(fd, results._DeviceSource(source.untyped_storage()), 0)
+        monkeypatch.setattr(torch.Tensor, "copy_", original)
+        back = torch.frombuffer(results.map_shared(fd, 0, nbytes), dtype=torch.uint8)
+    finally:
+        os.close(fd)
+    assert seen == [stop - start for start, stop in results.chunk_bounds(nbytes, chunk)]
+    assert torch.equal(back, source)
+
+
+def test_a_warm_ranks_pool_takes_a_device_storage_into_pages_it_has():
+    """A session rank's second result of a device tensor goes into the pages the first one made (a plain copy into
+    existing memory), here with CPU storages standing in for CUDA ones."""
+    import torch
+
+    from notebook_accel.wire import results
+
+    pool = results.ResultPool(limit=64 << 20)
+    try:
+        for round_ in range(2):
+            source = torch.full((2 << 20,), round_ + 1, dtype=torch.uint8)
+            pieces, fds, flags = pool.share([results._DeviceSource(source.untyped_storage())])
+            mapped = results.map_shared(fds[0], 0, source.numel(), flags[0])
+            os.close(fds[0])
+            assert torch.equal(torch.frombuffer(mapped, dtype=torch.uint8), source)
+            del mapped
+            gc.collect()
+        assert pool.reused == 1
+    finally:
+        pool.close()
+
+
+STAND_IN_KERNEL = """
+import sys
+sys.path.insert(0, {here!r})
+import cuda_stand_in
+cuda_stand_in.install({folder!r})
+import torch
+from notebook_accel import notebook_launcher
+from notebook_accel.plan.devices import fork_safety
+
+def big():
+    return {{"weights": torch.arange(4 << 20, dtype=torch.float32), "small": torch.ones(3)}}
+
+value = notebook_launcher(big, num_processes=2, device="cpu", display="none")
+print("VALUE", torch.equal(value["weights"], torch.arange(4 << 20, dtype=torch.float32)), value["small"].tolist())
+print("CUDA", cuda_stand_in.init_calls(), torch.cuda.is_initialized(), fork_safety()[0])
+"""
+
+
+def test_a_kernel_with_a_cuda_driver_receives_a_result_without_initialising_it(tmp_path):
+    """On a machine with a CUDA driver (the suite's stand-in): the result's tensors are CPU tensors over the shared
+    memory, and the kernel's driver stays uninitialised (fork stays safe after it)."""
+    import subprocess
+
+    import cuda_stand_in
+    from scripts import run_script
+
+    try:
+        cuda_stand_in.build(str(tmp_path))
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.skip(f"no C compiler to build the stand-in driver: {error}")
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = run_script(STAND_IN_KERNEL.format(here=here, folder=str(tmp_path)), timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "VALUE True [1.0, 1.0, 1.0]" in done.stdout, done.stdout
+    assert "CUDA 0 False True" in done.stdout, done.stdout

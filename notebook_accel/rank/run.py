@@ -20,7 +20,7 @@ import cloudpickle
 
 from ..wire.channel import set_rank_channel
 from ..wire.events import RankFailed, RankResult
-from ..wire.results import ResultPickler, share_pieces
+from ..wire.results import ResultPickler, goes_from_device, share_pieces
 # Imported here, not when first used: every process that can start a rank (the kernel, whose forks inherit
 # them; the fork server, which preloads this module) pays for them once instead of in every rank.
 from . import metrics  # noqa: F401  - patch_tqdm's, imported by every rank otherwise
@@ -168,12 +168,13 @@ def dumps_for_kernel(value: Any) -> bytes:
 
 
 def send_result_event(sender: Any, value: Any) -> None:
-    """Send the return value to the kernel as a ``RankResult``, tensors moved to CPU first (the kernel never
-    touches a device). Where the channel carries files, its large tensors and arrays travel through shared
-    memory, copied once (``wire.results``); otherwise everything is in the pickle."""
+    """Send the return value to the kernel as a ``RankResult``; the kernel never touches a device. Where the channel
+    carries files, its large tensors and arrays travel through shared memory, copied once (``wire.results``) — a
+    large CUDA tensor straight from the GPU into it; otherwise everything is in the pickle, tensors moved to CPU."""
     try:
-        value = to_cpu(value)
-        if not getattr(sender, "passes_files", False):
+        passes_files = getattr(sender, "passes_files", False)
+        value = to_cpu(value, keep=goes_from_device if passes_files else None)
+        if not passes_files:
             sender.send(RankResult(rank=sender.rank, payload=dumps_for_kernel(value)))
             return
         buffer, storages, buffers = io.BytesIO(), [], []
@@ -193,23 +194,25 @@ def send_result_event(sender: Any, value: Any) -> None:
             os.close(fd)
 
 
-def to_cpu(value: Any) -> Any:
-    """``value`` with every tensor (in dicts, lists, tuples, namedtuples) detached and moved to CPU."""
+def to_cpu(value: Any, keep: Optional[Callable[[Any], bool]] = None) -> Any:
+    """``value`` with every tensor (in dicts, lists, tuples, namedtuples) detached and moved to CPU; those for
+    which ``keep`` says so are only detached (a large CUDA tensor, copied from its GPU into shared memory)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return value
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
+        detached = value.detach()
+        return detached if keep is not None and keep(detached) else detached.cpu()
     if isinstance(value, dict):
-        moved = {key: to_cpu(item) for key, item in value.items()}
+        moved = {key: to_cpu(item, keep) for key, item in value.items()}
         try:
             return type(value)(moved)  # OrderedDict, state_dict's own class
         except TypeError:  # e.g. defaultdict, whose first argument is a factory
             return moved
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(to_cpu(item) for item in value))
+        return type(value)(*(to_cpu(item, keep) for item in value))
     if isinstance(value, (list, tuple)):
-        return type(value)(to_cpu(item) for item in value)
+        return type(value)(to_cpu(item, keep) for item in value)
     return value
 
 

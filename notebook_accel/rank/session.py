@@ -246,6 +246,25 @@ def value_on_rank(name: str) -> Any:
     return namespace[name]
 
 
+def value_on_rank_for_the_gpu(name: str) -> Any:
+    """``Session.pull(name, device="cuda")``'s task: ``name``, its CUDA tensors (in dicts, lists, tuples) handed
+    over by CUDA IPC (``wire.results.CudaHandover``): the kernel copies them on the device."""
+    return _handed_over(value_on_rank(name))
+
+
+def _handed_over(value: Any) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return CudaHandover(value) if value.is_cuda else value
+    if isinstance(value, dict):
+        return {key: _handed_over(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_handed_over(item) for item in value)
+    return value
+
+
 def set_on_rank(values: Dict[str, Any]) -> None:
     """``Session.push``'s task: set each name in this rank's namespace."""
     rank_namespace().update(values)

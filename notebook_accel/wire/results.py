@@ -16,6 +16,16 @@ the kernel maps each piece and closes the fd at once (``map_shared``). So:
 - nothing has a name: no /dev/shm entry, no temp file. A rank killed while sending takes its files with it; files
   already sent are closed with the kernel's end of the socket, or by the decoder that received them.
 
+A CUDA tensor a rank returns (one of at least ``SHARED_MIN_BYTES``) is not moved to CPU first: its storage is set
+aside as a CPU one is, and copied from the device straight into the shared-memory file, in chunks of
+``CHUNK_BYTES`` (``copy_from_device``), into pages that exist before the copy (mapped with ``MAP_POPULATE``, or a
+pooled file's) and, from ``REGISTER_MIN_BYTES`` on, registered as pinned (``cudaHostRegister``: the copy is then the
+GPU's own DMA at the link's speed, instead of the driver's staging through a bounce buffer). Never into fresh pageable
+memory, never twice. The kernel maps the file as for any result: it receives a CPU tensor and initialises no CUDA.
+
+A warm session's ``pull(name, device="cuda")`` takes another road (``CudaHandover``): the rank is alive, so the
+tensor goes by CUDA IPC and the kernel copies it on the device.
+
 Example (rank side, then kernel side)::
 
     ResultPickler(out, storages, buffers).dump(value)        # large storages and buffers set aside
@@ -41,11 +51,14 @@ from .payload import (SHARED_MIN_BYTES, Piece, SharedUnpickler, SharingPickler, 
 FILES_PER_RESULT = 250          # SCM_RIGHTS carries at most 253 fds in one message on Linux
 _PAGE = mmap.ALLOCATIONGRANULARITY   # each piece is mapped on its own: its offset in the file is page-aligned
 _WRITE_BYTES = 1 << 30          # os.pwrite writes at most ~2 GiB at once on Linux
+CHUNK_BYTES = 64 << 20          # a device tensor's bytes are copied to the host this much at a time
+REGISTER_MIN_BYTES = 32 << 20   # from this size on the host pages are registered (pinned) for the copy
 FILE_NAME = "notebook_accel-result"
 POOL_LIMIT_VARIABLE = "NOTEBOOK_ACCEL_RESULT_POOL_MIB"   # MiB of free result files a warm session rank keeps
 DEFAULT_POOL_MIB = 1024
 
-__all__ = ["FILES_PER_RESULT", "ResultPickler", "ResultPool", "SharedPieces", "map_shared", "share_pieces"]
+__all__ = ["FILES_PER_RESULT", "CudaHandover", "ResultPickler", "ResultPool", "SharedPieces", "chunk_bounds",
+           "copy_from_device", "goes_from_device", "map_shared", "share_pieces"]
 
 
 class ResultPickler(SharingPickler):
@@ -57,6 +70,97 @@ class ResultPickler(SharingPickler):
     def __init__(self, file: io.BytesIO, storages: List[Any], buffers: List[Any]) -> None:
         super().__init__(file, storages, buffers)
         self._ipc_tensor_types = ()
+
+    def persistent_id(self, obj: Any) -> Any:
+        """CPU storages as the payload's pickler sets them aside; a large CUDA one too (``goes_from_device``): it is
+        copied from the device straight into shared memory, and the kernel rebuilds a CPU tensor over it."""
+        if self._typed_storage is not None and type(obj) is self._typed_storage:
+            untyped = obj._untyped_storage
+            if untyped.device.type == "cuda" and untyped.nbytes() >= SHARED_MIN_BYTES:
+                key = ("cuda", untyped.device.index, untyped.data_ptr())
+                if key not in self._storage_index:
+                    self._storage_index[key] = len(self._storages)  # type: ignore[index]
+                    self._storages.append(obj)
+                return ("storage", self._storage_index[key])  # type: ignore[index]
+        return super().persistent_id(obj)
+
+
+def goes_from_device(tensor: Any) -> bool:
+    """Whether a returned tensor stays on its GPU until it is copied into the result's shared memory (a CUDA tensor
+    of at least ``SHARED_MIN_BYTES`` of storage), rather than being moved to the host first (a small one, which
+    then travels in the pickle: torch would rebuild a pickled CUDA storage on the kernel's GPU)."""
+    return bool(getattr(tensor, "is_cuda", False)) and tensor.untyped_storage().nbytes() >= SHARED_MIN_BYTES
+
+
+def chunk_bounds(nbytes: int, chunk: int = CHUNK_BYTES) -> List[Tuple[int, int]]:
+    """``[start, stop)`` of each chunk of a copy of ``nbytes``: ``chunk`` bytes each, the last one what is left.
+
+    >>> chunk_bounds(10, 4)
+    [(0, 4), (4, 8), (8, 10)]
+    """
+    return [(start, min(start + chunk, nbytes)) for start in range(0, nbytes, chunk)]
+
+
+def copy_from_device(address: int, storage: Any, chunk: Optional[int] = None, register: Optional[bool] = None) -> bool:
+    """Copy the bytes of ``storage`` (an untyped storage: a CUDA one, or any torch copies from) to ``address`` in
+    this process's memory, ``chunk`` bytes at a time (default ``CHUNK_BYTES``); the pages there must exist already.
+    ``register``: pin them for the copy (``cudaHostRegister``; default: a CUDA storage of at least
+    ``REGISTER_MIN_BYTES``). Returns whether they were registered (and are unregistered again)."""
+    import torch
+
+    nbytes = storage.nbytes()
+    host = torch.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=torch.uint8, count=nbytes)
+    source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    on_gpu = storage.device.type == "cuda"
+    if register is None:
+        register = on_gpu and nbytes >= REGISTER_MIN_BYTES
+    registered = bool(register) and on_gpu and _register(address, nbytes)
+    try:
+        for start, stop in chunk_bounds(nbytes, chunk or CHUNK_BYTES):
+            host[start:stop].copy_(source[start:stop], non_blocking=registered)
+        if on_gpu:
+            torch.cuda.current_stream(storage.device).synchronize()
+    finally:
+        if registered:
+            torch.cuda.cudart().cudaHostUnregister(address)
+    return registered
+
+
+def _register(address: int, nbytes: int) -> bool:
+    """Pin ``nbytes`` at ``address`` for the GPU's DMA; False where the driver refuses (the copy is then staged)."""
+    import torch
+
+    try:
+        return int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 0)) == 0
+    except Exception:
+        return False
+
+
+class _DeviceSource:
+    """A CUDA storage among a result's pieces: copied by ``copy_from_device``, not written from host memory."""
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+        self.nbytes = storage.nbytes()
+
+
+class CudaHandover:
+    """A warm session rank's CUDA tensor for ``Session.pull(name, device="cuda")``: pickled as a CUDA IPC handle
+    (``torch.multiprocessing``'s reduction; the rank is alive and keeps the tensor), rebuilt in the kernel and
+    copied there on the device (``clone``), so the kernel's value stays its own whatever the rank does next."""
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+
+    def __reduce__(self) -> Any:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        rebuild, args = reduce_tensor(self.tensor.detach())
+        return _rebuilt_and_copied, (rebuild, args)
+
+
+def _rebuilt_and_copied(rebuild: Any, args: Any) -> Any:
+    return rebuild(*args).clone()
 
 
 @dataclass
@@ -127,8 +231,11 @@ def map_shared(fd: int, offset: int, nbytes: int, flag: Optional[int] = None) ->
     return memoryview(region).cast("B")
 
 
-def _map(fd: int, offset: int, nbytes: int) -> int:
-    address = _libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, offset)
+def _map(fd: int, offset: int, nbytes: int, populate: bool = False) -> int:
+    """Map ``nbytes`` of ``fd`` at ``offset``; ``populate``: with its pages made now, in one go (``MAP_POPULATE``),
+    rather than one fault per 4 KiB during the copy that follows."""
+    flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+    address = _libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, offset)
     if address in (None, _MAP_FAILED):
         error = ctypes.get_errno()
         raise OSError(error, f"mmap of a result's shared memory failed: {os.strerror(error)}")
@@ -160,7 +267,7 @@ def share_pieces(storages: List[Any], buffers: List[Any],
     """Copy what a ``ResultPickler`` set aside into shared-memory files; returns where each piece lies and the
     files' fds (the caller sends, then closes them). ``(None, [])`` when nothing was set aside. With a warm
     session rank's ``pool``, each piece goes into one of its files the kernel gave back, when one fits."""
-    sources = [_storage_bytes(storage) for storage in storages] + [buffer.raw() for buffer in buffers]
+    sources = [_storage_source(storage) for storage in storages] + [buffer.raw() for buffer in buffers]
     if not sources:
         return None, []
     if pool is not None and len(sources) <= FILES_PER_RESULT:
@@ -309,8 +416,11 @@ class ResultPool:
             self.files = []
 
 
-def _copy_into(address: int, source: memoryview) -> None:
-    """One memory copy of ``source`` to ``address`` (a read-only source too)."""
+def _copy_into(address: int, source: Any) -> None:
+    """One memory copy of ``source`` to ``address`` (a read-only source too; a device one by chunks)."""
+    if isinstance(source, _DeviceSource):
+        copy_from_device(address, source.storage)
+        return
     memoryview((ctypes.c_char * source.nbytes).from_address(address)).cast("B")[:] = source.cast("B")
 
 
@@ -322,10 +432,24 @@ def _groups(count: int, most: int) -> List[Tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def _write(fd: int, source: memoryview, offset: int) -> None:
+def _write(fd: int, source: Any, offset: int) -> None:
+    if isinstance(source, _DeviceSource):  # straight from the GPU, into pages mapped (and made) first
+        nbytes = -(-source.nbytes // _PAGE) * _PAGE
+        address = _map(fd, offset, nbytes, populate=True)
+        try:
+            copy_from_device(address, source.storage)
+        finally:
+            _libc.munmap(address, nbytes)
+        return
     written = 0
     while written < source.nbytes:
         written += os.pwrite(fd, source[written:written + _WRITE_BYTES], offset + written)
+
+
+def _storage_source(storage: Any) -> Any:
+    """What ``share_pieces`` copies from: a CPU storage's bytes, or a CUDA storage itself."""
+    untyped = storage._untyped_storage
+    return _DeviceSource(untyped) if untyped.device.type == "cuda" else _storage_bytes(storage)
 
 
 def _storage_bytes(storage: Any) -> memoryview:
