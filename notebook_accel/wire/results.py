@@ -101,11 +101,13 @@ def chunk_bounds(nbytes: int, chunk: int = CHUNK_BYTES) -> List[Tuple[int, int]]
     return [(start, min(start + chunk, nbytes)) for start in range(0, nbytes, chunk)]
 
 
-def copy_from_device(address: int, storage: Any, chunk: Optional[int] = None, register: Optional[bool] = None) -> bool:
+def copy_from_device(address: int, storage: Any, chunk: Optional[int] = None, register: Optional[bool] = None,
+                     pinned: bool = False) -> bool:
     """Copy the bytes of ``storage`` (an untyped storage: a CUDA one, or any torch copies from) to ``address`` in
     this process's memory, ``chunk`` bytes at a time (default ``CHUNK_BYTES``); the pages there must exist already.
     ``register``: pin them for the copy (``cudaHostRegister``; default: a CUDA storage of at least
-    ``REGISTER_MIN_BYTES``). Returns whether they were registered (and are unregistered again)."""
+    ``REGISTER_MIN_BYTES``), unless ``pinned`` says they are registered already (a pooled file's, kept so).
+    Returns whether they were registered for this copy (and are unregistered again)."""
     import torch
 
     nbytes = storage.nbytes()
@@ -113,11 +115,11 @@ def copy_from_device(address: int, storage: Any, chunk: Optional[int] = None, re
     source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
     on_gpu = storage.device.type == "cuda"
     if register is None:
-        register = on_gpu and nbytes >= REGISTER_MIN_BYTES
+        register = on_gpu and nbytes >= REGISTER_MIN_BYTES and not pinned
     registered = bool(register) and on_gpu and _register(address, nbytes)
     try:
         for start, stop in chunk_bounds(nbytes, chunk or CHUNK_BYTES):
-            host[start:stop].copy_(source[start:stop], non_blocking=registered)
+            host[start:stop].copy_(source[start:stop], non_blocking=registered or (pinned and on_gpu))
         if on_gpu:
             torch.cuda.current_stream(storage.device).synchronize()
     finally:
@@ -308,6 +310,13 @@ class _PooledFile:
     capacity: int
     address: int
     warm: bool = False
+    pinned: bool = False   # its data registered with CUDA (``cudaHostRegister``) for the copies from a GPU
+
+    def pin_for(self, source: "_DeviceSource") -> bool:
+        """Register the file's data with CUDA once, for every copy from a GPU into it, where that pays."""
+        if not self.pinned and source.storage.device.type == "cuda" and self.capacity >= REGISTER_MIN_BYTES:
+            self.pinned = _register(self.address, self.capacity)
+        return self.pinned
 
     def lent(self) -> bool:
         return ctypes.c_uint8.from_address(self.address + self.capacity).value != 0
@@ -316,6 +325,10 @@ class _PooledFile:
         ctypes.c_uint8.from_address(self.address + self.capacity).value = 1
 
     def close(self) -> None:
+        if self.pinned:
+            import torch
+
+            torch.cuda.cudart().cudaHostUnregister(self.address)
         _libc.munmap(self.address, self.capacity + _PAGE)
         os.close(self.fd)
 
@@ -360,7 +373,11 @@ class ResultPool:
                         flags.append(None)
                     else:
                         fds.append(os.dup(pooled.fd))
-                        if pooled.warm:
+                        if isinstance(source, _DeviceSource):  # registering makes the pages, then DMA into them
+                            copy_from_device(pooled.address, source.storage, pinned=pooled.pin_for(source))
+                            self.reused += 1 if pooled.warm else 0
+                            pooled.warm = True
+                        elif pooled.warm:
                             _copy_into(pooled.address, source)
                             self.reused += 1
                         else:
@@ -416,11 +433,8 @@ class ResultPool:
             self.files = []
 
 
-def _copy_into(address: int, source: Any) -> None:
-    """One memory copy of ``source`` to ``address`` (a read-only source too; a device one by chunks)."""
-    if isinstance(source, _DeviceSource):
-        copy_from_device(address, source.storage)
-        return
+def _copy_into(address: int, source: memoryview) -> None:
+    """One memory copy of ``source`` to ``address`` (a read-only source too)."""
     memoryview((ctypes.c_char * source.nbytes).from_address(address)).cast("B")[:] = source.cast("B")
 
 
