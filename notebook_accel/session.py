@@ -208,8 +208,12 @@ class Session:
             raise TypeError(f"name must be a variable name, got {name!r}")
         if device not in (None, "cuda", "cpu"):
             raise ValueError(f"device must be 'cuda' or 'cpu' (None: 'cuda' where CUDA is live here), not {device!r}")
+        local = self._plan.backend == "processes"  # CUDA IPC reaches only ranks on this machine's GPUs
+        if device == "cuda" and not local:
+            raise ValueError(f"pull(device='cuda') hands tensors over by CUDA IPC, which reaches only this machine's "
+                             f"ranks, not a {self._plan.backend} session's; pull to the host (device='cpu')")
         if device is None:
-            device = "cuda" if cuda_initialized() else "cpu"
+            device = "cuda" if local and cuda_initialized() else "cpu"
         task = value_on_rank_for_the_gpu if device == "cuda" else value_on_rank
         return self.run(task, args=(name,), return_all=True, display="none")
 

@@ -549,3 +549,15 @@ def test_a_kernel_with_a_cuda_driver_receives_a_result_without_initialising_it(t
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "VALUE True [1.0, 1.0, 1.0]" in done.stdout, done.stdout
     assert "CUDA 0 False True" in done.stdout, done.stdout
+
+
+def test_pull_to_the_gpu_leaves_what_is_not_a_cuda_tensor_as_pull_does_and_refuses_other_devices():
+    """``pull(name, device="cuda")`` hands CUDA tensors over by IPC (test_cuda_machine.py); what is not one comes
+    back as with a plain ``pull`` (here, CPU ranks: all of it). An unknown device is refused before any run."""
+    with Session(num_processes=2, device="cpu", display="none") as session:
+        session.execute("import torch\nvalue = {'x': torch.arange(3 * 2 ** 18), 'n': [1, (2, 3)]}")
+        pulled = session.pull("value", device="cuda")
+        assert [item["n"] for item in pulled] == [[1, (2, 3)]] * 2
+        assert all(torch.equal(item["x"], torch.arange(3 * 2 ** 18)) for item in pulled)
+        with pytest.raises(ValueError, match="device must be 'cuda' or 'cpu'"):
+            session.pull("value", device="gpu")
