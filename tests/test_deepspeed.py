@@ -179,14 +179,18 @@ def test_a_zero3_checkpoint_resumes_on_the_ranks_that_saved_it(tmp_path):
     # on one process without DeepSpeed, and on another number of ranks: the next test
 
 
-@pytest.mark.parametrize("saved_on, loaded_on", [(1, 2), (2, 1), (2, 3)])
-def test_a_zero3_checkpoint_resumes_on_another_number_of_ranks(tmp_path, saved_on, loaded_on):
+# stateless and unstepped optimizers (issue 36): torch's full-state setter asserted "Expected device to be set"
+@pytest.mark.parametrize("saved_on, loaded_on, optimizer_state", [
+    (1, 2, "momentum"), (2, 1, "momentum"), (2, 3, "momentum"),
+    (1, 2, "stateless"), (2, 1, "stateless"), (1, 2, "unstepped"), (2, 1, "unstepped")])
+def test_a_zero3_checkpoint_resumes_on_another_number_of_ranks(tmp_path, saved_on, loaded_on, optimizer_state):
     # one process trains without DeepSpeed and writes the plain files, which the engine loads as full state;
     # DeepSpeed's own checkpoint (each rank's partitions) is merged into full state for another number of ranks
-    saved = on_ranks(saved_on, train_and_save, str(tmp_path), "zero3")[0]
+    saved = on_ranks(saved_on, train_and_save, str(tmp_path), "zero3", optimizer_state)[0]
     assert os.path.isdir(tmp_path / "model.deepspeed") is (saved_on > 1)
-    loaded = on_ranks(loaded_on, load_and_continue, str(tmp_path), "zero3")[0]
-    assert_resumed(saved, loaded, f"a ZeRO-3 checkpoint from {saved_on} to {loaded_on} ranks")
+    loaded = on_ranks(loaded_on, load_and_continue, str(tmp_path), "zero3", optimizer_state)[0]
+    assert_resumed(saved, loaded, f"a ZeRO-3 checkpoint ({optimizer_state}) from {saved_on} to {loaded_on} ranks",
+                   optimizer_state)
 
 
 def test_a_ddp_checkpoint_resumes_under_zero3(tmp_path):
