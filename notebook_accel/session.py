@@ -233,10 +233,10 @@ class Session:
                                         f"None, got {rank!r}")
         # Said here, in one line, as above: not as a remote traceback from the rank's debug task.
         if not failed_ranks:
-            raise RuntimeError("no rank raised in the last run (it was stopped, or timed out): there is nothing to debug")
+            raise RuntimeError("no rank raised in the last run (it was stopped, or timed out): nothing to debug")
         if rank not in failed_ranks:
-            did = " and ".join(str(other) for other in failed_ranks)
-            raise RuntimeError(f"rank {rank} did not fail in the last run (rank{'s' * (len(failed_ranks) > 1)} {did} did)")
+            did = ("rank " if len(failed_ranks) == 1 else "ranks ") + " and ".join(map(str, failed_ranks))
+            raise RuntimeError(f"rank {rank} did not fail in the last run ({did} did)")
         self._task(Debug(task_id=0, rank=rank, failed_task=failed_task), [], "debug", return_all=False,
                    timeout=None, display="none", typed_cell=True, debugging=True)
 
