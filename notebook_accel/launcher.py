@@ -34,7 +34,7 @@ from .rank.tracebacks import without_launcher_frames
 from .views import NullView, View, make_view
 from .wire.choices import (ClusterName, DeviceName, DisplayName, MixedPrecisionName, PlacementName,
                            RendezvousBackendName, StartMethodName)
-from .wire.events import LaunchFinished, MetricReport, OutputLine, OutputLines, RankEvent, Status
+from .wire.events import LaunchFinished, MetricReport, OutputLine, OutputLines, RankEvent, RankFailed, Status
 
 
 class Launch:
@@ -65,6 +65,7 @@ class Launch:
         self.result: Any = None
         self.error: Optional[BaseException] = None
         self.root_rank: Optional[int] = None  # the root-cause rank of a failure
+        self.failed_ranks: List[int] = []     # the ranks that raised, in the order their failures came
         self._stop_requested = threading.Event()
         self._done = threading.Event()
         self.future: "Future[Any]" = Future()  # completed by _end, with the result or the root cause
@@ -180,6 +181,8 @@ class Launch:
             self.outputs[event.rank].extend(event.texts)
         elif isinstance(event, MetricReport):
             self.metric_log.add(event)
+        elif isinstance(event, RankFailed):  # (not how a rank felt our stop: the supervisor keeps that back)
+            self.failed_ranks.append(event.rank)
         try:
             self.view.handle(event)
         except Exception as error:  # a display bug must not abandon running ranks or lose the result

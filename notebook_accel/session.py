@@ -136,7 +136,8 @@ class Session:
         self._samples: Dict[int, ResourceSample] = {}
         self._sampler: Optional[ResourceSampler] = None
         self._notice: Optional[str] = None  # what the session last did on its own, until the next task
-        self._last_failure: Optional[Tuple[int, int, int]] = None  # (task, root-cause rank, restarts then)
+        # (task, root-cause rank, restarts then, the ranks that raised)
+        self._last_failure: Optional[Tuple[int, int, int, List[int]]] = None
         self._noted_shadowed: Set[str] = set()  # kernel names already said to be the ranks' own
         # Garbage collection of a session ends its ranks (the kernel's exit does too: lifeline and PDEATHSIG).
         self._finalizer = weakref.finalize(self, lambda: None)  # replaced once the ranks exist
@@ -237,13 +238,19 @@ class Session:
         self._check_open()
         if self._last_failure is None:
             raise RuntimeError("no run of this session has failed: there is nothing to debug")
-        failed_task, root_rank, restarts = self._last_failure
+        failed_task, root_rank, restarts, failed_ranks = self._last_failure
         if restarts != self.restarts:
             raise RuntimeError("the ranks were restarted after the run that failed: its frames are gone")
         rank = root_rank if rank is None else rank
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.num_processes:
             raise LaunchConfigTypeError(f"rank must be a rank of this session (0..{self.num_processes - 1}) or "
                                         f"None, got {rank!r}")
+        # Said here, in one line, as above: not as a remote traceback from the rank's debug task.
+        if not failed_ranks:
+            raise RuntimeError("no rank raised in the last run (it was stopped, or timed out): nothing to debug")
+        if rank not in failed_ranks:
+            did = ("rank " if len(failed_ranks) == 1 else "ranks ") + " and ".join(map(str, failed_ranks))
+            raise RuntimeError(f"rank {rank} did not fail in the last run ({did} did)")
         self._task(Debug(task_id=0, rank=rank, failed_task=failed_task), [], "debug", return_all=False,
                    timeout=None, display="none", typed_cell=True, debugging=True)
 
@@ -315,7 +322,7 @@ class Session:
                     raise
                 if not debugging:  # what Session.debug opens: the run's own failure, not a failed debug
                     self._last_failure = (task_id, launch.root_rank if launch.root_rank is not None else 0,
-                                          restarts)
+                                          restarts, sorted(set(launch.failed_ranks)))
                 if plan.post_mortem and launch.root_rank is not None:
                     leave_post_mortem_to_the_rank()
                 for notice in notices:

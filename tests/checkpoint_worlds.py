@@ -6,6 +6,10 @@ sharding ("fsdp2", "zero3", or "plain": DDP, or nothing on one process), saves, 
 *the whole data set on every rank*: the ranks' gradients average to the one-process gradient, so that step is
 the same on any number of ranks. A resumed run loads and takes the same step: equal weights after it mean the
 weights *and* the optimizer state came back (momentum moves the step), and that training goes on.
+
+``optimizer`` varies what the optimizer holds when it is saved: ``"momentum"`` (a buffer per parameter),
+``"stateless"`` (plain SGD: no state at all, only its hyperparameters) or ``"unstepped"`` (SGD with momentum saved
+right after ``prepare``, before its first step: no state yet).
 """
 from __future__ import annotations
 
@@ -32,6 +36,9 @@ def sharded_accelerator(sharding: str) -> Accelerator:
         return Accelerator(cpu=True)
 
 
+OPTIMIZER_STATES = ("momentum", "stateless", "unstepped")
+
+
 def _momentum(accelerator: Accelerator, model: Any, optimizer: Any) -> Dict[str, torch.Tensor]:
     """Every parameter's whole momentum buffer by name, on rank 0 (a collective: call it on every rank)."""
     from notebook_accel.accelerator.fsdp import is_sharded
@@ -40,17 +47,24 @@ def _momentum(accelerator: Accelerator, model: Any, optimizer: Any) -> Dict[str,
     if is_engine(model):
         from deepspeed.utils import safe_get_full_optimizer_state
 
-        return {name: safe_get_full_optimizer_state(param, "momentum_buffer").cpu().clone()
-                for name, param in model.module.named_parameters()}  # fmt: skip
+        buffers = {}
+        for name, param in model.module.named_parameters():
+            try:  # (a KeyError on every rank alike, before any gather: no buffer yet, or plain SGD)
+                buffers[name] = safe_get_full_optimizer_state(param, "momentum_buffer").cpu().clone()
+            except KeyError:
+                pass
+        return buffers
     if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         state = get_optimizer_state_dict(model, optimizer.optimizer,
                                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))  # fmt: skip
-        return {name: value["momentum_buffer"] for name, value in state.get("state", {}).items()}
+        return {name: value["momentum_buffer"] for name, value in state.get("state", {}).items()
+                if value.get("momentum_buffer") is not None}  # fmt: skip
     module = accelerator.unwrap_model(model)
-    return {name: optimizer.optimizer.state[param]["momentum_buffer"].clone()
-            for name, param in module.named_parameters() if param in optimizer.optimizer.state}  # fmt: skip
+    state = optimizer.optimizer.state
+    return {name: state[param]["momentum_buffer"].clone() for name, param in module.named_parameters()
+            if state.get(param, {}).get("momentum_buffer") is not None}  # fmt: skip
 
 
 def _weights(accelerator: Accelerator, model: Any) -> Dict[str, torch.Tensor]:
@@ -58,8 +72,10 @@ def _weights(accelerator: Accelerator, model: Any) -> Dict[str, torch.Tensor]:
     return {name: value.detach().clone() for name, value in accelerator.get_state_dict(model).items()}
 
 
-def _prepared(accelerator: Accelerator):
+def _prepared(accelerator: Accelerator, optimizer_state: str = "momentum"):
     model, optimizer, _ = fresh_training_objects()
+    if optimizer_state == "stateless":
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     return accelerator.prepare(model, optimizer, DataLoader(regression_data(), batch_size=8))
 
 
@@ -70,11 +86,11 @@ def _step_on_everything(accelerator: Accelerator, model: Any, optimizer: Any) ->
     optimizer.zero_grad()
 
 
-def train_and_save(directory: str, sharding: str) -> Dict[str, Any]:
-    """Train an epoch, save; what was saved, and the weights after one more step."""
+def train_and_save(directory: str, sharding: str, optimizer_state: str = "momentum") -> Dict[str, Any]:
+    """Train an epoch (none when ``"unstepped"``), save; what was saved, and the weights after one more step."""
     accelerator = sharded_accelerator(sharding)
-    model, optimizer, loader = _prepared(accelerator)
-    for x, y in loader:
+    model, optimizer, loader = _prepared(accelerator, optimizer_state)
+    for x, y in loader if optimizer_state != "unstepped" else ():
         accelerator.backward(F.mse_loss(model(x), y))
         optimizer.step()
         optimizer.zero_grad()
@@ -84,10 +100,10 @@ def train_and_save(directory: str, sharding: str) -> Dict[str, Any]:
     return {**saved, "next": _weights(accelerator, model)}
 
 
-def load_and_continue(directory: str, sharding: str) -> Dict[str, Any]:
+def load_and_continue(directory: str, sharding: str, optimizer_state: str = "momentum") -> Dict[str, Any]:
     """A fresh run that loads ``directory``: what it loaded, and the weights after the same one more step."""
     accelerator = sharded_accelerator(sharding)
-    model, optimizer, _ = _prepared(accelerator)
+    model, optimizer, _ = _prepared(accelerator, optimizer_state)
     fresh = _weights(accelerator, model)
     accelerator.load_state(directory)
     loaded = {"fresh": fresh, "weights": _weights(accelerator, model),
@@ -116,12 +132,21 @@ def on_ranks(world: int, function: Callable[..., Any], *args: Any) -> List[Any]:
                              display="none", return_all=True)  # fmt: skip
 
 
-def assert_resumed(saved: Dict[str, Any], loaded: Dict[str, Any], what: str) -> None:
+def assert_resumed(saved: Dict[str, Any], loaded: Dict[str, Any], what: str, optimizer_state: str = "momentum") -> None:
     """Rank 0's views of a save and a load: the same weights and momentum, and the same next step."""
     from test_accelerator_distributed import assert_same_weights
 
-    assert saved["weights"] and saved["momentum"], f"{what}: nothing was saved"
-    assert not torch.allclose(loaded["fresh"]["0.weight"], saved["weights"]["0.weight"]), f"{what}: trained?"
+    assert saved["weights"], f"{what}: nothing was saved"
+    if optimizer_state == "momentum":
+        assert saved["momentum"], f"{what}: no momentum was saved"
+    if optimizer_state == "stateless":
+        assert not saved["momentum"] and not loaded["momentum"], f"{what}: plain SGD has no momentum"
+    if optimizer_state != "unstepped":  # (saved before any step: the fresh weights are the saved ones)
+        assert not torch.allclose(loaded["fresh"]["0.weight"], saved["weights"]["0.weight"]), f"{what}: trained?"
     assert_same_weights(loaded["weights"], saved["weights"], f"{what}, weights")
-    assert_same_weights(loaded["momentum"], saved["momentum"], f"{what}, momentum")
+    if optimizer_state == "unstepped":  # no buffer yet, or (torch's loaders make room so) a zero one: the same step
+        for momentum in (saved["momentum"], loaded["momentum"]):
+            assert all(not value.any() for value in momentum.values()), f"{what}: momentum before any step"
+    else:
+        assert_same_weights(loaded["momentum"], saved["momentum"], f"{what}, momentum")
     assert_same_weights(loaded["next"], saved["next"], f"{what}, the step after")

@@ -4,6 +4,7 @@ Four launches, each grouping several checks (a launch costs ~0.1-2 s):
 
 1. equivalence: 2 ranks x batch 8 trains to the same weights as 1 process x batch 16 (plain PyTorch,
    no Accelerator), also shuffled, and with gradient accumulation + clipping + an LR scheduler;
+   accumulation all-reduces once per cycle (a DDP comm hook counts them: equal weights cannot show it);
 2. sharding with a global-RNG sampler, a WeightedRandomSampler, a batch_sampler and an IterableDataset,
    gather_for_metrics on an odd-sized eval set, and the collectives;
 3. the seeds' example: torch.nn.Transformer, Adam, DataLoader, prepare, backward;
@@ -153,6 +154,43 @@ def test_one_process_gradient_accumulation_equals_a_doubled_batch():
     # in this process, no launcher: batch 8 x 2 accumulation steps == batch 16, with clipping and a scheduler
     accumulated = train_with_accelerator(8, shuffle=True, accumulation=2, clip=0.05)
     assert_same_weights(accumulated, train_plain_pytorch(16, True, clip=0.05), "1 process, accumulation 2")
+
+
+def all_reduces_per_micro_step(accumulation: int) -> List[int]:
+    """How many gradient all-reduces DDP ran in each micro-step of two epochs, counted by a DDP comm hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
+    model, optimizer, scheduler = fresh_training_objects()
+    # 64 samples / (2 ranks x 4) = 8 micro-batches an epoch: a cycle of 3, 3, then 2 cut short by the epoch's end
+    loader = DataLoader(regression_data(), batch_size=4)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    calls = []
+
+    def counting_hook(state, bucket):
+        calls.append(bucket.index())
+        return allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, counting_hook)
+    per_step = []
+    for _ in range(EPOCHS):
+        for x, y in loader:
+            before = len(calls)
+            with accelerator.accumulate(model):
+                accelerator.backward(F.mse_loss(model(x), y))
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            per_step.append(len(calls) - before)
+    return per_step
+
+
+def test_accumulation_all_reduces_once_per_cycle_not_on_every_micro_step():
+    # Issue 36: with DDP's no_sync dropped, the weights still come out the same (averaging is linear), so the
+    # equivalence tests pass; only counting the all-reduces shows the wasted communication.
+    ranks = launch(all_reduces_per_micro_step, 3)
+    one_epoch = [0, 0, 1, 0, 0, 1, 0, 1]  # (the model is one DDP bucket: one all-reduce a sync step)
+    assert ranks == [one_epoch * EPOCHS] * WORLD
 
 
 # ------------------------------------------------------------------------------------------ 2. sharding

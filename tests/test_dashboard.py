@@ -268,6 +268,37 @@ def test_widget_view_displays_itself_and_republishes_the_summary(clock, monkeypa
     assert published[-1][0] == "update" and "3/3" in published[-1][1] and "finished" in published[-1][1]
 
 
+def test_each_rank_row_shows_its_own_total_not_rank_0s(clock):
+    # Issue 36: a 7-step bar on rank 1 read 7/10 when every row took rank 0's total. Both ranks' bars have the
+    # same bar_id (each rank numbers its own bars from 1), the shape in which such a mix-up hides.
+    widgets, out = WidgetView(display=False), io.StringIO()
+    text = TextView(stdout=out, stderr=io.StringIO())
+    totals = {0: 10, 1: 7}
+    for view in (widgets, text):
+        start(view)
+        for rank, total in totals.items():
+            view.handle(update(rank, 1, 3, total=total))
+    clock.now += 1
+    widgets.tick()
+    for rank, total in totals.items():
+        assert widgets.state.rank(rank).bars[1].update.total == total  # the kernel-side view model
+        row = bar_rows(widgets, rank)[0]
+        assert row.bar.max == total and row.bar.value == 3, (rank, row.bar.max)
+        assert f" 3/{total} " in html.unescape(row.text.value), row.text.value
+    for view in (widgets, text):
+        for rank, total in totals.items():
+            view.handle(update(rank, 1, total, total=total, closed=True))
+            view.handle(RankResult(rank=rank, payload=b""))
+        view.handle(LaunchFinished(rank=-1, status="finished", elapsed=2.0))
+    for summary in (widgets.widget._repr_mimebundle_()["text/plain"], out.getvalue()):
+        rows = [line for line in summary.splitlines() if "/10" in line or "/7" in line]
+        assert any("10/10" in line for line in rows) and any("7/7" in line for line in rows), summary
+        assert not any("7/10" in line or "10/7" in line for line in rows), summary
+    for rank, total in totals.items():
+        row = bar_rows(widgets, rank)[0]
+        assert (row.bar.max, row.bar.value, row.bar.bar_style) == (total, total, "success"), rank
+
+
 def test_stopped_launch_marks_running_ranks_stopped(clock):
     view = WidgetView(display=False)
     start(view)

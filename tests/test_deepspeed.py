@@ -13,9 +13,11 @@ so the user's torch optimizer runs) and in this process.
   DeepSpeed is told the ranks train on the CPU (no rank warns that it guessed);
 - ``init_module`` (``deepspeed.zero.Init``) builds, trains, saves and loads the same model as a plain construction;
   ``load_model`` (rank 0 reads, the others receive their partitions) into an engine built with ``empty_init``.
+  While the model is built inside it, no rank's peak memory reaches the whole model's size.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -178,14 +180,18 @@ def test_a_zero3_checkpoint_resumes_on_the_ranks_that_saved_it(tmp_path):
     # on one process without DeepSpeed, and on another number of ranks: the next test
 
 
-@pytest.mark.parametrize("saved_on, loaded_on", [(1, 2), (2, 1), (2, 3)])
-def test_a_zero3_checkpoint_resumes_on_another_number_of_ranks(tmp_path, saved_on, loaded_on):
+# stateless and unstepped optimizers (issue 36): torch's full-state setter asserted "Expected device to be set"
+@pytest.mark.parametrize("saved_on, loaded_on, optimizer_state", [
+    (1, 2, "momentum"), (2, 1, "momentum"), (2, 3, "momentum"),
+    (1, 2, "stateless"), (2, 1, "stateless"), (1, 2, "unstepped"), (2, 1, "unstepped")])
+def test_a_zero3_checkpoint_resumes_on_another_number_of_ranks(tmp_path, saved_on, loaded_on, optimizer_state):
     # one process trains with DeepSpeed's engine too (as HF accelerate's does) and writes its checkpoint;
     # DeepSpeed's own checkpoint (each rank's partitions) is merged into full state for another number of ranks
-    saved = on_ranks(saved_on, train_and_save, str(tmp_path), "zero3")[0]
+    saved = on_ranks(saved_on, train_and_save, str(tmp_path), "zero3", optimizer_state)[0]
     assert os.path.isdir(tmp_path / "model.deepspeed")
-    loaded = on_ranks(loaded_on, load_and_continue, str(tmp_path), "zero3")[0]
-    assert_resumed(saved, loaded, f"a ZeRO-3 checkpoint from {saved_on} to {loaded_on} ranks")
+    loaded = on_ranks(loaded_on, load_and_continue, str(tmp_path), "zero3", optimizer_state)[0]
+    assert_resumed(saved, loaded, f"a ZeRO-3 checkpoint ({optimizer_state}) from {saved_on} to {loaded_on} ranks",
+                   optimizer_state)
 
 
 def test_a_ddp_checkpoint_resumes_under_zero3(tmp_path):
@@ -397,6 +403,38 @@ def test_init_module_builds_trains_saves_and_loads_the_same_model_partitioned_fr
     assert partitioned[1]["trained"] == {}  # gathered on rank 0 only
     for how in ("load_state", "load_model"):
         assert_same_weights(partitioned[0]["loaded"][how], partitioned[0]["trained"], f"init_module(empty_init), {how}")
+
+
+def build_peaks_rank() -> Dict[str, int]:
+    """Peak RSS growth of this rank while a 25M-parameter model (100 MB in fp32) is built inside ZeRO-3's
+    ``init_module``, then outside it; and the model's bytes."""
+    from test_fsdp import _status_bytes
+
+    accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    with accelerator.init_module():
+        torch.nn.Linear(4, 4)  # zero.Init's first use (its comm backend, imports): not the model's memory
+    peaks = {}
+    for how in ("init_module", "plain"):
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # the peak RSS starts again from the RSS now
+        start = _status_bytes("VmRSS")
+        with accelerator.init_module() if how == "init_module" else contextlib.nullcontext():
+            model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(24)])
+        peaks[how] = _status_bytes("VmHWM") - start
+        peaks["model"] = sum(param.ds_numel if hasattr(param, "ds_numel") else param.numel()
+                             for param in model.parameters()) * 4
+        del model
+    return peaks
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="measures the peak RSS through Linux's /proc")
+def test_zero3_init_module_never_holds_the_whole_model_on_any_rank():
+    # Beyond "the parameters are partitioned" (which DeepSpeed's prepare makes true of any model): while the
+    # model is built, a rank holds its half and one layer at a time, never the whole 100 MB.
+    ranks = launch(build_peaks_rank)
+    for rank, peaks in enumerate(ranks):
+        assert peaks["model"] > 95 * 2**20 and peaks["plain"] >= 0.95 * peaks["model"], peaks  # the measure sees it
+        assert peaks["init_module"] < 0.65 * peaks["model"], (rank, peaks)  # half, and a layer or two
 
 
 def test_transformers_from_pretrained_inside_init_module_loads_into_the_partitions(tmp_path):

@@ -98,14 +98,18 @@ def test_fsdp2_on_two_ranks_trains_like_one_process_with_the_whole_batch():
             assert main["norm_types"] == {"Tensor"}  # a plain tensor, not a DTensor, comes back from clipping
 
 
-@pytest.mark.parametrize("saved_on, loaded_on", [(1, 2), (2, 1), (2, 3)])
-def test_an_fsdp2_checkpoint_resumes_on_another_number_of_ranks(tmp_path, saved_on, loaded_on):
+# stateless and unstepped optimizers (issue 36): torch's full-state setter asserted "Expected device to be set"
+@pytest.mark.parametrize("saved_on, loaded_on, optimizer_state", [
+    (1, 2, "momentum"), (2, 1, "momentum"), (2, 3, "momentum"),
+    (1, 2, "stateless"), (2, 1, "stateless"), (1, 2, "unstepped"), (2, 1, "unstepped")])
+def test_an_fsdp2_checkpoint_resumes_on_another_number_of_ranks(tmp_path, saved_on, loaded_on, optimizer_state):
     # one process has nothing to shard: it writes the plain files (model.pt, optimizer.pt), which sharded ranks
     # load as full state; sharded ranks write torch.distributed.checkpoint shards, resharded on load
-    saved = on_ranks(saved_on, train_and_save, str(tmp_path), "fsdp2")[0]
+    saved = on_ranks(saved_on, train_and_save, str(tmp_path), "fsdp2", optimizer_state)[0]
     assert ("model.dcp" in os.listdir(tmp_path)) is (saved_on > 1)
-    loaded = on_ranks(loaded_on, load_and_continue, str(tmp_path), "fsdp2")[0]
-    assert_resumed(saved, loaded, f"an FSDP2 checkpoint from {saved_on} to {loaded_on} ranks")
+    loaded = on_ranks(loaded_on, load_and_continue, str(tmp_path), "fsdp2", optimizer_state)[0]
+    assert_resumed(saved, loaded, f"an FSDP2 checkpoint ({optimizer_state}) from {saved_on} to {loaded_on} ranks",
+                   optimizer_state)
 
 
 def test_a_ddp_checkpoint_resumes_under_fsdp2_and_back(tmp_path):

@@ -1,8 +1,10 @@
 """Interrupts, a killed kernel and concurrent notebooks, with the launcher in its own Python process."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 import time
 
 import psutil
@@ -85,6 +87,62 @@ def test_ranks_die_with_a_sigkilled_kernel(method):
         process.wait(10)
         assert_gone(pids)
     finally:
+        process.kill()
+        process.communicate()
+
+
+def death_signal() -> int:
+    """The signal this process gets when its parent dies (``prctl(PR_GET_PDEATHSIG)``; 0: none)."""
+    import ctypes
+    import signal as signals
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    value = ctypes.c_int(-1)
+    pr_get_pdeathsig = 2
+    assert libc.prctl(pr_get_pdeathsig, ctypes.byref(value), 0, 0, 0) == 0, ctypes.get_errno()
+    return signals.Signals(value.value).name if value.value else "none"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_every_rank_is_set_to_die_by_sigkill_with_its_parent(method):
+    # One of the two mechanisms behind "ranks die with the kernel", read on its own: the lifeline thread
+    # would kill the ranks anyway in every other test, so losing PR_SET_PDEATHSIG changed nothing visible.
+    from notebook_accel import notebook_launcher
+
+    signals = notebook_launcher(death_signal, num_processes=2, display="none", return_all=True, start_method=method)
+    assert signals == ["SIGKILL", "SIGKILL"]
+
+
+LIFELINE_CANNOT_RUN = """
+    import ctypes, os, time
+    from notebook_accel import notebook_launcher
+
+    def work():
+        print("READY", os.getpid(), flush=True)
+        # libc sleep() with the GIL held (PyDLL keeps it): the rank's lifeline thread sees EOF but never gets
+        # to run its kill, so only the kernel's death signal (PR_SET_PDEATHSIG) can end this rank
+        ctypes.PyDLL(None).sleep(120)
+
+    notebook_launcher(work, num_processes=2, display="text", start_method={method!r})
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("method", ["fork", "spawn"])  # the kernel is their parent (a forkserver rank's is the server)
+def test_ranks_die_with_a_sigkilled_kernel_while_their_lifeline_thread_is_blocked(method):
+    process = start_script(LIFELINE_CANNOT_RUN.format(method=method), start_new_session=True)
+    pids = []
+    try:
+        pids = wait_for_ready_ranks(process)
+        time.sleep(0.5)  # both ranks are past print, in libc sleep() with the GIL held
+        process.kill()
+        process.wait(10)
+        assert_gone(pids)
+    finally:
+        for pid in pids:  # a red run: the ranks outlived the kernel (and hold its pipes); end them first
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         process.kill()
         process.communicate()
 

@@ -23,7 +23,12 @@ NODE = """
 import json, os, sys, time
 from notebook_accel import notebook_launcher
 
+WORLD_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                   "ROLE_WORLD_SIZE")
+
 def train(fail_rank, fail_attempts, sleep, ready_dir):
+    if fail_rank == "environment only":  # what the rank was given, before any collective could refuse it
+        return {name: os.environ[name] for name in WORLD_VARIABLES}
     import torch, torch.distributed as dist
     dist.init_process_group("gloo")
     total = torch.tensor([float(dist.get_rank())])
@@ -122,6 +127,17 @@ def test_two_nodes_run_four_ranks_with_global_ranks(backend):
     for rank, out in ((0, out0), (1, out0), (2, out1), (3, out1)):  # labelled by global rank on its node
         assert f"[rank {rank}] rank {rank} attempt 0 sum 6" in out
     assert "node rank 0 of 2 · finished" in out0 and "node rank 1 of 2 · finished" in out1
+
+
+def test_every_rank_of_both_nodes_is_given_its_global_rank_local_rank_and_node():
+    # Read before init_process_group: an off-by-one RANK on node 1 was caught only because gloo refused a rank
+    # of 4 in a world of 4 (an off-by-one the other way would collide with a rank of node 0 instead).
+    (first, _), (second, _) = run_two_nodes("static", fail_rank="environment only")
+    assert "result" in first and "result" in second, (first, second)
+    seen = [{name: int(value) for name, value in env.items()} for env in first["result"] + second["result"]]
+    expected = [dict(RANK=rank, LOCAL_RANK=rank % 2, GROUP_RANK=rank // 2, ROLE_RANK=rank, WORLD_SIZE=4,
+                     LOCAL_WORLD_SIZE=2, ROLE_WORLD_SIZE=4) for rank in range(4)]
+    assert seen == expected
 
 
 @pytest.mark.skipif(shutil.which("etcd") is None or importlib.util.find_spec("etcd") is None,

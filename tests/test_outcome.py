@@ -160,3 +160,33 @@ def test_a_gpu_out_of_memory_line_says_what_was_asked_the_cards_total_and_free_a
     assert "peak GPU memory per rank: rank 0: 5.0 GiB, rank 1: 9.0 GiB;" in line
     assert "\n" not in line
     assert explain("gpu", 0, {}, None) == explain("gpu", 0, {}, cuda_oom_figures("CUDA out of memory."))
+
+
+@pytest.mark.parametrize("message, debugged", [
+    ("bad batch", True),
+    ("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1454. GLHF!", False),
+])
+def test_post_mortem_opens_on_a_ranks_own_failure_never_on_its_reaction_to_a_peers(monkeypatch, message, debugged):
+    # Issue 36: with pdb on, a rank that failed in barrier() because the root cause's pdb ended opened a second
+    # post-mortem. Decided in the rank (rank.run), by the same rule that keeps such a failure from being the root
+    # cause; the end-to-end check is in test_pdb_terminal/test_pdb_kernel, where the stop may beat the banner.
+    import os
+
+    import notebook_accel.rank.run as run
+    from notebook_accel.wire.channel import EventSender
+
+    opened = []
+    monkeypatch.setattr(run, "open_post_mortem", opened.append)
+
+    def train():
+        raise RuntimeError(message)
+
+    read, write = os.pipe()
+    try:
+        result = run.run_rank(lambda: (train, (), {}), EventSender(write, 0), send_result=False, thread_only=True,
+                              post_mortem=True)
+    finally:
+        os.close(read)
+        os.close(write)
+    assert result.exit_code == 1 and result.failure.message == message
+    assert [str(exc) for exc in opened] == ([message] if debugged else [])

@@ -140,6 +140,25 @@ def test_pdb_on_opens_post_mortem_in_the_failing_ranks_frame_then_raises_its_exc
     assert "rank 1 breaks" in run.error["evalue"]
 
 
+def test_after_q_in_the_root_cause_a_peer_that_failed_in_barrier_opens_no_second_post_mortem(kernel):
+    # Issue 36: rank 0 waits in torch's barrier for rank 1; once rank 1's pdb ends, rank 0 fails ("Connection
+    # closed by peer"). Only the root cause is debugged: rank 0 is stopped, no second pdb opens inside barrier().
+    kernel.run("%pdb on")
+    answers = Answers([(r"^\[rank 1\] \(Pdb\) $", "q")], fallback="q")
+    run = kernel.run(cell("""
+        def train():
+            import torch.distributed as dist
+            dist.init_process_group("gloo")
+            if dist.get_rank() == 1:
+                raise ValueError("rank 1 breaks")
+            dist.barrier()
+        notebook_launcher(train, num_processes=2, start_method="fork", display="text")
+    """), answers)
+    answers.check(run)
+    assert "[rank 0] post-mortem" not in plain(run.output), plain(run.output)
+    assert run.error is not None and run.error["ename"] == "ValueError", plain(run.output)
+
+
 def test_session_debug_after_a_failure_then_the_session_runs_again(kernel):
     answers = Answers([
         (r"^\[rank 1\] \(Pdb\) $", "p secret"),

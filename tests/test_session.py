@@ -317,6 +317,27 @@ def test_a_plain_failure_on_every_rank_keeps_the_group():
         assert session.run(all_reduce_rank, return_all=True) == [3.0, 3.0]
 
 
+def test_debug_on_a_rank_that_did_not_fail_says_so_in_one_line():
+    # Issue 36: it printed a remote traceback through four library frames (the rank's debug task raising).
+    def rank_1_fails():
+        if os.environ["RANK"] == "1":
+            raise KeyError("labels")
+        return 0
+
+    with Session(num_processes=2, display="none") as session:
+        with pytest.raises(RuntimeError, match="no run of this session has failed: there is nothing to debug"):
+            session.debug()
+        with pytest.raises(KeyError):
+            session.run(rank_1_fails)
+        with pytest.raises(RuntimeError) as raised:
+            session.debug(rank=0)
+        assert str(raised.value) == "rank 0 did not fail in the last run (rank 1 did)"
+        assert raised.value.__cause__ is None and raised.value.__context__ is None  # no remote traceback
+        assert [entry.name for entry in raised.traceback] == [
+            "test_debug_on_a_rank_that_did_not_fail_says_so_in_one_line", "debug"]  # raised in the kernel, at once
+        assert session.run(lambda: 7) == 7  # and the session goes on
+
+
 def test_a_timeout_interrupts_the_run_and_keeps_the_state(capsys):
     with Session(num_processes=2, display="text") as session:
         session.run(load_model, args=(2,))

@@ -114,8 +114,19 @@ def load_full_optimizer_state(model: torch.nn.Module, optimizer: Any, state: Nam
         return _optimizer_state_into_engine(model, state)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, torch_optimizer(optimizer), state, options=StateDictOptions(full_state_dict=True))
+    # torch's full-state setter cuts each state tensor into this rank's shard, on the device of the optimizer's
+    # own tensors; an optimizer without any (plain SGD, or one saved before its first step) has none to tell it,
+    # and it asserts "Expected device to be set". Such a state has nothing to cut: it loads as it is.
+    full = _holds_parameter_tensors(state)
+    set_optimizer_state_dict(model, torch_optimizer(optimizer), state, options=StateDictOptions(full_state_dict=full))
     return True
+
+
+def _holds_parameter_tensors(state: NamedOptimizerState) -> bool:
+    """Whether a name-keyed optimizer state has a tensor per parameter (momentum, Adam's moments), not only
+    scalars (a step count)."""
+    return any(torch.is_tensor(value) and value.dim() > 0
+               for entries in state["state"].values() for value in entries.values())  # fmt: skip
 
 
 # A DeepSpeed engine. The working weights (16-bit under bf16/fp16) are written whole and partitioned again by

@@ -6,21 +6,13 @@ collateral and never win over a real failure.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
 from ..wire.events import RankFailed, Status
+from ..wire.peer_errors import reacts_to_a_peer
 
 F = TypeVar("F")
-
-# Errors a rank raises *because* a peer died or was stopped: never the root cause when another exists.
-COLLATERAL_ERRORS = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|EPIPE|"
-    r"NCCL communicator was aborted|ProcessGroupNCCL.*(abort|timeout)|Socket Timeout|"
-    r"Connection refused|DistNetworkError|DistBackendError|Read error|recvValue failed|"
-    r"BrokenProcessPool|Exception in device=",
-    re.IGNORECASE)
 
 
 @dataclass
@@ -39,7 +31,7 @@ class Failure:
 
 def is_collateral(event: RankFailed) -> bool:
     """The rank raised *because* a peer died or was stopped (gloo's "Connection closed by peer", ...)."""
-    return bool(COLLATERAL_ERRORS.search(event.message + event.exc_type))
+    return reacts_to_a_peer(event.message + event.exc_type)
 
 
 @dataclass

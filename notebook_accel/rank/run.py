@@ -20,6 +20,7 @@ import cloudpickle
 
 from ..wire.channel import set_rank_channel
 from ..wire.events import RankFailed, RankResult
+from ..wire.peer_errors import reacts_to_a_peer
 from ..wire.results import ResultPickler, goes_from_device, share_pieces
 # Imported here, not when first used: every process that can start a rank (the kernel, whose forks inherit
 # them; the fork server, which preloads this module) pays for them once instead of in every rank.
@@ -76,8 +77,12 @@ def run_rank(load: LoadFunction, sender: Any, *, send_result: bool, thread_only:
                 return _failed(sender, exc, undo_patch, code)
             value = None
         except BaseException as exc:  # KeyboardInterrupt too: the kernel decides whether it was an interrupt
-            if post_mortem and loaded and isinstance(exc, Exception) and not isinstance(exc, bdb.BdbQuit):
-                _post_mortem(exc)  # before the failure is sent: the kernel then ends the launch
+            if post_mortem and loaded and isinstance(exc, Exception) and not isinstance(exc, bdb.BdbQuit) and \
+                    not reacts_to_a_peer(f"{type(exc).__name__}: {exc}"):
+                # before the failure is sent: the kernel then ends the launch. Not on a failure that reacts to a
+                # peer's (gloo's "Connection closed by peer" once the root cause's pdb ended): only the root cause
+                # is debugged, its peers are stopped.
+                _post_mortem(exc)
             return _failed(sender, exc, undo_patch, 1, loading=not loaded)
         try:
             undo_patch()  # delivers the metrics report() still held back, before the result ends the rank
