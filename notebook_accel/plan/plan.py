@@ -43,8 +43,10 @@ class LaunchPlan:
     compile_cache: Optional[str] = None  # XLA only: root of the per-rank persistent compilation caches
     # FSDP / DeepSpeed defaults as the variables HF accelerate's launcher sets (``plan.sharding``)
     sharding_env: Dict[str, str] = field(default_factory=dict)
-    # The kernel as it is when the launch is called: every rank starts from it, whatever its start method.
-    kernel_env: Dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    # The kernel as it is when the launch is called: every rank starts from it, whatever its start method. Never in
+    # the plan's repr: the kernel's environment holds the user's secrets (HF_TOKEN, cloud keys), and a plan is
+    # printed in tracebacks, logs and bug reports.
+    kernel_env: Dict[str, str] = field(default_factory=lambda: dict(os.environ), repr=False)
     kernel_cwd: str = field(default_factory=os.getcwd)
     kernel_sys_path: List[str] = field(default_factory=lambda: list(sys.path))
     nodes: Optional[NodeOptions] = None  # set for several nodes or restarts: the nodes backend runs it
