@@ -203,7 +203,7 @@ class Launch:
         self._asker = asker_here()  # a rank's pdb asks in this thread's cell or terminal, if anyone can type
         self._oom_kills_before = oom_kill_count()  # a SIGKILL counts as OOM only if this goes up
         try:
-            if plan.nodes is None:  # the nodes backend says it once the rendezvous placed this node
+            if not self.backend.announces_start:  # the nodes backend says it once the rendezvous placed this node
                 self._deliver(plan.started_event())
             self.status = Status.RUNNING
             try:

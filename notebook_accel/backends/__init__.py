@@ -35,8 +35,8 @@ def backend_class(name: str) -> Type[Backend]:
 
 
 def backend_for(plan: "LaunchPlan") -> Backend:
-    """The backend that runs ``plan`` (``plan.backend`` names it)."""
-    return backend_class(plan.backend)(plan)
+    """The backend that runs ``plan`` (its site's ``name``)."""
+    return backend_class(plan.site.name)(plan)
 
 
 __all__ = ["BACKENDS", "Backend", "LaunchSink", "backend_class", "backend_for"]

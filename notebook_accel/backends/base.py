@@ -119,6 +119,9 @@ class Backend(ABC):
 
     name: ClassVar[str]
     job: ClassVar[str] = "launch"  # what the user started, in messages: "the launch ran past timeout=..."
+    # Whether the backend delivers the launch's ``LaunchStarted`` itself (several nodes: once the rendezvous placed
+    # this node); else the ``Launch`` delivers it before the backend runs.
+    announces_start: ClassVar[bool] = False
 
     def __init__(self, plan: "LaunchPlan") -> None:
         self.plan = plan
@@ -128,7 +131,8 @@ class Backend(ABC):
         Backends whose ranks meet elsewhere (several nodes) override this."""
         from .rendezvous import HostedStore
 
-        return HostedStore(self.plan.master_addr, self.plan.use_port, self.plan.world_size)
+        site = self.plan.site  # a site whose store the kernel hosts: it says where (``plan.sites``)
+        return HostedStore(site.master_addr, site.use_port, self.plan.world_size)  # type: ignore[attr-defined]
 
     def run(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> Outcome:
         """Start every rank, supervise it to the end, leave nothing running; return how it ended."""

@@ -47,7 +47,8 @@ class SessionRanks:
     @classmethod
     def open_store(cls, plan: LaunchPlan) -> HostedStore:
         """The store the ranks meet at for the session's life: hosted by the kernel."""
-        return HostedStore(plan.master_addr, plan.use_port, plan.world_size)
+        site = plan.site  # LocalProcesses or XlaHost: the kernel hosts the store
+        return HostedStore(site.master_addr, site.use_port, plan.world_size)  # type: ignore[attr-defined]
 
     @classmethod
     def function_task(cls, function: Callable[..., Any], args: tuple, kwargs: Dict[str, Any],

@@ -31,6 +31,7 @@ from ...outcome.raising import root_cause_exception
 from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_system_exit
 from ...plan.nodes import NodeOptions
 from ...plan.plan import LaunchPlan
+from ...plan.sites import LocalProcesses, SeveralNodes
 from ...wire.events import AttemptStarted, Status
 from ..base import Backend, LaunchSink, StopPolicy
 from ..rendezvous import HostedStore
@@ -63,11 +64,13 @@ class NodesBackend(Backend):
     """
 
     name = "nodes"
+    announces_start = True  # once the rendezvous placed this node
 
     def __init__(self, plan: LaunchPlan) -> None:
         super().__init__(plan)
-        assert plan.nodes is not None
-        self.options: NodeOptions = plan.nodes
+        assert isinstance(plan.site, SeveralNodes)
+        self.site: SeveralNodes = plan.site
+        self.options: NodeOptions = plan.site.nodes
         self._ranks_backend = None  # this attempt's ProcessBackend, for dump_stacks
         self._membership: Optional[Membership] = None
 
@@ -108,7 +111,7 @@ class NodesBackend(Backend):
                 deliver(AttemptStarted(rank=-1, attempt=attempt, max_restarts=options.max_restarts,
                                        previous_errors=[failure.describe() for failure in history]))
             plan = dataclasses.replace(self.plan, rank_offset=offset, global_world_size=world_size,
-                                       group_rank=node, nodes=None)
+                                       group_rank=node)
             local, end = self._run_attempt(membership, node, plan, attempt, policy, deliver, tick)
             restartable = (end.status == Status.FAILED and attempt < options.max_restarts and end.root is not None
                            and not end.node_lost and not _payload_failed(end.root))
@@ -199,8 +202,10 @@ class NodesBackend(Backend):
                "TORCHELASTIC_RESTART_COUNT": str(attempt),
                "TORCHELASTIC_MAX_RESTARTS": str(self.options.max_restarts),
                "TORCHELASTIC_RUN_ID": self.options.rdzv_id, "GROUP_WORLD_SIZE": str(self.options.num_nodes)}
-        # The launch's one timeout, counted over every attempt: this attempt gets what is left of it.
-        self._ranks_backend = ProcessBackend(dataclasses.replace(plan, timeout=policy.remaining()))
+        # This node's ranks are local processes meeting at the attempt's store; the launch's one timeout, counted
+        # over every attempt: this attempt gets what is left of it.
+        here = LocalProcesses(start_method=self.site.start_method, master_addr=host, use_port=int(port))
+        self._ranks_backend = ProcessBackend(dataclasses.replace(plan, site=here, timeout=policy.remaining()))
         try:
             return self._ranks_backend.run(env, LaunchSink(watch.deliver, watch.tick, watch.stop))
         finally:

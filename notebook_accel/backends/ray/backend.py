@@ -22,6 +22,7 @@ from ...outcome.death import TAIL_LINES, quote_last_output
 from ...outcome.raising import root_cause_exception
 from ...outcome.root_cause import Outcome, is_system_exit
 from ...plan.plan import LaunchPlan
+from ...plan.sites import RayCluster
 from ...wire.events import AttemptStarted, OutputLine, OutputLines, RankEvent, Status
 from ..base import Backend, LaunchSink, StopPolicy
 from ..supervisor import Supervisor
@@ -57,7 +58,8 @@ class RayBackend(Backend):
 
     def __init__(self, plan: LaunchPlan) -> None:
         super().__init__(plan)
-        assert plan.cluster is not None
+        assert isinstance(plan.site, RayCluster)
+        self.cluster: RayCluster = plan.site
         self.ray: Any = None
         self._payload: Any = None        # the ObjectRef of the function and its arguments
         self._world: Optional[RayWorld] = None
@@ -66,7 +68,7 @@ class RayBackend(Backend):
     def open_rendezvous(self) -> _NoStore:  # type: ignore[override]
         """Connect, and refuse what the cluster's nodes cannot hold — in the caller's cell, before anything waits."""
         self.ray = connect()
-        cluster, size = self.plan.cluster, self.plan.world_size
+        cluster, size = self.cluster, self.plan.world_size
         nodes = alive_nodes(self.ray) + node_types_to_add(self.ray, size)
         check_feasible(nodes, size, cluster.resources_per_rank, cluster.placement)
         return _NoStore()
@@ -77,7 +79,7 @@ class RayBackend(Backend):
         self._payload = self.ray.put(self.plan.payload.portable())  # once, for every rank and attempt
 
     def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
-        restarts = self.plan.cluster.max_restarts
+        restarts = self.cluster.max_restarts
         history: List[str] = []
         attempt = 0
         while True:
