@@ -33,8 +33,8 @@ from .launcher import Launch, leave_post_mortem_to_the_rank
 from .outcome.raising import root_cause_exception
 from .outcome.root_cause import Outcome
 from .plan.entry_points import entry_point
-from .plan.options import PathLike, launch_settings
-from .plan.plan import LaunchPlan, check_call, plan_launch, wants_post_mortem
+from .plan.options import LaunchOptions, PathLike
+from .plan.plan import check_call, make_plan, wants_post_mortem
 from .rank.session import set_on_rank, value_on_rank
 from .rank.tracebacks import without_launcher_frames
 from .views import OutputView, make_view
@@ -98,8 +98,13 @@ class Session:
             {options}
         """
         __tracebackhide__ = True  # noqa: F841
-        # @entry_point resolved the options (given > saved config > defaults) and checked them
-        self._plan = _plan_session(launch_settings(locals()))
+        # @entry_point resolved the options (given > saved config > defaults) and checked them, once
+        options = LaunchOptions(
+            num_processes=num_processes, device=device, mixed_precision=mixed_precision, start_method=start_method,
+            master_addr=master_addr, use_port=use_port, timeout=timeout, display=display, pdb=pdb,
+            compile_cache=compile_cache, fsdp_config=fsdp_config, deepspeed_config=deepspeed_config, cluster=cluster,
+            resources_per_rank=resources_per_rank, placement=placement)
+        self._plan = make_plan(_nothing, (), None, options, allow_inline=False)
         self._pdb = pdb  # each run's post-mortem switch, unless the run says (None: IPython's %pdb, then)
         self.recover_timeout = float(recover_timeout)
         self.num_processes = self._plan.world_size
@@ -428,10 +433,6 @@ class Session:
 
 
 # --------------------------------------------------------------------------------------------- helpers
-
-def _plan_session(settings: Dict[str, Any]) -> LaunchPlan:
-    return plan_launch(_nothing, (), None, allow_inline=False, **settings)
-
 
 def _nothing() -> None:
     """The function a session's plan carries: its ranks run tasks instead."""

@@ -16,7 +16,7 @@ from ..wire.payload import Payload
 from . import devices as environment
 from .cluster import check_cluster_options, cluster_device
 from .nodes import NodeOptions, check_node_options
-from .options import NODE_OPTION_NAMES, check_precision_for_device, launch_options
+from .options import NODE_OPTION_NAMES, LaunchOptions, check_precision_for_device
 from .sharding import check_sharding_for_device, sharding_environment
 from .sites import InKernel, LocalProcesses, RayCluster, SeveralNodes, Site, StartsProcesses, XlaHost
 
@@ -122,29 +122,38 @@ class LaunchPlan:
 
 def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_processes: Any = None, *,
                 allow_inline: bool = True, **options: Any) -> LaunchPlan:
-    """Check every option (``plan.options``: their types, ranges and defaults; an entry point has resolved them
-    already) and the ones that depend on this machine, and serialize the function; raise a clear
-    ``LaunchConfigError`` on the first bad one, before any process starts.
+    """``make_plan`` from keywords, as a script or the CLI has them: each checked against ``plan.options`` first.
 
     >>> plan_launch(print, num_processes=1, device="cpu", start_method="spawn").backend  # doctest: +SKIP
     'processes'
     """
-    options = launch_options(dict(options, num_processes=num_processes))
-    device, mixed_precision, start_method = options["device"], options["mixed_precision"], options["start_method"]
-    master_addr, use_port, timeout = options["master_addr"], options["use_port"], options["timeout"]
-    return_all, display, compile_cache = options["return_all"], options["display"], options["compile_cache"]
-    post_mortem = wants_post_mortem(options["pdb"])
+    return make_plan(function, args, kwargs, LaunchOptions.checked(num_processes=num_processes, **options),
+                     allow_inline=allow_inline)
+
+
+def make_plan(function: Callable, args: Any, kwargs: Any, options: LaunchOptions, *,
+              allow_inline: bool = True) -> LaunchPlan:
+    """Check what depends on this machine and on several options together (each option's type, range and choices
+    were checked once, where ``options`` was made), decide where the ranks run (``plan.sites``), and serialize the
+    function; raise a clear ``LaunchConfigError`` on the first problem, before any process starts.
+    ``allow_inline``: one rank may run in the kernel itself (not for a launch in the background, nor a session)."""
+    num_processes = options.num_processes
+    device, mixed_precision, start_method = options.device, options.mixed_precision, options.start_method
+    master_addr, use_port, timeout = options.master_addr, options.use_port, options.timeout
+    return_all, display, compile_cache = options.return_all, options.display, options.compile_cache
+    post_mortem = wants_post_mortem(options.pdb)
     if rank_channel() is not None:
         raise RuntimeError("notebook_launcher was called inside a launched rank; launches cannot be nested")
     check_call(function, args, kwargs)
-    cluster = check_cluster_options(options)
+    settings = options.as_dict()
+    cluster = check_cluster_options(settings)
     if cluster is not None:
         return _plan_on_cluster(function, args, kwargs, options, cluster, post_mortem)
-    nodes = check_node_options(**{name: options[name] for name in NODE_OPTION_NAMES})
-    sharding_env = sharding_environment(options["fsdp_config"], options["deepspeed_config"])
+    nodes = check_node_options(**{name: settings[name] for name in NODE_OPTION_NAMES})
+    sharding_env = sharding_environment(options.fsdp_config, options.deepspeed_config)
 
     device = device or environment.best_device()
-    check_sharding_for_device(options["fsdp_config"], options["deepspeed_config"], device)
+    check_sharding_for_device(options.fsdp_config, options.deepspeed_config, device)
     if compile_cache is not None and device != "xla":
         raise LaunchConfigError(f"compile_cache is torch_xla's persistent compilation cache: it needs "
                                 f"device='xla', not {device!r}")
@@ -200,26 +209,25 @@ def wants_post_mortem(pdb: Optional[bool]) -> bool:
     return bool(getattr(environment.ipython_shell(), "call_pdb", False))
 
 
-def _plan_on_cluster(function: Callable, args: Any, kwargs: Any, options: Dict[str, Any],
+def _plan_on_cluster(function: Callable, args: Any, kwargs: Any, options: LaunchOptions,
                      cluster: RayCluster, post_mortem: bool) -> LaunchPlan:
     """A launch whose ranks are a cluster's actors (``backends.ray``): nothing of this machine's devices is asked;
     the function is pickled now (``PortablePayload``: what cannot be pickled is named before anything connects)."""
-    device = cluster_device(options["device"], options["resources_per_rank"])
-    check_sharding_for_device(options["fsdp_config"], options["deepspeed_config"], device)
-    check_precision_for_device(options["mixed_precision"], device)
-    num_processes = options["num_processes"]
+    device = cluster_device(options.device, options.resources_per_rank)
+    check_sharding_for_device(options.fsdp_config, options.deepspeed_config, device)
+    check_precision_for_device(options.mixed_precision, device)
+    num_processes = options.num_processes
     if num_processes is None and device != "cpu":
-        raise LaunchConfigError(f"cluster={options['cluster']!r} with device={device!r}: give num_processes, the number of "
-                                f"ranks in all (each reserves resources_per_rank={cluster.resources_per_rank!r})")
+        raise LaunchConfigError(f"cluster={options.cluster!r} with device={device!r}: give num_processes, the number "
+                                f"of ranks in all (each reserves resources_per_rank={cluster.resources_per_rank!r})")
     payload = Payload(function, args, kwargs or {})
     payload.portable()
     return LaunchPlan(
         function_name=getattr(function, "__qualname__", type(function).__name__), payload=payload,
         world_size=int(num_processes or 1), device=device, site=cluster,
-        mixed_precision=options["mixed_precision"],
-        timeout=None if options["timeout"] is None else float(options["timeout"]), return_all=options["return_all"],
-        display=options["display"], sharding_env=sharding_environment(options["fsdp_config"],
-                                                                       options["deepspeed_config"]),
+        mixed_precision=options.mixed_precision,
+        timeout=None if options.timeout is None else float(options.timeout), return_all=options.return_all,
+        display=options.display, sharding_env=sharding_environment(options.fsdp_config, options.deepspeed_config),
         post_mortem=post_mortem)
 
 

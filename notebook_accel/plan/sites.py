@@ -1,12 +1,13 @@
 """Where a launch's ranks run: one typed value per way, made once by planning (``plan.plan``), carried by the plan.
 
-| site             | the ranks are                                                        | options it carries           |
-|------------------|----------------------------------------------------------------------|------------------------------|
-| ``InKernel``     | the kernel process itself (one rank, nothing started)                | the store's address          |
-| ``LocalProcesses`` | processes of this machine: fork, a warm fork server, or spawn      | start method, store address  |
-| ``XlaHost``      | TPU cores: threads of ``xmp.spawn`` workers in one host process      | those, and the compile cache |
-| ``SeveralNodes`` | this node's processes of a multi-node (or restarting) world          | start method, ``NodeOptions``|
-| ``RayCluster``   | Ray actors on a cluster, in one placement group                      | resources, placement, restarts |
+| site               | the ranks are                                                   | its own options          |
+|--------------------|-----------------------------------------------------------------|--------------------------|
+| ``InKernel``       | the kernel process itself (one rank, nothing started)           | the store's address      |
+| ``LocalProcesses`` | processes of this machine: fork, a warm fork server, or spawn   | start method, store      |
+| ``XlaHost``        | TPU cores: threads of ``xmp.spawn`` workers in one host process | those, the compile cache |
+| ``SeveralNodes``   | this node's processes of a multi-node (or restarting) world     | start method, nodes      |
+| ``RayCluster``     | Ray actors on a cluster, in one placement group                 | resources, placement,    |
+|                    |                                                                 | restarts                 |
 
 Each site carries only its own options; what every launch has (world size, device, precision, timeout, display)
 is the plan's. ``backends.BACKENDS`` maps each site's type to the backend that runs it, for launches and
