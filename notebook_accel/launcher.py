@@ -1,6 +1,6 @@
 """``notebook_launcher``: run a function on N ranks from a notebook cell and bring back what it returns.
 
-The flow: ``plan_launch`` checks every option and pickles the function (errors before any process
+The flow: ``make_plan`` checks the options (one ``LaunchOptions``) and pickles the function (errors before any process
 starts) → the plan's backend hosts the rendezvous → the backend starts, supervises and cleans up the
 ranks, turning what they send into events for the view → the outcome is returned or raised.
 """
@@ -28,8 +28,8 @@ from .outcome.root_cause import Outcome
 from .outcome.stacks import fold_inherited_frames, fold_stack_dump
 from .plan.devices import ipython_shell
 from .plan.entry_points import entry_point
-from .plan.options import PathLike, launch_settings
-from .plan.plan import LaunchPlan, plan_launch
+from .plan.options import LaunchOptions, PathLike
+from .plan.plan import LaunchPlan, make_plan
 from .rank.tracebacks import without_launcher_frames
 from .views import NullView, View, make_view
 from .wire.choices import (ClusterName, DeviceName, DisplayName, MixedPrecisionName, PlacementName,
@@ -206,7 +206,7 @@ class Launch:
         self._asker = asker_here()  # a rank's pdb asks in this thread's cell or terminal, if anyone can type
         self._oom_kills_before = oom_kill_count()  # a SIGKILL counts as OOM only if this goes up
         try:
-            if plan.nodes is None:  # the nodes backend says it once the rendezvous placed this node
+            if not self.backend.announces_start:  # the nodes backend says it once the rendezvous placed this node
                 self._deliver(plan.started_event(start_up=_start_up(plan)))
             self.status = Status.RUNNING
             try:
@@ -396,8 +396,15 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), kwargs: Op
         [0.0, 0.1]
     """
     __tracebackhide__ = True  # noqa: F841
-    # @entry_point resolved the options (given > saved config > defaults) and checked them
-    plan = plan_launch(function, args, kwargs, **launch_settings(locals()))
+    # @entry_point resolved the options (given > saved config > defaults) and checked them, once
+    options = LaunchOptions(
+        num_processes=num_processes, device=device, mixed_precision=mixed_precision, start_method=start_method,
+        master_addr=master_addr, use_port=use_port, timeout=timeout, return_all=return_all, display=display, pdb=pdb,
+        compile_cache=compile_cache, fsdp_config=fsdp_config, deepspeed_config=deepspeed_config, cluster=cluster,
+        resources_per_rank=resources_per_rank, placement=placement, num_nodes=num_nodes, node_rank=node_rank,
+        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_conf=rdzv_conf,
+        max_restarts=max_restarts, monitor_interval=monitor_interval)
+    plan = make_plan(function, args, kwargs, options)
     launch = Launch(plan)
     try:
         return launch.run()
@@ -450,5 +457,13 @@ def start_launch(function: Callable[..., Any], args: tuple = (), kwargs: Optiona
     >>> job = start_launch(train, num_processes=2, display="none")   # doctest: +SKIP
     >>> job.wait()                                                     # doctest: +SKIP
     """
-    plan = plan_launch(function, args, kwargs, allow_inline=False, **launch_settings(locals()))
+    # @entry_point resolved the options (given > defaults) and checked them, once
+    options = LaunchOptions(
+        num_processes=num_processes, device=device, mixed_precision=mixed_precision, start_method=start_method,
+        master_addr=master_addr, use_port=use_port, timeout=timeout, return_all=return_all, display=display,
+        compile_cache=compile_cache, fsdp_config=fsdp_config, deepspeed_config=deepspeed_config, cluster=cluster,
+        resources_per_rank=resources_per_rank, placement=placement, num_nodes=num_nodes, node_rank=node_rank,
+        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_conf=rdzv_conf,
+        max_restarts=max_restarts, monitor_interval=monitor_interval)
+    plan = make_plan(function, args, kwargs, options, allow_inline=False)
     return Launch(plan, view=view).run_in_background()

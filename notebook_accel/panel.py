@@ -21,7 +21,7 @@ import ipywidgets as widgets
 from .errors import LaunchConfigError, one_line
 from .plan.devices import available_devices
 from .plan.entry_points import entry_point
-from .plan.options import OPTIONS, PathLike, check_option, check_precision_for_device, launch_settings, precisions_for
+from .plan.options import OPTIONS, PathLike, check_option, check_precision_for_device, precisions_for
 from .views.widgets import WidgetView
 from .wire.choices import (ClusterName, DeviceName, MixedPrecision, MixedPrecisionName, PlacementName,
                            RendezvousBackendName, StartMethodName)
@@ -309,5 +309,12 @@ def launch_panel(function: Callable[..., Any], args: tuple = (), kwargs: Optiona
         kwargs: its keyword arguments.
         {options}
     """
-    # @entry_point resolved the options (given > saved config > defaults) and checked them
-    return LaunchPanel(function, args, kwargs, launch_settings(locals()))
+    # @entry_point resolved the options (given > saved config > defaults) and checked them; each launch passes them
+    # to start_launch
+    return LaunchPanel(function, args, kwargs, dict(
+        num_processes=num_processes, device=device, mixed_precision=mixed_precision, start_method=start_method,
+        master_addr=master_addr, use_port=use_port, timeout=timeout, return_all=return_all,
+        compile_cache=compile_cache, fsdp_config=fsdp_config, deepspeed_config=deepspeed_config, cluster=cluster,
+        resources_per_rank=resources_per_rank, placement=placement, num_nodes=num_nodes, node_rank=node_rank,
+        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_conf=rdzv_conf,
+        max_restarts=max_restarts, monitor_interval=monitor_interval))

@@ -18,24 +18,23 @@ and the raised exception says so ("ranks restarted: state lost").
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import itertools
 import sys
 import threading
 import weakref
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Type, Union
 
-from .backends.base import StopPolicy
-from .backends.session import SessionRunBackend, SessionSupervisor, send_quietly
-from .backends.supervisor import RankProcess, Supervisor
-from .errors import LaunchConfigError, LaunchConfigTypeError
+from .backends import warm_ranks_for
+from .backends.base import WarmRanks
+from .backends.session import SessionRunBackend, TaskEnd, close_gracefully, quiet_task
+from .errors import LaunchConfigTypeError
 from .launcher import Launch, leave_post_mortem_to_the_rank
 from .outcome.raising import root_cause_exception
 from .outcome.root_cause import Outcome
 from .plan.entry_points import entry_point
-from .plan.options import PathLike, launch_settings
-from .plan.plan import LaunchPlan, check_call, plan_launch, wants_post_mortem
+from .plan.options import LaunchOptions, PathLike
+from .plan.plan import check_call, make_plan, wants_post_mortem
 from .plan.devices import cuda_initialized
 from .rank.session import set_on_rank, value_on_rank, value_on_rank_for_the_gpu
 from .rank.tracebacks import without_launcher_frames
@@ -45,7 +44,7 @@ from .views.model import label_lines
 from .views.session import SessionSummary, SessionView
 from .wire.channel import rank_channel
 from .wire.choices import ClusterName, DeviceName, DisplayName, MixedPrecisionName, PlacementName, StartMethodName
-from .wire.commands import Command, Debug, ExecuteCode, NewGroup, RunFunction, Shutdown
+from .wire.commands import Command, Debug, ExecuteCode, NewGroup, RunFunction
 from .wire.events import (OutputLine, OutputLines, RankEvent, ResourceSample, SessionNotice,
                           SessionStatus, Status)
 
@@ -53,20 +52,6 @@ START_TIMEOUT = 300.0           # s the ranks may take to start and join the pro
 CLOSE_GRACE = 35.0              # s the ranks may take to end like a program (threads joined: 30 s by default)
 
 _open_sessions: "List[weakref.ref[Session]]" = []
-# How a session's ranks start, by the backend a launch would use: local processes, or a TPU host's device threads.
-# How a session's ranks start, by the backend a launch would use: local processes, a TPU host's device threads, a Ray
-# cluster's actors. (module, class), imported when used: a local session never imports the cluster's code.
-SESSION_RANKS: Dict[str, Tuple[str, str]] = {
-    "processes": (".backends.session", "SessionProcesses"),
-    "xla": (".backends.session", "SessionXlaHost"),
-    "ray": (".backends.ray.session", "SessionRayActors"),
-}
-
-
-def session_ranks_class(backend: str) -> Any:
-    """The class that starts a session's ranks for ``backend`` (a key of ``SESSION_RANKS``)."""
-    module, name = SESSION_RANKS[backend]
-    return getattr(importlib.import_module(module, __package__), name)
 
 
 class Session:
@@ -114,8 +99,13 @@ class Session:
             {options}
         """
         __tracebackhide__ = True  # noqa: F841
-        # @entry_point resolved the options (given > saved config > defaults) and checked them
-        self._plan = _plan_session(launch_settings(locals()))
+        # @entry_point resolved the options (given > saved config > defaults) and checked them, once
+        options = LaunchOptions(
+            num_processes=num_processes, device=device, mixed_precision=mixed_precision, start_method=start_method,
+            master_addr=master_addr, use_port=use_port, timeout=timeout, display=display, pdb=pdb,
+            compile_cache=compile_cache, fsdp_config=fsdp_config, deepspeed_config=deepspeed_config, cluster=cluster,
+            resources_per_rank=resources_per_rank, placement=placement)
+        self._plan = make_plan(_nothing, (), None, options, allow_inline=False)
         self._pdb = pdb  # each run's post-mortem switch, unless the run says (None: IPython's %pdb, then)
         self.recover_timeout = float(recover_timeout)
         self.num_processes = self._plan.world_size
@@ -128,10 +118,11 @@ class Session:
         self._lock = threading.Lock()
         self._state = SessionStatus.STARTING
         self._closed = False
-        self._ranks_class = session_ranks_class(self._plan.backend)
-        self._store = self._ranks_class.open_store(self._plan)  # the kernel's for local ranks; none on a cluster
-        self._processes: Any = None  # a ``backends.session.SessionRanks`` (or its cluster twin) once started
-        self._handles: List[RankProcess] = []
+        # How this session's ranks are kept warm where the plan runs them (the backends' table says), and the store
+        # they meet at for the session's life: the kernel's for local ranks; none on a cluster.
+        self._ranks_class: Type[WarmRanks] = warm_ranks_for(self._plan)
+        self._store = self._ranks_class.open_store(self._plan)
+        self._ranks: Optional[WarmRanks] = None  # once started
         self.view = SessionView(self._plan.display)
         self._samples: Dict[int, ResourceSample] = {}
         self._sampler: Optional[ResourceSampler] = None
@@ -275,9 +266,9 @@ class Session:
     @property
     def pids(self) -> List[int]:
         """The pid each rank runs in, by rank (on TPU: its worker process)."""
-        if self._processes is None:
+        if self._ranks is None:
             return []
-        return [self._processes.pids[rank] for rank in sorted(self._processes.pids)]
+        return [self._ranks.pids[rank] for rank in sorted(self._ranks.pids)]
 
     def __enter__(self) -> "Session":
         return self
@@ -308,10 +299,10 @@ class Session:
             task_id = next(self._tasks)
             command.task_id = task_id  # type: ignore[attr-defined]
             notices: List[str] = []
-            backend = SessionRunBackend(plan, processes=self._processes, handles=self._handles, task_id=task_id,
-                                        command=command, fds=fds, recover_timeout=self.recover_timeout,
-                                        after=lambda supervisor, deliver: notices.extend(
-                                            self._recover(supervisor, deliver)))
+            assert self._ranks is not None
+            backend = SessionRunBackend(plan, ranks=self._ranks, task_id=task_id, command=command, fds=fds,
+                                        recover_timeout=self.recover_timeout,
+                                        after=lambda ended, deliver: notices.extend(self._recover(ended, deliver)))
             launch = Launch(plan, view=view, backend=backend)
             restarts = self.restarts  # a failure that costs the ranks (a death) restarts them before run() returns
             launch.resources.postpone_sample()  # a warm run may take milliseconds: sample once it lasts a second
@@ -330,9 +321,8 @@ class Session:
                 raise without_launcher_frames(error)
             finally:
                 self.runs += 1
-                if backend.supervisor is not None:
-                    self._note_shadowed(backend.supervisor.shadowed)
-                    backend.supervisor = None  # it holds the launch's deliver: no cycle keeps the result alive
+                if backend.ended is not None:
+                    self._note_shadowed(backend.ended.shadowed)
                 # Ranks on another machine sample themselves while they run: the row keeps their last figures.
                 self._samples.update({rank: sample for rank, sample in launch.resources.latest().items()
                                       if rank not in self._samples or sample.time >= self._samples[rank].time})
@@ -346,15 +336,13 @@ class Session:
             print(f"notebook_accel: runs use the ranks' own {listed} (set there by `global`, %%ranks or push), "
                   f"not the kernel's (said once per name)", file=sys.stderr)
 
-    def _recover(self, supervisor: SessionSupervisor, deliver: Callable[[RankEvent], None]) -> List[str]:
+    def _recover(self, ended: TaskEnd, deliver: Callable[[RankEvent], None]) -> List[str]:
         """After a task: restart the ranks if one is gone or stuck; replace the process group if the task left it
         half way through a collective (ranks' collective counts differ, or it was cut). Returns what was done."""
-        lost = supervisor.lost()
-        if supervisor.gave_up or lost or not supervisor.settled():
-            reason = supervisor.gave_up or f"rank {', '.join(map(str, lost))} died"
-            notice = self._restart_ranks(reason)
-        elif (supervisor.status is not None or supervisor.failures) and (
-                supervisor.broke_group or len(set(supervisor.sequences.values())) > 1):
+        lost = ended.ranks_lost()
+        if lost is not None:
+            notice = self._restart_ranks(lost)
+        elif ended.group_left_broken:
             notice = self._replace_group()
         else:
             return []
@@ -364,49 +352,41 @@ class Session:
 
     def _replace_group(self) -> str:
         self._generation += 1
-        supervisor, _ = self._quiet_task(NewGroup(task_id=next(self._tasks), generation=self._generation),
-                                         timeout=60.0)
-        if supervisor.failures or supervisor.lost() or supervisor.gave_up or not supervisor.settled():
+        ended, _ = self._quiet_task(NewGroup(task_id=next(self._tasks), generation=self._generation), timeout=60.0)
+        if ended.failed or ended.ranks_lost() is not None:
             return self._restart_ranks("a new process group could not be formed")
         return ("the process group was replaced: the run left it half way through a collective. The ranks and "
                 "their state are kept; objects bound to the old group (a DDP-wrapped model) must be made again")
 
-    def _quiet_task(self, command: Optional[Command], timeout: float) -> Tuple[SessionSupervisor, Outcome]:
+    def _quiet_task(self, command: Optional[Command], timeout: float) -> Tuple[TaskEnd, Outcome]:
         """Run a task of the session's own (start, new group) without a dashboard; output goes to stderr."""
-        assert self._processes is not None
-        task_id = command.task_id if command is not None else 0  # type: ignore[attr-defined]
-        supervisor = SessionSupervisor(
-            self._handles, _print_output, lambda: None, policy=StopPolicy.starting_now(timeout, threading.Event()),
-            expect_results=lambda rank: False, task_id=task_id, recover_timeout=self.recover_timeout,
-            processes=self._processes)
-        if command is not None:
-            for sender in self._processes.commands.values():
-                send_quietly(sender, command)
-        return supervisor, supervisor.run()
+        assert self._ranks is not None
+        return quiet_task(self._ranks, command, timeout=timeout, recover_timeout=self.recover_timeout,
+                          deliver=_print_output)
 
     # ------------------------------------------------------------------------------------------- ranks
 
     def _start_ranks(self) -> None:
         """Start the rank processes and wait until each joined the process group (task 0)."""
         self._state = SessionStatus.STARTING
-        processes = self._ranks_class(self._plan, _group_backend(self._plan.device), self._generation)
-        self._handles = processes.start(self._store.env())
-        self._processes = processes
+        ranks = self._ranks_class(self._plan, _group_backend(self._plan.device), self._generation)
+        ranks.start(self._store.env())
+        self._ranks = ranks
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, processes.kill)
-        supervisor, outcome = self._quiet_task(None, timeout=START_TIMEOUT)
-        if outcome.status != Status.FINISHED or supervisor.lost() or not supervisor.settled():
+        self._finalizer = weakref.finalize(self, ranks.kill)
+        ended, outcome = self._quiet_task(None, timeout=START_TIMEOUT)
+        if outcome.status != Status.FINISHED or ended.lost or not ended.settled:
             self._kill_ranks()
             if outcome.root is not None:
                 raise root_cause_exception(outcome.root, self._plan.world_size, exitcode=outcome.root.exitcode,
                                            last_output=[], local_exception=None)
             raise RuntimeError(f"the session's ranks did not start: {outcome.status}")
-        processes.pids.update(supervisor.pids)  # where each rank runs, as it said (a TPU rank: its worker)
+        ranks.pids.update(ended.pids)  # where each rank runs, as it said (a TPU rank: its worker)
         self._state = SessionStatus.IDLE
         self._sampler = ResourceSampler(self._keep_sample, device=self.device)
         self._samples = {}
-        for handle in self._handles:
-            self._sampler.observe(self._processes.started_event(handle.rank))
+        for rank in range(self._plan.world_size):
+            self._sampler.observe(ranks.started_event(rank))
         self._sampler.tick()
         self._show()
 
@@ -432,21 +412,15 @@ class Session:
         return self._notice
 
     def _kill_ranks(self) -> None:
-        if self._processes is not None:
-            self._processes.kill()
-            self._processes = None
-        self._handles = []
+        if self._ranks is not None:
+            self._ranks.kill()
+            self._ranks = None
 
     def _shutdown(self, *, graceful: bool) -> None:
         self._closed = True
         try:
-            if graceful and self._processes is not None and self._handles:
-                for sender in self._processes.commands.values():
-                    send_quietly(sender, Shutdown())
-                policy = StopPolicy.starting_now(CLOSE_GRACE, threading.Event())
-                # A launch's supervisor: reads the last output, ends whatever outlives the grace.
-                Supervisor(self._handles, _print_output, lambda: None, policy=policy,
-                           expect_results=lambda rank: False).run()
+            if graceful and self._ranks is not None:
+                close_gracefully(self._ranks, CLOSE_GRACE, _print_output)
         finally:
             self._kill_ranks()
             self._finalizer.detach()
@@ -480,14 +454,6 @@ class Session:
 
 
 # --------------------------------------------------------------------------------------------- helpers
-
-def _plan_session(settings: Dict[str, Any]) -> LaunchPlan:
-    plan = plan_launch(_nothing, (), None, allow_inline=False, **settings)
-    if plan.backend not in SESSION_RANKS:
-        raise LaunchConfigError(f"device={plan.device!r}: a Session cannot keep {plan.backend} ranks warm; use "
-                                f"notebook_launcher")
-    return plan
-
 
 def _nothing() -> None:
     """The function a session's plan carries: its ranks run tasks instead."""

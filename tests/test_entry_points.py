@@ -42,6 +42,33 @@ def test_each_entry_point_writes_its_options_in_its_def_as_the_table_says(entry)
     assert not [parameter for parameter in parameters if parameter.kind is parameter.VAR_KEYWORD]  # no **options
 
 
+# The entry points whose options become a launch's (the launch panel passes its own to start_launch, by name).
+PLANNING = {"notebook_launcher": "LaunchOptions", "start_launch": "LaunchOptions", "Session": "LaunchOptions",
+            "launch_panel": "dict"}
+
+
+@pytest.mark.parametrize("entry", sorted(PLANNING))
+def test_each_entry_point_passes_every_option_it_takes_by_name_into_one_object(entry):
+    """A reader (or a tool) follows ``timeout`` from the ``def`` to where it acts: the body writes each option the
+    entry point takes, by name, into the one object planning reads — not ``locals()``, not a name left out (it
+    would silently take the default)."""
+    import ast
+    import textwrap
+
+    from notebook_accel.plan.options import OPTIONS, options_for
+
+    function = inspect.unwrap(ENTRY_POINTS[entry])
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+    assert not [call for call in calls if call.func.id == "locals"]
+    made = [call for call in calls if call.func.id == PLANNING[entry]]
+    assert len(made) == 1
+    written = {keyword.arg: keyword.value.id if isinstance(keyword.value, ast.Name) else None
+               for keyword in made[0].keywords}
+    taken = [option.name for option in options_for(entry) if option.name in OPTIONS]
+    assert written == {name: name for name in taken}
+
+
 def _drifted(entry, change):
     """A stand-in for ``entry``'s function whose ``def`` differs by ``change(parameters, hints)``."""
     real = ENTRY_POINTS[entry]

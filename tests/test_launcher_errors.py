@@ -158,3 +158,45 @@ def test_a_refused_option_is_raised_without_the_planners_frames():
                 if "notebook_accel" in frame.filename]
         assert len(ours) == 1 and ours[0] in ("notebook_launcher", "start_launch"), ours
         assert refused.value.__cause__ is None and refused.value.__suppress_context__
+
+
+SECRET = "hf_not_a_real_token_0f9e8d7c6b5a"  # a fake secret: what HF_TOKEN or a cloud key looks like to us
+
+
+@pytest.mark.parametrize("call", [
+    lambda: notebook_launcher(ok, device="tpu"),
+    lambda: notebook_launcher(ok, mixed_precision="fp16", device="cpu"),
+    lambda: notebook_launcher(ok, num_processes=2, num_nodes=2),
+    lambda: notebook_launcher(ok, cluster="ray", master_addr="10.0.0.1"),
+    lambda: notebook_launcher(ok, num_processes=2, device="cpu", start_method="spawn", args=(threading.Lock(),)),
+])
+def test_an_error_of_planning_never_shows_the_kernels_environment(monkeypatch, call):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    with pytest.raises(Exception) as refused:
+        call()
+    assert SECRET not in str(refused.value) and SECRET not in repr(refused.value)
+    assert not no_children_started()
+
+
+def test_a_plan_and_a_ranks_spec_never_show_the_kernels_environment(monkeypatch):
+    """A plan is printed in tracebacks (IPython's verbose mode shows locals), logs and bug reports: the kernel's
+    environment it carries for the ranks — the user's secrets with it — stays out of its repr."""
+    from notebook_accel.plan.plan import plan_launch
+    from notebook_accel.rank.process import RankSpec
+    from notebook_accel.rank.xla.host import XlaHostSpec
+
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    plans = [plan_launch(ok, num_processes=1),  # in the kernel
+             plan_launch(ok, num_processes=2, device="cpu", start_method="fork"),
+             plan_launch(ok, num_processes=2, device="cpu", start_method="spawn"),
+             plan_launch(ok, num_processes=1, device="cpu", num_nodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500"),
+             plan_launch(ok, num_processes=2, cluster="ray")]  # planned only: nothing connects
+    for plan in plans:
+        assert plan.kernel_env["HF_TOKEN"] == SECRET  # the ranks still start from the kernel's environment
+        assert SECRET not in repr(plan) and "HF_TOKEN" not in repr(plan)
+    env = {"HF_TOKEN": SECRET}
+    spec = RankSpec(rank=0, world_size=1, env=env, cwd="/", sys_path=[], payload=None, send_result=True,
+                    stdout_fd=1, stderr_fd=2, events_fd=3, stacks_fd=4, lifeline_fd=5, env_changes=(env, []))
+    host = XlaHostSpec(world_size=1, env=env, cwd="/", sys_path=[], payload=None, return_all=False, nprocs=1,
+                       pipes=[], lifeline_fd=5)
+    assert SECRET not in repr(spec) and SECRET not in repr(host)

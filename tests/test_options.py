@@ -73,3 +73,18 @@ def test_the_config_file_saves_the_saved_options_with_the_launchers_defaults():
     fields = {field.name: field.default for field in dataclasses.fields(LaunchConfig)}
     assert fields == {option.name: option.default for option in SAVED_OPTIONS}
     assert PRECISIONS == MixedPrecision.values()
+
+
+def test_the_launch_options_object_has_every_launch_option_with_its_type_and_default():
+    import typing
+
+    from notebook_accel.plan.options import LaunchOptions
+
+    fields = dataclasses.fields(LaunchOptions)
+    hints = typing.get_type_hints(LaunchOptions)
+    assert [field.name for field in fields] == list(OPTIONS)
+    assert {field.name: field.default for field in fields} == {name: option.default for name, option in OPTIONS.items()}
+    assert {field.name: hints[field.name] for field in fields} == {
+        name: option.annotation for name, option in OPTIONS.items()}
+    with pytest.raises(LaunchConfigError, match="timeout must be None or a positive number of seconds, got -1"):
+        LaunchOptions.checked(timeout=-1)  # made from keywords, it checks them against the table

@@ -7,6 +7,7 @@ placement group (``ray_cluster.leftovers``). Functions run on ranks are defined 
 """
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
@@ -621,3 +622,25 @@ def test_a_node_lost_mid_run_restarts_the_world_on_the_nodes_left(ray, cluster):
     assert doomed_id not in {result["node"] for result in results}
     (restart,) = [event for event in recorder.of(AttemptStarted) if event.attempt == 1]
     assert "was lost" in restart.previous_errors[0], restart.previous_errors
+
+
+CONTRACT = ["test_result_of_rank0_and_of_every_rank_on_request",
+            "test_root_cause_is_the_rank_that_raised_and_its_peers_are_stopped", "test_stop_requested_stops_every_rank",
+            "test_timeout_stops_every_rank", "test_output_is_labelled_by_rank_and_progress_reported"]
+
+
+@pytest.mark.parametrize("check", CONTRACT)
+def test_the_backend_contract_holds_for_ray_actors(ray, check):
+    """tests/test_backend_contract.py's checks, on the table's "ray" line: run from here, where pytest's process
+    is a Ray driver already (that file's fork cases would be refused after it became one)."""
+    import cloudpickle
+
+    import test_backend_contract as contract
+
+    assert set(CONTRACT) == {name for name in dir(contract) if name.startswith("test_")
+                             and "case" in inspect.signature(getattr(contract, name)).parameters}
+    cloudpickle.register_pickle_by_value(contract)  # the actors cannot import a test module: its functions by value
+    try:
+        getattr(contract, check)("ray")
+    finally:
+        cloudpickle.unregister_pickle_by_value(contract)

@@ -55,13 +55,13 @@ def test_cluster_options_that_contradict_each_other_are_refused_before_ray_is_im
 def test_a_cluster_plan_reserves_a_cpu_or_a_gpu_per_rank_and_gives_each_rank_its_cpus_as_threads():
     plan = plan_launch(print, num_processes=4, cluster="ray")
     assert (plan.backend, plan.device, plan.world_size) == ("ray", "cpu", 4)
-    assert plan.cluster.resources_per_rank == {"CPU": 1.0} and plan.cluster.placement == "PACK"
+    assert plan.site.resources_per_rank == {"CPU": 1.0} and plan.site.placement == "PACK"
     gpus = plan_launch(print, num_processes=8, cluster="ray", device="cuda")
-    assert gpus.cluster.resources_per_rank == {"CPU": 1.0, "GPU": 1.0}
+    assert gpus.site.resources_per_rank == {"CPU": 1.0, "GPU": 1.0}
     asked = plan_launch(print, num_processes=2, cluster="ray", resources_per_rank={"GPU": 1, "CPU": 4},
                         placement="STRICT_SPREAD", max_restarts=2)
     assert asked.device == "cuda"  # a GPU per rank: the ranks use it
-    assert (asked.cluster.placement, asked.cluster.max_restarts, asked.threads_per_rank()) == ("STRICT_SPREAD", 2, 4)
+    assert (asked.site.placement, asked.site.max_restarts, asked.threads_per_rank()) == ("STRICT_SPREAD", 2, 4)
     with pytest.raises(LaunchConfigError, match="give num_processes"):
         plan_launch(print, cluster="ray", device="cuda")
     with pytest.raises(LaunchConfigTypeError, match="resources_per_rank must be"):

@@ -208,13 +208,55 @@ def test_a_spawn_rank_loads_only_rank_side_and_shared_modules():
     assert kernel_side == []
 
 
-def test_every_backend_in_the_table_imports():
+def test_every_backend_in_the_table_imports_and_provides_its_contracts():
     # The table names backends by module and class as strings (so a CPU launch never imports the TPU code):
-    # the parser above cannot see those imports, so resolve each one here.
-    from notebook_accel.backends import BACKENDS, Backend, backend_class
+    # the parser above cannot see those imports, so resolve each one here. Each line's launch class is a Backend of
+    # the line's name; its session class, where it has one, provides every method of the warm-ranks contract.
+    from notebook_accel.backends import BACKENDS, Backend, WarmRanks, backend_class, warm_ranks_class
 
     assert {name: backend_class(name).name for name in BACKENDS} == {name: name for name in BACKENDS}
     assert all(issubclass(backend_class(name), Backend) for name in BACKENDS)
+    warm = {name: warm_ranks_class(name) for name in BACKENDS}
+    assert {name for name, cls in warm.items() if cls is not None} == {"processes", "xla", "ray"}
+    for name, cls in warm.items():
+        if cls is not None:
+            assert issubclass(cls, WarmRanks) and not inspect.isabstract(cls), name
+
+
+def test_every_site_has_one_line_in_the_backends_table():
+    # Planning makes a site (plan.sites); the table says what runs it. A site without a line could be planned and
+    # never run; two lines for one site would make the table's order a hidden rule.
+    from notebook_accel.backends import BACKENDS
+    from notebook_accel.plan import sites
+
+    concrete = {cls for cls in vars(sites).values() if inspect.isclass(cls) and issubclass(cls, sites.Site)
+                and "name" in vars(cls)}
+    assert sorted(entry.site.__name__ for entry in BACKENDS.values()) == sorted(cls.__name__ for cls in concrete)
+    assert {name: entry.site.name for name, entry in BACKENDS.items()} == {name: name for name in BACKENDS}
+
+
+def _constructs(module: str, name: str) -> bool:
+    tree = ast.parse(open(MODULES[module], encoding="utf-8").read())
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
+               for node in ast.walk(tree))
+
+
+def test_the_restart_loop_is_written_once_and_ray_is_decided_in_one_place():
+    # Every backend that restarts the whole world runs base.run_attempts: only it announces an attempt.
+    assert [module for module in MODULES if _constructs(module, "AttemptStarted")] == [f"{PACKAGE}.backends.base"]
+    # cluster="ray" becomes the Ray site in plan/cluster.py, nowhere else.
+    assert [module for module in MODULES if _constructs(module, "RayCluster")] == [f"{PACKAGE}.plan.cluster"]
+
+
+def test_the_session_talks_to_its_ranks_through_the_contract_not_a_supervisor():
+    # Session drives any backend's warm ranks through base.WarmRanks and backends.session's task functions (a
+    # TaskEnd says what a task left); it neither imports the supervisor nor makes one.
+    session = f"{PACKAGE}.session"
+    assert f"{PACKAGE}.backends.supervisor" not in GRAPH[session]
+    for name in ("Supervisor", "SessionSupervisor", "SessionProcesses", "SessionXlaHost", "SessionRayActors"):
+        assert not _constructs(session, name), name
+    source = open(MODULES[session], encoding="utf-8").read()
+    assert ".supervisor" not in source and "SESSION_RANKS" not in source
 
 
 def test_every_test_file_has_a_tier_and_every_tier_entry_a_file():

@@ -1,42 +1,93 @@
-"""Every way of starting ranks, behind one protocol (``base.Backend``); the plan names which one runs.
+"""Every way of running ranks, in one table: for each site a plan can name (``plan.sites``), the backend that runs a
+launch there (a ``base.Backend``) and the one that keeps a ``Session``'s ranks warm there (a ``base.WarmRanks``).
 
-| name        | ranks are                                              | picked when                     |
-|-------------|--------------------------------------------------------|---------------------------------|
-| ``inline``  | the kernel process itself (one rank, nothing started)  | one rank, no start method asked |
-| ``processes`` | local processes: fork, a warm forkserver, or spawn   | CPU, CUDA, MPS                  |
-| ``xla``     | TPU cores: threads of ``xmp.spawn`` workers in a host  | device="xla"                    |
-| ``nodes``   | this node's processes of a multi-node world, restarted | ``num_nodes > 1`` or             |
-|             | as a whole after a failure (torch elastic rendezvous)  | ``max_restarts > 0``            |
-| ``ray``     | Ray actors on a cluster, in one placement group        | ``cluster="ray"``               |
+| name          | applies to (the plan's site) | ranks are                                                  | sessions |
+|---------------|------------------------------|------------------------------------------------------------|----------|
+| ``inline``    | ``InKernel``                 | the kernel process itself (one rank, nothing started)      | no       |
+| ``processes`` | ``LocalProcesses``           | local processes: fork, a warm forkserver, or spawn         | yes      |
+| ``xla``       | ``XlaHost``                  | TPU cores: threads of ``xmp.spawn`` workers in a host      | yes      |
+| ``nodes``     | ``SeveralNodes``             | this node's processes of a multi-node world, restarted as  | no       |
+|               |                              | a whole after a failure (torch elastic rendezvous)         |          |
+| ``ray``       | ``RayCluster``               | Ray actors on a cluster, in one placement group            | yes      |
+
+Planning (``plan.plan``) decides the site; nothing else asks which backend applies. A new backend is a folder here
+(kernel side), its site in ``plan.sites``, and one line in ``BACKENDS`` (see docs/architecture.md).
 """
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Dict, Tuple, Type
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, Optional, Tuple, Type
 
-from .base import Backend, LaunchSink
+from ..errors import LaunchConfigError
+from ..plan.sites import InKernel, LocalProcesses, RayCluster, SeveralNodes, Site, XlaHost
+from .base import Backend, LaunchSink, WarmRanks
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..plan.plan import LaunchPlan
 
-# name -> (module, class): imported when used, so a CPU launch never imports what a TPU launch needs.
-BACKENDS: Dict[str, Tuple[str, str]] = {
-    "inline": (".inline", "InlineBackend"),
-    "processes": (".processes", "ProcessBackend"),
-    "xla": (".xla", "XlaBackend"),
-    "nodes": (".nodes", "NodesBackend"),
-    "ray": (".ray", "RayBackend"),
-}
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """One line of the table: ``site``, the plans it applies to; ``launch`` and ``session``, where the classes that
+    run a launch there and keep a session's ranks warm there are, as (module, class) — imported when used, so a CPU
+    launch never imports what a TPU or a cluster launch needs. ``session`` None: no sessions there."""
+
+    site: Type[Site]
+    launch: Tuple[str, str]
+    session: Optional[Tuple[str, str]] = None
+
+    @property
+    def name(self) -> str:
+        return self.site.name
 
 
-def backend_class(name: str) -> Type[Backend]:
-    module, cls = BACKENDS[name]
+BACKENDS: Dict[str, BackendEntry] = {entry.name: entry for entry in (
+    BackendEntry(InKernel, (".inline", "InlineBackend")),
+    BackendEntry(LocalProcesses, (".processes", "ProcessBackend"), (".session", "SessionProcesses")),
+    BackendEntry(XlaHost, (".xla", "XlaBackend"), (".session", "SessionXlaHost")),
+    BackendEntry(SeveralNodes, (".nodes", "NodesBackend")),
+    BackendEntry(RayCluster, (".ray", "RayBackend"), (".ray.session", "SessionRayActors")),
+)}
+
+
+def entry_for(site: Site) -> BackendEntry:
+    """The table's line for ``site`` (its exact type: an ``XlaHost`` is not run as ``LocalProcesses``)."""
+    for entry in BACKENDS.values():
+        if type(site) is entry.site:
+            return entry
+    raise LookupError(f"no backend runs ranks at {type(site).__name__}: add its line to backends.BACKENDS")
+
+
+def _load(where: Tuple[str, str]) -> type:
+    module, cls = where
     return getattr(importlib.import_module(module, __name__), cls)
 
 
+def backend_class(name: str) -> Type[Backend]:
+    """The ``Backend`` class of the table's line ``name``."""
+    return _load(BACKENDS[name].launch)
+
+
+def warm_ranks_class(name: str) -> Optional[Type[WarmRanks]]:
+    """The ``WarmRanks`` class of the table's line ``name``; None where sessions are not kept."""
+    where = BACKENDS[name].session
+    return None if where is None else _load(where)
+
+
 def backend_for(plan: "LaunchPlan") -> Backend:
-    """The backend that runs ``plan`` (``plan.backend`` names it)."""
-    return backend_class(plan.backend)(plan)
+    """The backend that runs ``plan`` (the table's line for its site)."""
+    return _load(entry_for(plan.site).launch)(plan)
 
 
-__all__ = ["BACKENDS", "Backend", "LaunchSink", "backend_class", "backend_for"]
+def warm_ranks_for(plan: "LaunchPlan") -> Type[WarmRanks]:
+    """The class that keeps a session's ranks warm where ``plan`` runs them, or a clear ``LaunchConfigError``."""
+    entry = entry_for(plan.site)
+    if entry.session is None:
+        raise LaunchConfigError(f"device={plan.device!r}: a Session cannot keep {entry.name} ranks warm; use "
+                                f"notebook_launcher")
+    return _load(entry.session)
+
+
+__all__ = ["BACKENDS", "Backend", "BackendEntry", "LaunchSink", "WarmRanks", "backend_class", "backend_for",
+           "entry_for", "warm_ranks_class", "warm_ranks_for"]

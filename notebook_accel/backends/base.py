@@ -1,4 +1,5 @@
-"""The one protocol every way of starting ranks implements.
+"""The contracts every way of starting ranks implements: ``Backend`` (a launch), ``WarmRanks`` (a session's ranks),
+and the one restart loop (``run_attempts``).
 
 A backend gets a validated ``LaunchPlan``, the rendezvous environment the kernel hosts, and a ``LaunchSink``
 (where events go, a clock tick for the view, whether Stop was pressed). It owns its whole sequence — start
@@ -14,10 +15,11 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Mapping, Optional, Tuple, TypeVar
 
 from ..outcome.root_cause import Outcome
-from ..wire.events import RankEvent, Status
+from ..wire.commands import Command, RunFunction
+from ..wire.events import AttemptStarted, RankEvent, RankStarted, Status
 from .prompts import Asker
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -119,6 +121,9 @@ class Backend(ABC):
 
     name: ClassVar[str]
     job: ClassVar[str] = "launch"  # what the user started, in messages: "the launch ran past timeout=..."
+    # Whether the backend delivers the launch's ``LaunchStarted`` itself (several nodes: once the rendezvous placed
+    # this node); else the ``Launch`` delivers it before the backend runs.
+    announces_start: ClassVar[bool] = False
 
     def __init__(self, plan: "LaunchPlan") -> None:
         self.plan = plan
@@ -128,7 +133,8 @@ class Backend(ABC):
         Backends whose ranks meet elsewhere (several nodes) override this."""
         from .rendezvous import HostedStore
 
-        return HostedStore(self.plan.master_addr, self.plan.use_port, self.plan.world_size)
+        site = self.plan.site  # a site whose store the kernel hosts: it says where (``plan.sites``)
+        return HostedStore(site.master_addr, site.use_port, self.plan.world_size)  # type: ignore[attr-defined]
 
     def run(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> Outcome:
         """Start every rank, supervise it to the end, leave nothing running; return how it ended."""
@@ -153,3 +159,95 @@ class Backend(ABC):
         """Every running rank's Python stacks (all threads), by rank; callable from any thread while
         ``run`` runs. A rank that does not answer within ``timeout`` seconds is left out."""
         return {}
+
+
+# ---------------------------------------------------------------------------------------------- restarts
+
+Result = TypeVar("Result")
+Failed = TypeVar("Failed")
+
+
+def run_attempts(max_restarts: int, deliver: Callable[[RankEvent], None], attempt: Callable[[int], Result],
+                 restartable: Callable[[Result], Optional[Failed]],
+                 describe: Callable[[Failed], str] = str) -> Tuple[Result, List[Failed]]:
+    """The one restart loop of every backend that restarts the whole world after a failure (``max_restarts``):
+    run ``attempt(0)``, then ``attempt(1)``, ... while the last one's failure is ``restartable`` (the failure, or
+    None when it is not: a success, a stop, a timeout, a function that cannot load, a lost node) and restarts are
+    left. With restarts allowed, each attempt is announced first (``AttemptStarted``, with the earlier failures as
+    ``describe`` says them). Returns the last attempt's result and the earlier attempts' failures, in order.
+
+    >>> results = iter([("failed", "rank 1 raised"), ("finished", None)])
+    >>> run_attempts(2, lambda event: None, lambda number: next(results), lambda result: result[1])
+    (('finished', None), ['rank 1 raised'])
+    """
+    history: List[Failed] = []
+    number = 0
+    while True:
+        if max_restarts:
+            deliver(AttemptStarted(rank=-1, attempt=number, max_restarts=max_restarts,
+                                   previous_errors=[describe(failure) for failure in history]))
+        result = attempt(number)
+        failure = restartable(result) if number < max_restarts else None
+        if failure is None:
+            return result, history
+        history.append(failure)
+        number += 1
+
+
+# ------------------------------------------------------------------------------------------- warm ranks
+
+class WarmRanks(ABC):
+    """The ranks of a ``Session``, kept up across runs: what a backend provides so that sessions work there.
+
+    ``Session`` drives any of them the same way (``backends.session``: every task is a command sent to each rank
+    and supervised until each is idle again; a process group cut and replaced; ranks made anew with "state lost"):
+
+    ``store = cls.open_store(plan)`` once for the session's life → ``ranks = cls(plan, group_backend, generation)``
+    → ``ranks.start(store.env())`` (the ranks start, serve commands, and join the process group as their first
+    task) → tasks, each ``ranks.commands[rank].send(command, fds)`` → ``ranks.kill()``; a restart is a new object.
+
+    Subclasses: ``backends.session.SessionProcesses`` (local processes), ``SessionXlaHost`` (a TPU host's device
+    threads), ``backends.ray.session.SessionRayActors`` (a cluster's actors).
+    """
+
+    # Ranks that are threads (a TPU device thread, a Ray actor's) are interrupted by a command, not by SIGINT.
+    ranks_are_threads: ClassVar[bool] = False
+    plan: "LaunchPlan"
+    handles: List[Any]                      # a ``RankProcess`` per rank (what a supervisor reads), once started
+    commands: Mapping[int, Any]             # a ``CommandSender`` (or its twin) per rank: ``send(command, fds)``
+    pids: Dict[int, int]                    # where each rank runs, by rank
+
+    @abstractmethod
+    def __init__(self, plan: "LaunchPlan", group_backend: Optional[str], group_generation: int) -> None:
+        """Nothing starts yet. ``group_backend``: the process group the ranks join ("gloo", "nccl"; None: none)."""
+
+    @classmethod
+    @abstractmethod
+    def open_store(cls, plan: "LaunchPlan") -> Any:
+        """The store the ranks meet at for the session's life (``env()``, ``close()``: as ``Backend.open_rendezvous``
+        gives it), opened in the caller's cell so that a busy port or an unreachable cluster fails there."""
+
+    @classmethod
+    @abstractmethod
+    def function_task(cls, function: Callable[..., Any], args: tuple, kwargs: Dict[str, Any],
+                      return_all: bool) -> Tuple[RunFunction, List[int], Callable[[], None]]:
+        """``Session.run``'s command for ``function``, the fds it carries, and what releases them after the task."""
+
+    @abstractmethod
+    def start(self, rendezvous_env: Dict[str, str]) -> List[Any]:
+        """Start every rank serving commands; their handles (``RankProcess``), by rank."""
+
+    @abstractmethod
+    def started_event(self, rank: int) -> RankStarted:
+        """The ``RankStarted`` a run's dashboard gets for ``rank`` (it said it once, when the session started)."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """End every rank now and release what ``start`` took (idempotent)."""
+
+    def send(self, rank: int, command: Command, fds: Optional[List[int]] = None) -> None:
+        """Send ``command`` to ``rank``, where it may already be gone (its death is the supervisor's to report)."""
+        try:
+            self.commands[rank].send(command, fds)
+        except OSError:
+            pass

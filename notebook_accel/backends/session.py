@@ -1,28 +1,35 @@
-"""Kernel side of a warm session: its rank processes, and one task on them supervised like a launch.
+"""Kernel side of a warm session: its local ranks, and how a task runs on any ``base.WarmRanks``.
 
 ``SessionProcesses`` starts the ranks once with the process backend's machinery (fork, forkserver, spawn; the
-same pipes, lifeline and set-up) plus a command socket each. ``SessionRunBackend`` is the ``Backend`` a
-``Launch`` runs for each ``Session.run`` or ``%%ranks`` cell: it sends the task and supervises the ranks until
-every one is idle again — the same events, root-cause rule, Stop, timeout and stack dumps as a launch — with
-``SessionSupervisor``: the launch's ``Supervisor`` with two of its extension points set, ``InterruptRanks`` (it
-interrupts busy ranks instead of ending them, and cuts a process group left half way through a collective) and
-``EndCondition.ALL_IDLE``.
+same pipes, lifeline and set-up) plus a command socket each; ``SessionXlaHost`` keeps a TPU host's device threads.
+
+Whatever keeps the ranks (those two, or ``ray.session.SessionRayActors``), ``Session`` drives them only through the
+contract and what is here: ``SessionRunBackend`` is the ``Backend`` a ``Launch`` runs for each ``Session.run`` or
+``%%ranks`` cell: it sends the task and supervises the ranks until every one is idle again — the same events,
+root-cause rule, Stop, timeout and stack dumps as a launch — with ``SessionSupervisor``: the launch's
+``Supervisor`` with two of its extension points set, ``InterruptRanks`` (it interrupts busy ranks instead of ending
+them, and cuts a process group left half way through a collective) and ``EndCondition.ALL_IDLE``. ``quiet_task``
+runs the session's own tasks (joining the group, a new group) without a dashboard, ``close_gracefully`` ends the
+ranks as programs end; each task's end is a ``TaskEnd``, which says what the session must mend.
 """
 from __future__ import annotations
 
 import os
 import selectors
 import signal
+import threading
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from ..outcome.root_cause import Outcome, is_interrupt
 from ..plan.plan import LaunchPlan
 from ..rank.session import SessionRankSpec, session_rank_main
-from ..wire.commands import BreakGroup, Command, CommandSender, Interrupt, RunFunction, session_socketpair
+from ..wire.commands import (BreakGroup, Command, CommandSender, Interrupt, RunFunction, Shutdown,
+                             session_socketpair)
 from ..wire.events import RankEvent, RankFailed, RankStarted
 from ..wire.fds import PassedFd
 from ..wire.payload import PickledPayload
-from .base import Backend, LaunchSink, StopPolicy
+from .base import Backend, LaunchSink, StopPolicy, WarmRanks
 from .processes.backend import ProcessBackend
 from .prompts import Asker
 from .rendezvous import HostedStore
@@ -33,12 +40,9 @@ BREAK_GROUP_AFTER = 0.3   # s an interrupted rank may take to leave Python code 
 
 
 class SessionRanks:
-    """What a session's ranks have beyond a launch's, whatever starts them (mixed into ``ProcessBackend`` and
-    ``XlaBackend``): a command socket each (the rank's end handed over as it starts, the kernel's kept), the pid
-    each rank runs in, and ``kill``.
-
-    A kind of warm ranks that starts elsewhere (``backends.ray.session``) has the same surface: ``open_store``,
-    ``function_task``, ``start``, ``commands``, ``pids``, ``started_event``, ``kill``."""
+    """``base.WarmRanks`` for ranks this machine starts (mixed into ``ProcessBackend`` and ``XlaBackend``): a
+    command socket each (the rank's end handed over as it starts, the kernel's kept), the pid each rank runs in,
+    and ``kill``."""
 
     ranks_are_threads = False  # TPU ranks are device threads: interrupted by a command, not by SIGINT
     answers_own_socket = False  # what is typed at a rank's prompt goes on its command socket
@@ -47,7 +51,8 @@ class SessionRanks:
     @classmethod
     def open_store(cls, plan: LaunchPlan) -> HostedStore:
         """The store the ranks meet at for the session's life: hosted by the kernel."""
-        return HostedStore(plan.master_addr, plan.use_port, plan.world_size)
+        site = plan.site  # LocalProcesses or XlaHost: the kernel hosts the store
+        return HostedStore(site.master_addr, site.use_port, plan.world_size)  # type: ignore[attr-defined]
 
     @classmethod
     def function_task(cls, function: Callable[..., Any], args: tuple, kwargs: Dict[str, Any],
@@ -102,7 +107,7 @@ class SessionRanks:
         super().close()  # type: ignore[misc]
 
 
-class SessionProcesses(SessionRanks, ProcessBackend):
+class SessionProcesses(SessionRanks, ProcessBackend, WarmRanks):
     """The session's rank processes: a launch's, plus each rank's end of a command socket."""
 
     name = "session"
@@ -124,7 +129,7 @@ class SessionProcesses(SessionRanks, ProcessBackend):
         return kernel_ends + others
 
 
-class SessionXlaHost(SessionRanks, XlaBackend):
+class SessionXlaHost(SessionRanks, XlaBackend, WarmRanks):
     """A TPU session: the launch's XLA host, whose device threads serve tasks from their command sockets
     instead of running one function — workers, device threads and their compiled graphs stay up."""
 
@@ -203,14 +208,14 @@ class SessionSupervisor(Supervisor):
 
     def __init__(self, handles: List[RankProcess], deliver: Callable[[RankEvent], None], tick: Callable[[], None],
                  *, policy: StopPolicy, expect_results: Callable[[int], bool], task_id: int,
-                 recover_timeout: float, processes: SessionRanks, asker: Optional[Asker] = None) -> None:
-        self.interrupts = InterruptRanks(processes.commands, task_id=task_id, recover_timeout=recover_timeout,
-                                         ranks_are_threads=processes.ranks_are_threads)
+                 recover_timeout: float, ranks: WarmRanks, asker: Optional[Asker] = None) -> None:
+        self.interrupts = InterruptRanks(ranks.commands, task_id=task_id, recover_timeout=recover_timeout,
+                                         ranks_are_threads=ranks.ranks_are_threads)
         # The ranks said RankStarted when the session started: their stack dumps are armed, and a TPU rank runs
         # in a worker, not in the host we started.
         super().__init__(handles, deliver, tick, policy=policy, expect_results=expect_results,
                          stopping=self.interrupts, ends_when=EndCondition.ALL_IDLE, task_id=task_id,
-                         warm_pids=processes.pids, asker=asker)
+                         warm_pids=ranks.pids, asker=asker)
 
     @property
     def gave_up(self) -> Optional[str]:
@@ -243,6 +248,72 @@ class SessionSupervisor(Supervisor):
         return sorted(rank for rank, watch in self.watches.items() if not watch.phase.alive)
 
 
+@dataclass(frozen=True)
+class TaskEnd:
+    """How a task left the warm ranks — what ``Session`` reads to mend them, instead of the supervisor itself.
+
+    ``lost``: ranks gone; ``gave_up``: why every rank was killed (one stayed busy past ``recover_timeout``);
+    ``settled``: every rank idle again or gone; ``failed``: a rank failed; ``ended_early``: the task was ended
+    before its ranks were done (a failure, Stop, the timeout); ``group_out_of_step``: the ranks were told to cut
+    their process group, or their counts of collectives differ (the task left it half way); ``shadowed``: kernel
+    names the ranks have their own of; ``pids``: where each rank runs, as it said.
+    """
+
+    lost: List[int]
+    gave_up: Optional[str]
+    settled: bool
+    failed: bool
+    ended_early: bool
+    group_out_of_step: bool
+    shadowed: Set[str] = field(default_factory=set)
+    pids: Dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, supervisor: SessionSupervisor) -> "TaskEnd":
+        return cls(lost=supervisor.lost(), gave_up=supervisor.gave_up, settled=supervisor.settled(),
+                   failed=bool(supervisor.failures),
+                   ended_early=supervisor.status is not None or bool(supervisor.failures),
+                   group_out_of_step=supervisor.broke_group or len(set(supervisor.sequences.values())) > 1,
+                   shadowed=supervisor.shadowed, pids=supervisor.pids)
+
+    def ranks_lost(self) -> Optional[str]:
+        """Why the ranks must start afresh (state lost): one stayed busy, died, or is not idle; None: they are fine."""
+        if self.gave_up or self.lost or not self.settled:
+            return self.gave_up or f"rank {', '.join(map(str, self.lost))} died"
+        return None
+
+    @property
+    def group_left_broken(self) -> bool:
+        """The task ended early and left the process group half way through a collective: it must be replaced."""
+        return self.ended_early and self.group_out_of_step
+
+
+def quiet_task(ranks: WarmRanks, command: Optional[Command], *, timeout: float, recover_timeout: float,
+               deliver: Callable[[RankEvent], None]) -> Tuple[TaskEnd, Outcome]:
+    """A task of the session's own (``command``; None: wait for the task the ranks start with, joining the group),
+    without a dashboard: its events go to ``deliver``. How it left the ranks, and how it ended."""
+    task_id = command.task_id if command is not None else 0  # type: ignore[attr-defined]
+    supervisor = SessionSupervisor(
+        ranks.handles, deliver, lambda: None, policy=StopPolicy.starting_now(timeout, threading.Event()),
+        expect_results=lambda rank: False, task_id=task_id, recover_timeout=recover_timeout, ranks=ranks)
+    if command is not None:
+        for rank in list(ranks.commands):
+            ranks.send(rank, command)
+    outcome = supervisor.run()
+    return TaskEnd.of(supervisor), outcome
+
+
+def close_gracefully(ranks: WarmRanks, grace: float, deliver: Callable[[RankEvent], None]) -> None:
+    """End the ranks as programs end (threads joined, ``atexit`` handlers run): ``Shutdown`` to each, then a launch's
+    supervisor reads their last output and ends whatever outlives ``grace`` seconds."""
+    if not ranks.handles:
+        return
+    for rank in list(ranks.commands):
+        ranks.send(rank, Shutdown())
+    policy = StopPolicy.starting_now(grace, threading.Event())
+    Supervisor(ranks.handles, deliver, lambda: None, policy=policy, expect_results=lambda rank: False).run()
+
+
 class _SessionStore:
     """The session's store, as a launch's backend hands it out: hosted for the session's life, not per run."""
 
@@ -258,23 +329,22 @@ class _SessionStore:
 
 class SessionRunBackend(Backend):
     """One task on the session's warm ranks, as a ``Launch`` runs a backend: send, supervise until idle,
-    then let the session mend what the task left broken (``after``)."""
+    then let the session mend what the task left broken (``after``, given the ``TaskEnd``, also kept as ``ended``)."""
 
     name = "session"
     job = "run"
 
-    def __init__(self, plan: LaunchPlan, *, processes: SessionRanks, handles: List[RankProcess],
-                 task_id: int, command: Command, fds: List[int], recover_timeout: float,
-                 after: Callable[["SessionSupervisor", Callable[[RankEvent], None]], None]) -> None:
+    def __init__(self, plan: LaunchPlan, *, ranks: WarmRanks, task_id: int, command: Command, fds: List[int],
+                 recover_timeout: float, after: Callable[[TaskEnd, Callable[[RankEvent], None]], None]) -> None:
         super().__init__(plan)
-        self.processes = processes
-        self.handles = handles
+        self.ranks = ranks
         self.task_id = task_id
         self.command = command
         self.fds = fds
         self.recover_timeout = recover_timeout
         self.after = after
         self.supervisor: Optional[SessionSupervisor] = None
+        self.ended: Optional[TaskEnd] = None
         self._deliver: Callable[[RankEvent], None] = lambda event: None
 
     def open_rendezvous(self) -> "_SessionStore":  # type: ignore[override]
@@ -284,21 +354,24 @@ class SessionRunBackend(Backend):
         self._deliver = sink.deliver
         if hasattr(self.command, "no_one_types"):  # the task's prompts: answered here, or skipped (and why)
             self.command.no_one_types = sink.asker.absent  # type: ignore[attr-defined]
-        for handle in self.handles:  # the rows of this run's dashboard: each rank is there, and running
-            sink.deliver(self.processes.started_event(handle.rank))
-        for handle in self.handles:  # a rank already gone is the supervisor's to report
-            send_quietly(self.processes.commands[handle.rank], self.command, self.fds)
+        for handle in self.ranks.handles:  # the rows of this run's dashboard: each rank is there, and running
+            sink.deliver(self.ranks.started_event(handle.rank))
+        for handle in self.ranks.handles:  # a rank already gone is the supervisor's to report
+            self.ranks.send(handle.rank, self.command, self.fds)
 
     def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
         self.supervisor = SessionSupervisor(
-            self.handles, sink.deliver, sink.tick, policy=policy,
+            self.ranks.handles, sink.deliver, sink.tick, policy=policy,
             expect_results=lambda rank: self.plan.sends_result(rank), task_id=self.task_id,
-            recover_timeout=self.recover_timeout, processes=self.processes, asker=sink.asker)
+            recover_timeout=self.recover_timeout, ranks=self.ranks, asker=sink.asker)
         return self.supervisor.run()
 
     def _close(self) -> None:
-        if self.supervisor is not None:
-            self.after(self.supervisor, self._deliver)
+        supervisor = self.supervisor
+        if supervisor is not None:
+            self.ended = TaskEnd.of(supervisor)
+            self.supervisor = None  # it holds the launch's deliver: no cycle keeps the result alive
+            self.after(self.ended, self._deliver)
         self._deliver = lambda event: None  # the launch's: no cycle keeps an ended launch (and its result) alive
 
     def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:

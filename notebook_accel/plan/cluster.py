@@ -6,12 +6,12 @@ it is connected (``backends.ray``), still before any rank starts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from ..errors import LaunchConfigError
 from ..wire.choices import Device, Placement, StartMethod
 from .options import OPTIONS, defaults  # noqa: F401 -- defaults: the doctests use it
+from .sites import RayCluster
 
 # Options of a launch on this machine, or over nodes started by hand, that a cluster's placement replaces.
 _LOCAL_ONLY = ("master_addr", "use_port", "compile_cache", "num_nodes", "node_rank", "rdzv_backend",
@@ -20,20 +20,10 @@ _LOCAL_ONLY = ("master_addr", "use_port", "compile_cache", "num_nodes", "node_ra
 CLUSTER_OPTIONS = ("resources_per_rank", "placement")
 
 
-@dataclass
-class ClusterOptions:
-    """Where a cluster launch's ranks go: one bundle of ``resources_per_rank`` per rank, placed by ``placement``;
-    ``max_restarts`` whole-world restarts, each placed anew."""
-
-    kind: str                          # "ray"
-    resources_per_rank: Dict[str, float]
-    placement: str                     # a ``Placement``
-    max_restarts: int = 0
-
-
-def check_cluster_options(options: Mapping[str, Any]) -> Optional[ClusterOptions]:
-    """``ClusterOptions`` when ``options["cluster"]`` is set, else ``None``; a clear ``LaunchConfigError`` for an
-    option that contradicts it (or a cluster option without it). ``options``: every launch setting, resolved.
+def check_cluster_options(options: Mapping[str, Any]) -> Optional[RayCluster]:
+    """The site of a launch on a cluster (``plan.sites.RayCluster``) when ``options["cluster"]`` is set, else
+    ``None``; a clear ``LaunchConfigError`` for an option that contradicts it (or a cluster option without it).
+    ``options``: every launch setting, resolved. The one place where ``cluster="ray"`` becomes Ray.
 
     >>> check_cluster_options({**defaults(), "cluster": "ray", "device": "cuda"}).resources_per_rank
     {'CPU': 1.0, 'GPU': 1.0}
@@ -66,9 +56,8 @@ def check_cluster_options(options: Mapping[str, Any]) -> Optional[ClusterOptions
     if not any(amount > 0 for amount in resources.values()):
         raise LaunchConfigError(f"resources_per_rank={dict(resources)!r} reserves nothing: Ray needs at least one "
                                 f"resource per rank to place it, e.g. {{\"CPU\": 1}}")
-    return ClusterOptions(kind=cluster, resources_per_rank=resources,
-                          placement=options["placement"] or Placement.PACK.value,
-                          max_restarts=int(options["max_restarts"]))
+    return RayCluster(resources_per_rank=resources, placement=options["placement"] or Placement.PACK.value,
+                      max_restarts=int(options["max_restarts"]))
 
 
 def cluster_device(device: Optional[str], resources_per_rank: Optional[Mapping[str, float]]) -> str:

@@ -7,7 +7,9 @@ defaults, types). ``plan.entry_points`` checks every call against it, the config
 ``saved``, the CLI offers the allowed values and the panel its pickers.
 
 Adding an option is one ``Option`` here (``takers``: the entry points that take it), one parameter line in the
-``def`` of each of them — as ``expected_parameters(entry)`` prints it — and the code that uses it.
+``def`` of each of them — as ``expected_parameters(entry)`` prints it — and, for a launch setting, one field of
+``LaunchOptions`` and one ``name=name`` where each of them makes it (tests fail until all agree); then the code that
+reads it from the ``LaunchOptions``.
 
 >>> OPTIONS["mixed_precision"].default, OPTIONS["mixed_precision"].choices.values()
 ('no', ('no', 'fp16', 'bf16'))
@@ -19,7 +21,7 @@ import inspect
 import numbers
 import os
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import (Any, Callable, Dict, FrozenSet, List, Literal, Mapping, Optional, Sequence, Tuple, Type, Union,
                     get_args, get_origin)
 
@@ -298,9 +300,50 @@ def launch_options(given: Mapping[str, Any]) -> Dict[str, Any]:
     return values
 
 
-def launch_settings(values: Mapping[str, Any]) -> Dict[str, Any]:
-    """The launch settings among ``values`` (an entry point's ``locals()``), for ``plan_launch``."""
-    return {name: values[name] for name in OPTIONS if name in values}
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Every launch setting as one typed value, from the entry point down to where each one acts: an entry point
+    writes its ``def``'s options into it by name (its call was checked already, once, by ``plan.entry_points``), a
+    script or the CLI makes it with ``checked``; ``plan.plan.make_plan`` reads it. The fields are the table's launch
+    options, with their types and defaults (``tests/test_options.py`` holds the two together).
+
+    >>> LaunchOptions.checked(num_processes=2, timeout=30).timeout
+    30
+    """
+
+    num_processes: Optional[int] = None
+    device: Optional[DeviceName] = None
+    mixed_precision: MixedPrecisionName = "no"
+    start_method: StartMethodName = "auto"
+    master_addr: str = "127.0.0.1"
+    use_port: Optional[int] = None
+    timeout: Optional[float] = None
+    return_all: bool = False
+    display: DisplayName = "auto"
+    pdb: Optional[bool] = None
+    compile_cache: Optional[PathLike] = None
+    fsdp_config: Optional[Mapping[str, Any]] = None
+    deepspeed_config: Optional[Mapping[str, Any]] = None
+    cluster: Optional[ClusterName] = None
+    resources_per_rank: Optional[Mapping[str, float]] = None
+    placement: Optional[PlacementName] = None
+    num_nodes: int = 1
+    node_rank: Optional[int] = None
+    rdzv_backend: Union[RendezvousBackendName, str] = "static"
+    rdzv_endpoint: Optional[str] = None
+    rdzv_id: Optional[str] = None
+    rdzv_conf: Optional[Dict[str, Any]] = None
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+
+    @classmethod
+    def checked(cls, **given: Any) -> "LaunchOptions":
+        """The ``given`` settings, each checked against the table (``launch_options``), the defaults for the rest."""
+        return cls(**launch_options(given))
+
+    def as_dict(self) -> Dict[str, Any]:
+        """``{name: value}`` of every setting (for the checks that read settings by name)."""
+        return {option.name: getattr(self, option.name) for option in fields(self)}
 
 
 def unexpected_keyword(entry: str, name: str, accepted: Sequence[str]) -> str:

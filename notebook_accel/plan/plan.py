@@ -14,10 +14,11 @@ from ..wire.choices import MixedPrecision, StartMethod
 from ..wire.events import LaunchStarted
 from ..wire.payload import Payload
 from . import devices as environment
-from .cluster import ClusterOptions, check_cluster_options, cluster_device
+from .cluster import check_cluster_options, cluster_device
 from .nodes import NodeOptions, check_node_options
-from .options import NODE_OPTION_NAMES, check_precision_for_device, launch_options
+from .options import NODE_OPTION_NAMES, LaunchOptions, check_precision_for_device
 from .sharding import check_sharding_for_device, sharding_environment
+from .sites import InKernel, LocalProcesses, RayCluster, SeveralNodes, Site, StartsProcesses, XlaHost
 
 MIXED_PRECISIONS = MixedPrecision.values()  # kept for callers of the old names
 START_METHODS = StartMethod.values()
@@ -31,30 +32,36 @@ class LaunchPlan:
     payload: Payload
     world_size: int
     device: str
-    backend: str                 # how ranks start: a name in ``backends.BACKENDS`` ("inline", "processes", "xla",
-                                 # "nodes", "ray")
-    start_method: Optional[str]  # "fork" | "forkserver" | "spawn" for process ranks; None in the kernel
+    site: Site                   # where the ranks run, with that way's own options (``plan.sites``); its type
+                                 # picks the backend (``backends.BACKENDS``)
     mixed_precision: str
-    master_addr: str
-    use_port: Optional[int]
     timeout: Optional[float]
     return_all: bool
     display: str
-    compile_cache: Optional[str] = None  # XLA only: root of the per-rank persistent compilation caches
     # FSDP / DeepSpeed defaults as the variables HF accelerate's launcher sets (``plan.sharding``)
     sharding_env: Dict[str, str] = field(default_factory=dict)
-    # The kernel as it is when the launch is called: every rank starts from it, whatever its start method.
-    kernel_env: Dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    # The kernel as it is when the launch is called: every rank starts from it, whatever its start method. Never in
+    # the plan's repr: the kernel's environment holds the user's secrets (HF_TOKEN, cloud keys), and a plan is
+    # printed in tracebacks, logs and bug reports.
+    kernel_env: Dict[str, str] = field(default_factory=lambda: dict(os.environ), repr=False)
     kernel_cwd: str = field(default_factory=os.getcwd)
     kernel_sys_path: List[str] = field(default_factory=lambda: list(sys.path))
-    nodes: Optional[NodeOptions] = None  # set for several nodes or restarts: the nodes backend runs it
-    cluster: Optional[ClusterOptions] = None  # set for ranks on a cluster (``cluster="ray"``): the ray backend runs it
     # One node's share of a multi-node world, set by the nodes backend once the rendezvous placed it:
     # ``world_size`` is then this node's count, and global rank = ``rank_offset`` + local rank.
     rank_offset: int = 0
     global_world_size: Optional[int] = None
     group_rank: int = 0
     post_mortem: bool = False  # a rank that raises opens pdb in the failing frame first (``pdb``, ``%pdb on``)
+
+    @property
+    def backend(self) -> str:
+        """The name of the backend that runs the plan (the site's: "inline", "processes", "xla", "nodes", "ray")."""
+        return self.site.name
+
+    @property
+    def start_method(self) -> Optional[str]:
+        """"fork" | "forkserver" | "spawn" where we start the ranks' processes; None in the kernel or on a cluster."""
+        return self.site.start_method if isinstance(self.site, StartsProcesses) else None
 
     def started_event(self, **where: Any) -> LaunchStarted:
         """The first event of a launch; ``where`` adds a node's place (num_nodes, node_rank, ranks, world_size)."""
@@ -103,8 +110,9 @@ class LaunchPlan:
         """
         if self.start_method == "fork":
             return 1
-        if self.cluster is not None:  # what Ray reserved for the rank, as Ray itself sets OMP_NUM_THREADS
-            return max(1, int(self.cluster.resources_per_rank.get("CPU", 1)))
+        reserved = self.site.cpus_per_rank
+        if reserved is not None:  # what a cluster reserved for the rank, as Ray itself sets OMP_NUM_THREADS
+            return max(1, int(reserved))
         explicit = os.environ.get("OMP_NUM_THREADS", "")
         if explicit.isdigit() and int(explicit) > 0:
             return int(explicit)
@@ -114,29 +122,38 @@ class LaunchPlan:
 
 def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_processes: Any = None, *,
                 allow_inline: bool = True, **options: Any) -> LaunchPlan:
-    """Check every option (``plan.options``: their types, ranges and defaults; an entry point has resolved them
-    already) and the ones that depend on this machine, and serialize the function; raise a clear
-    ``LaunchConfigError`` on the first bad one, before any process starts.
+    """``make_plan`` from keywords, as a script or the CLI has them: each checked against ``plan.options`` first.
 
     >>> plan_launch(print, num_processes=1, device="cpu", start_method="spawn").backend  # doctest: +SKIP
     'processes'
     """
-    options = launch_options(dict(options, num_processes=num_processes))
-    device, mixed_precision, start_method = options["device"], options["mixed_precision"], options["start_method"]
-    master_addr, use_port, timeout = options["master_addr"], options["use_port"], options["timeout"]
-    return_all, display, compile_cache = options["return_all"], options["display"], options["compile_cache"]
-    post_mortem = wants_post_mortem(options["pdb"])
+    return make_plan(function, args, kwargs, LaunchOptions.checked(num_processes=num_processes, **options),
+                     allow_inline=allow_inline)
+
+
+def make_plan(function: Callable, args: Any, kwargs: Any, options: LaunchOptions, *,
+              allow_inline: bool = True) -> LaunchPlan:
+    """Check what depends on this machine and on several options together (each option's type, range and choices
+    were checked once, where ``options`` was made), decide where the ranks run (``plan.sites``), and serialize the
+    function; raise a clear ``LaunchConfigError`` on the first problem, before any process starts.
+    ``allow_inline``: one rank may run in the kernel itself (not for a launch in the background, nor a session)."""
+    num_processes = options.num_processes
+    device, mixed_precision, start_method = options.device, options.mixed_precision, options.start_method
+    master_addr, use_port, timeout = options.master_addr, options.use_port, options.timeout
+    return_all, display, compile_cache = options.return_all, options.display, options.compile_cache
+    post_mortem = wants_post_mortem(options.pdb)
     if rank_channel() is not None:
         raise RuntimeError("notebook_launcher was called inside a launched rank; launches cannot be nested")
     check_call(function, args, kwargs)
-    cluster = check_cluster_options(options)
+    settings = options.as_dict()
+    cluster = check_cluster_options(settings)
     if cluster is not None:
         return _plan_on_cluster(function, args, kwargs, options, cluster, post_mortem)
-    nodes = check_node_options(**{name: options[name] for name in NODE_OPTION_NAMES})
-    sharding_env = sharding_environment(options["fsdp_config"], options["deepspeed_config"])
+    nodes = check_node_options(**{name: settings[name] for name in NODE_OPTION_NAMES})
+    sharding_env = sharding_environment(options.fsdp_config, options.deepspeed_config)
 
     device = device or environment.best_device()
-    check_sharding_for_device(options["fsdp_config"], options["deepspeed_config"], device)
+    check_sharding_for_device(options.fsdp_config, options.deepspeed_config, device)
     if compile_cache is not None and device != "xla":
         raise LaunchConfigError(f"compile_cache is torch_xla's persistent compilation cache: it needs "
                                 f"device='xla', not {device!r}")
@@ -147,27 +164,38 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
     # launch runs in a background thread, where an in-kernel run could not be stopped.
     inline = (allow_inline and nodes is None and world_size == 1 and start_method == StartMethod.AUTO
               and threading.current_thread() is threading.main_thread())
-    # XLA ranks always start in a host process: using an XLA device in the kernel would initialize the
-    # runtime there, after which torch_xla can start no TPU process at all (pytorch/xla#7765).
     if device == "xla" and nodes is not None:
         raise LaunchConfigError("several nodes and max_restarts are not supported on TPU (device='xla') yet")
-    backend = "xla" if device == "xla" else "nodes" if nodes is not None else "inline" if inline else "processes"
+    site = _site_here(device, nodes, inline, start_method, master_addr, use_port, compile_cache)
 
     payload = Payload(function, args, kwargs or {})
-    start = (None if backend == "inline" else _resolve_xla_start_method(start_method) if backend == "xla"
-             else _resolve_start_method(start_method))
-    if start in ("forkserver", "spawn"):
+    if isinstance(site, StartsProcesses) and site.start_method in ("forkserver", "spawn"):
         payload.pickled()  # now, so that what cannot be pickled is named before any process starts
     return LaunchPlan(
         function_name=getattr(function, "__qualname__", type(function).__name__),
         payload=payload,
-        world_size=world_size, device=device, backend=backend,
-        start_method=start, mixed_precision=mixed_precision,
-        master_addr=master_addr, use_port=use_port, timeout=None if timeout is None else float(timeout),
-        return_all=return_all, display=display, nodes=nodes,
-        compile_cache=None if compile_cache is None else os.path.abspath(os.path.expanduser(compile_cache)),
+        world_size=world_size, device=device, site=site, mixed_precision=mixed_precision,
+        timeout=None if timeout is None else float(timeout),
+        return_all=return_all, display=display,
         sharding_env=sharding_env, post_mortem=post_mortem,
     )
+
+
+def _site_here(device: str, nodes: Optional[NodeOptions], inline: bool, start_method: str, master_addr: str,
+               use_port: Optional[int], compile_cache: Any) -> Site:
+    """Where the ranks run when they run on this machine (or this node's share of several)."""
+    if device == "xla":
+        # XLA ranks always start in a host process: using an XLA device in the kernel would initialize the
+        # runtime there, after which torch_xla can start no TPU process at all (pytorch/xla#7765).
+        return XlaHost(start_method=_resolve_xla_start_method(start_method), master_addr=master_addr,
+                       use_port=use_port, compile_cache=None if compile_cache is None
+                       else os.path.abspath(os.path.expanduser(compile_cache)))
+    if nodes is not None:
+        return SeveralNodes(start_method=_resolve_start_method(start_method), nodes=nodes)
+    if inline:
+        return InKernel(master_addr=master_addr, use_port=use_port)
+    return LocalProcesses(start_method=_resolve_start_method(start_method), master_addr=master_addr,
+                          use_port=use_port)
 
 
 def wants_post_mortem(pdb: Optional[bool]) -> bool:
@@ -181,27 +209,26 @@ def wants_post_mortem(pdb: Optional[bool]) -> bool:
     return bool(getattr(environment.ipython_shell(), "call_pdb", False))
 
 
-def _plan_on_cluster(function: Callable, args: Any, kwargs: Any, options: Dict[str, Any],
-                     cluster: ClusterOptions, post_mortem: bool) -> LaunchPlan:
+def _plan_on_cluster(function: Callable, args: Any, kwargs: Any, options: LaunchOptions,
+                     cluster: RayCluster, post_mortem: bool) -> LaunchPlan:
     """A launch whose ranks are a cluster's actors (``backends.ray``): nothing of this machine's devices is asked;
     the function is pickled now (``PortablePayload``: what cannot be pickled is named before anything connects)."""
-    device = cluster_device(options["device"], options["resources_per_rank"])
-    check_sharding_for_device(options["fsdp_config"], options["deepspeed_config"], device)
-    check_precision_for_device(options["mixed_precision"], device)
-    num_processes = options["num_processes"]
+    device = cluster_device(options.device, options.resources_per_rank)
+    check_sharding_for_device(options.fsdp_config, options.deepspeed_config, device)
+    check_precision_for_device(options.mixed_precision, device)
+    num_processes = options.num_processes
     if num_processes is None and device != "cpu":
-        raise LaunchConfigError(f"cluster={cluster.kind!r} with device={device!r}: give num_processes, the number of "
-                                f"ranks in all (each reserves resources_per_rank={cluster.resources_per_rank!r})")
+        raise LaunchConfigError(f"cluster={options.cluster!r} with device={device!r}: give num_processes, the number "
+                                f"of ranks in all (each reserves resources_per_rank={cluster.resources_per_rank!r})")
     payload = Payload(function, args, kwargs or {})
     payload.portable()
     return LaunchPlan(
         function_name=getattr(function, "__qualname__", type(function).__name__), payload=payload,
-        world_size=int(num_processes or 1), device=device, backend="ray", start_method=None,
-        mixed_precision=options["mixed_precision"], master_addr="", use_port=None,
-        timeout=None if options["timeout"] is None else float(options["timeout"]), return_all=options["return_all"],
-        display=options["display"], sharding_env=sharding_environment(options["fsdp_config"],
-                                                                       options["deepspeed_config"]),
-        cluster=cluster, post_mortem=post_mortem)
+        world_size=int(num_processes or 1), device=device, site=cluster,
+        mixed_precision=options.mixed_precision,
+        timeout=None if options.timeout is None else float(options.timeout), return_all=options.return_all,
+        display=options.display, sharding_env=sharding_environment(options.fsdp_config, options.deepspeed_config),
+        post_mortem=post_mortem)
 
 
 def check_call(function: Any, args: Any, kwargs: Any) -> None:

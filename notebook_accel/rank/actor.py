@@ -55,7 +55,7 @@ class ActorRankSpec:
 
     rank: int
     world_size: int
-    env: Dict[str, str]
+    env: Dict[str, str] = field(repr=False)  # variables we set, over the worker's: kept out of reprs all the same
     send_result: bool = False
     node: str = ""                        # the node's name, for the dashboard
     group_backend: Optional[str] = None   # a session's group: "gloo" | "nccl"; None: no group

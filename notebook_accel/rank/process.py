@@ -44,7 +44,8 @@ class RankSpec:
 
     rank: int
     world_size: int
-    env: Mapping[str, str]         # the kernel's os.environ when the launch was called, plus the launch's own
+    # the kernel's os.environ when the launch was called, plus the launch's own (not in repr: the user's secrets)
+    env: Mapping[str, str] = field(repr=False)
     cwd: str                       # the kernel's working directory then
     sys_path: List[str]            # and its sys.path
     payload: Any                   # payload.Payload (fork: inherited objects) or payload.PickledPayload
@@ -58,7 +59,7 @@ class RankSpec:
     inherited_fds: List[int] = field(default_factory=list)
     # fork only: how ``env`` differs from the kernel's os.environ at the fork (to set, to remove), worked out by
     # the kernel just before it forks: the rank then touches only those (see ``as_launched``).
-    env_changes: Optional[Tuple[Dict[str, str], List[str]]] = None
+    env_changes: Optional[Tuple[Dict[str, str], List[str]]] = field(default=None, repr=False)
     # fork only: what the rank's ``__main__`` (the kernel's) lacks and the classes it has, worked out by the kernel
     main_names: Optional[Tuple[Dict[str, Any], Dict[str, type]]] = None
     # The rank's end of the socket the kernel answers its prompts on (pdb, input(): ``rank.prompts``); None: a

@@ -35,7 +35,7 @@ from ..wire.commands import (BreakGroup, CommandReceiver, Debug, ExecuteCode, In
 from ..wire.events import RankStarted, TaskDone
 from ..wire.fds import take_fd
 from ..wire.payload import PickledPayload, PortablePayload, RankNames, rank_namespace, set_thread_rank_names
-from ..wire.results import ResultPool
+from ..wire.results import CudaHandover, ResultPool
 from .device_memory import send_peak_rss
 from .process import (RankSpec, _set_torch_threads, as_launched, capture_output, end_like_python,
                       take_over_process)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ...errors import LaunchError
 from ...outcome.death import exit_code_of
@@ -31,8 +31,9 @@ from ...outcome.raising import root_cause_exception
 from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_system_exit
 from ...plan.nodes import NodeOptions
 from ...plan.plan import LaunchPlan
-from ...wire.events import AttemptStarted, Status
-from ..base import Backend, LaunchSink, StopPolicy
+from ...plan.sites import LocalProcesses, SeveralNodes
+from ...wire.events import Status
+from ..base import Backend, LaunchSink, StopPolicy, run_attempts
 from ..rendezvous import HostedStore
 from .attempt import AttemptEnd, AttemptWatch, NodeFailure
 from .membership import CLOSING_KEY, PREFIX, Membership
@@ -63,11 +64,13 @@ class NodesBackend(Backend):
     """
 
     name = "nodes"
+    announces_start = True  # once the rendezvous placed this node
 
     def __init__(self, plan: LaunchPlan) -> None:
         super().__init__(plan)
-        assert plan.nodes is not None
-        self.options: NodeOptions = plan.nodes
+        assert isinstance(plan.site, SeveralNodes)
+        self.site: SeveralNodes = plan.site
+        self.options: NodeOptions = plan.site.nodes
         self._ranks_backend = None  # this attempt's ProcessBackend, for dump_stacks
         self._membership: Optional[Membership] = None
 
@@ -101,22 +104,21 @@ class NodesBackend(Backend):
         ranks = list(range(offset, offset + sizes[node]))
         deliver(self.plan.started_event(world_size=world_size, num_nodes=options.num_nodes, node_rank=node,
                                ranks=ranks))
-        history: List[NodeFailure] = []
-        attempt = 0
-        while True:
-            if options.max_restarts:
-                deliver(AttemptStarted(rank=-1, attempt=attempt, max_restarts=options.max_restarts,
-                                       previous_errors=[failure.describe() for failure in history]))
-            plan = dataclasses.replace(self.plan, rank_offset=offset, global_world_size=world_size,
-                                       group_rank=node, nodes=None)
-            local, end = self._run_attempt(membership, node, plan, attempt, policy, deliver, tick)
-            restartable = (end.status == Status.FAILED and attempt < options.max_restarts and end.root is not None
-                           and not end.node_lost and not _payload_failed(end.root))
-            if not restartable:
-                self._say_goodbye(membership, options.num_nodes - end.node_lost)
-                return self._outcome(end, local, ranks, world_size, history)
-            history.append(end.root)
-            attempt += 1
+        plan = dataclasses.replace(self.plan, rank_offset=offset, global_world_size=world_size, group_rank=node)
+
+        def restartable(attempt: Tuple[Outcome, AttemptEnd]) -> Optional[NodeFailure]:
+            end = attempt[1]
+            if end.status == Status.FAILED and end.root is not None and not end.node_lost \
+                    and not _payload_failed(end.root):
+                return end.root
+            return None
+
+        (local, end), history = run_attempts(
+            options.max_restarts, deliver,
+            lambda attempt: self._run_attempt(membership, node, plan, attempt, policy, deliver, tick),
+            restartable, describe=NodeFailure.describe)
+        self._say_goodbye(membership, options.num_nodes - end.node_lost)
+        return self._outcome(end, local, ranks, world_size, history)
 
     def _place(self, store, arrival: int, tick) -> int:
         """This node's place: its ``node_rank`` where the nodes gave one, else the rendezvous' order. torch's
@@ -199,8 +201,10 @@ class NodesBackend(Backend):
                "TORCHELASTIC_RESTART_COUNT": str(attempt),
                "TORCHELASTIC_MAX_RESTARTS": str(self.options.max_restarts),
                "TORCHELASTIC_RUN_ID": self.options.rdzv_id, "GROUP_WORLD_SIZE": str(self.options.num_nodes)}
-        # The launch's one timeout, counted over every attempt: this attempt gets what is left of it.
-        self._ranks_backend = ProcessBackend(dataclasses.replace(plan, timeout=policy.remaining()))
+        # This node's ranks are local processes meeting at the attempt's store; the launch's one timeout, counted
+        # over every attempt: this attempt gets what is left of it.
+        here = LocalProcesses(start_method=self.site.start_method, master_addr=host, use_port=int(port))
+        self._ranks_backend = ProcessBackend(dataclasses.replace(plan, site=here, timeout=policy.remaining()))
         try:
             return self._ranks_backend.run(env, LaunchSink(watch.deliver, watch.tick, watch.stop))
         finally:

@@ -12,7 +12,7 @@ one was lost.
 from __future__ import annotations
 
 import sys
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any, Deque, Dict, Optional
 
 import dataclasses
 from collections import defaultdict, deque
@@ -22,8 +22,9 @@ from ...outcome.death import TAIL_LINES, quote_last_output
 from ...outcome.raising import root_cause_exception
 from ...outcome.root_cause import Outcome, is_system_exit
 from ...plan.plan import LaunchPlan
-from ...wire.events import AttemptStarted, OutputLine, OutputLines, RankEvent, Status
-from ..base import Backend, LaunchSink, StopPolicy
+from ...plan.sites import RayCluster
+from ...wire.events import OutputLine, OutputLines, RankEvent, Status
+from ..base import Backend, LaunchSink, StopPolicy, run_attempts
 from ..supervisor import Supervisor
 from .connection import alive_nodes, connect
 from .placement import check_feasible, node_types_to_add
@@ -57,7 +58,8 @@ class RayBackend(Backend):
 
     def __init__(self, plan: LaunchPlan) -> None:
         super().__init__(plan)
-        assert plan.cluster is not None
+        assert isinstance(plan.site, RayCluster)
+        self.cluster: RayCluster = plan.site
         self.ray: Any = None
         self._payload: Any = None        # the ObjectRef of the function and its arguments
         self._world: Optional[RayWorld] = None
@@ -66,7 +68,7 @@ class RayBackend(Backend):
     def open_rendezvous(self) -> _NoStore:  # type: ignore[override]
         """Connect, and refuse what the cluster's nodes cannot hold — in the caller's cell, before anything waits."""
         self.ray = connect()
-        cluster, size = self.plan.cluster, self.plan.world_size
+        cluster, size = self.cluster, self.plan.world_size
         nodes = alive_nodes(self.ray) + node_types_to_add(self.ray, size)
         check_feasible(nodes, size, cluster.resources_per_rank, cluster.placement)
         return _NoStore()
@@ -77,24 +79,12 @@ class RayBackend(Backend):
         self._payload = self.ray.put(self.plan.payload.portable())  # once, for every rank and attempt
 
     def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
-        restarts = self.plan.cluster.max_restarts
-        history: List[str] = []
-        attempt = 0
-        while True:
-            if restarts:
-                sink.deliver(AttemptStarted(rank=-1, attempt=attempt, max_restarts=restarts,
-                                            previous_errors=list(history)))
-            outcome = self._run_world(attempt, sink, policy)
-            root = outcome.root
-            if not (outcome.status == Status.FAILED and root is not None and attempt < restarts
-                    and not (root.event is not None and root.event.loading)):
-                if outcome.local_exception is not None and hasattr(outcome.local_exception, "add_note"):
-                    for number, line in enumerate(history, start=1):
-                        outcome.local_exception.add_note(f"(notebook_accel: attempt {number} failed first: {line})")
-                return outcome
-            history.append(one_line(outcome.local_exception) if outcome.local_exception is not None
-                           else f"rank {root.rank} failed")
-            attempt += 1
+        outcome, history = run_attempts(self.cluster.max_restarts, sink.deliver,
+                                        lambda attempt: self._run_world(attempt, sink, policy), _restartable)
+        if outcome.local_exception is not None and hasattr(outcome.local_exception, "add_note"):
+            for number, line in enumerate(history, start=1):
+                outcome.local_exception.add_note(f"(notebook_accel: attempt {number} failed first: {line})")
+        return outcome
 
     def _run_world(self, attempt: int, sink: LaunchSink, policy: StopPolicy) -> Outcome:
         world = RayWorld(self.ray, self.plan, attempt)
@@ -151,3 +141,11 @@ class RayBackend(Backend):
     def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
         supervisor = self._supervisor
         return supervisor.request_stacks(timeout) if supervisor is not None else {}
+
+
+def _restartable(outcome: Outcome) -> Optional[str]:
+    """A failed world's root cause in one line, when a new world may run (not when the function cannot load)."""
+    root = outcome.root
+    if outcome.status != Status.FAILED or root is None or (root.event is not None and root.event.loading):
+        return None
+    return one_line(outcome.local_exception) if outcome.local_exception is not None else f"rank {root.rank} failed"

@@ -1,13 +1,13 @@
 """A warm session's ranks on a Ray cluster (``Session(cluster="ray")``): actors that stay up across runs and cells.
 
-``SessionRayActors`` has the surface of a local session's ranks (``backends.session.SessionRanks``), so ``Session``
-and its rules — a run supervised until every rank is idle, interrupted ranks, a process group cut and replaced, ranks
-recreated with "state lost" — apply unchanged. Underneath: one ``RayWorld`` for the session's life, each rank's
-actor running ``RankActor.serve`` (the task loop of ``rank.session``), its relay carrying events into the pipes the
-supervisors read. A command goes to a rank through its control thread; a run's function and its large tensors go
-into Ray's object store once for every rank (``PortablePayload``). Ranks are interrupted by a command (Ray runs them
-in a thread of the actor: no signal reaches them), and a process group is cut by each rank closing the connections
-its own join made (its peers' pids are on other machines).
+``SessionRayActors`` is ``base.WarmRanks`` on a cluster, as ``backends.session.SessionProcesses`` is locally,
+so ``Session`` and its rules — a run supervised until every rank is idle, interrupted ranks, a process group cut
+and replaced, ranks recreated with "state lost" — apply unchanged. Underneath: one ``RayWorld`` for the session's
+life, each rank's actor running ``RankActor.serve`` (the task loop of ``rank.session``), its relay carrying events
+into the pipes the supervisors read. A command goes to a rank through its control thread; a run's function and its
+large tensors go into Ray's object store once for every rank (``PortablePayload``). Ranks are interrupted by a
+command (Ray runs them in a thread of the actor: no signal reaches them), and a process group is cut by each rank
+closing the connections its own join made (its peers' pids are on other machines).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from ...plan.plan import LaunchPlan
 from ...wire.commands import BreakGroup, Command, RunFunction
 from ...wire.events import RankStarted
 from ...wire.payload import PortablePayload
+from ..base import WarmRanks
 from .backend import RayBackend, say
 from .relay import RayRankProcess
 from .world import RayWorld
@@ -42,7 +43,7 @@ class _RayCommandSender:
         pass
 
 
-class SessionRayActors:
+class SessionRayActors(WarmRanks):
     """The ranks of ``Session(cluster="ray")``: see the module docstring.
 
     Example (what ``Session`` does)::

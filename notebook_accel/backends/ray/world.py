@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ...errors import LaunchError
 from ...plan.plan import LaunchPlan
+from ...plan.sites import RayCluster
 from ...rank.actor import ActorRankSpec
 from .actors import RayRank, actor_class, actor_resources
 from .placement import RankPlacement
@@ -44,9 +45,10 @@ class RayWorld:
     """
 
     def __init__(self, ray: Any, plan: LaunchPlan, attempt: int = 0) -> None:
-        assert plan.cluster is not None
+        assert isinstance(plan.site, RayCluster)
         self.ray = ray
         self.plan = plan
+        self.cluster: RayCluster = plan.site
         self.attempt = attempt
         self.placement: Optional[RankPlacement] = None
         self.ranks: List[RayRank] = []
@@ -59,7 +61,7 @@ class RayWorld:
 
     def place(self, stopped: Callable[[], bool], tick: Callable[[], None], say: Callable[[str], None]) -> bool:
         """Make the placement group and wait until Ray placed it (False: stopped first)."""
-        cluster = self.plan.cluster
+        cluster = self.cluster
         self.placement = RankPlacement(self.ray, self.plan.world_size, cluster.resources_per_rank, cluster.placement)
         return self.placement.wait(stopped, tick, say)
 
@@ -69,7 +71,7 @@ class RayWorld:
 
         assert self.placement is not None
         cls = actor_class(self.ray)
-        options = actor_resources(self.plan.cluster.resources_per_rank)
+        options = actor_resources(self.cluster.resources_per_rank)
         for place in self.placement.places():
             strategy = PlacementGroupSchedulingStrategy(self.placement.group, placement_group_bundle_index=place.bundle)
             actor = cls.options(scheduling_strategy=strategy, max_restarts=0, max_task_retries=0,
@@ -96,7 +98,7 @@ class RayWorld:
         first = self.ranks[0].place
         rendezvous = {"MASTER_ADDR": first.node_ip, "MASTER_PORT": str(self.store_port),
                       "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": str(self.attempt),
-                      "TORCHELASTIC_MAX_RESTARTS": str(plan.cluster.max_restarts),
+                      "TORCHELASTIC_MAX_RESTARTS": str(self.cluster.max_restarts),
                       "GROUP_WORLD_SIZE": str(place.group_world_size)}
         env = plan.rank_env(place.rank, rendezvous)
         env.update(LOCAL_RANK=str(place.local_rank), LOCAL_WORLD_SIZE=str(place.local_world_size),

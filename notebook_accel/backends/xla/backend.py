@@ -61,7 +61,7 @@ class XlaBackend(ProcessBackend):
             pipes=[tuple(PassedFd(rank[name][1]) for name in ("stdout", "stderr", "events", "stacks"))
                    for rank in pipes],
             lifeline_fd=PassedFd(self._lifeline_r), inherited_fds=inherited,
-            compile_cache=getattr(self.plan, "compile_cache", None),
+            compile_cache=getattr(self.plan.site, "compile_cache", None),  # an XlaHost's
             answer_fds=[PassedFd(rank_end.fileno()) for _, rank_end in answers] or None,
             post_mortem=self.plan.post_mortem, no_one_types=self._no_one_types, **self._host_spec_extras())
         process = self.context.Process(target=self.host_target, args=(spec,), name="notebook_accel-xla-host")

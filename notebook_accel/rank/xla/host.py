@@ -38,7 +38,7 @@ class XlaHostSpec:
     (``PassedFd`` objects, as for a process rank), and the launch's environment and function."""
 
     world_size: int
-    env: Dict[str, str]
+    env: Dict[str, str] = field(repr=False)  # the kernel's environment: the user's secrets, never in a repr
     cwd: str
     sys_path: List[str]
     payload: Any                            # payload.PickledPayload
