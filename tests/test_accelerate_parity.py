@@ -424,3 +424,46 @@ def test_a_configuration_class_has_hf_accelerates_fields_and_defaults(cls):
 def test_partial_state_and_accelerator_state_are_importable_as_in_hf():
     assert notebook_accel.PartialState().num_processes == 1
     assert notebook_accel.AcceleratorState(cpu=True).mixed_precision == "no"
+
+
+# ------------------------------------------------------------------- W&B (offline) and MLflow (a file store)
+TRACKERS_SCRIPT = r"""
+import json, sys
+from notebook_accel import Accelerator
+accelerator = Accelerator(cpu=True, log_with=["wandb", "mlflow"])
+accelerator.init_trackers("parity", config={"lr": 0.1})
+for step, loss in enumerate([1.5, 0.5]):
+    accelerator.log({"loss": loss}, step=step)
+run = accelerator.get_tracker("wandb", unwrap=True)
+seen = {"wandb_config": dict(run.config), "wandb_dir": run.dir,
+        "mlflow_run": accelerator.get_tracker("mlflow", unwrap=True).info.run_id}
+accelerator.end_training()
+import mlflow
+client = mlflow.tracking.MlflowClient()
+seen["mlflow_loss"] = [(m.step, m.value) for m in client.get_metric_history(seen["mlflow_run"], "loss")]
+seen["mlflow_params"] = client.get_run(seen["mlflow_run"]).data.params
+print(json.dumps(seen))
+"""
+
+
+def test_wandb_offline_and_mlflow_on_a_file_store_get_what_log_sends(tmp_path):
+    """In a script of its own: wandb starts a service process, which ends with it."""
+    import json
+    import subprocess
+    import sys
+
+    import importlib.util
+
+    if not all(importlib.util.find_spec(name) for name in ("wandb", "mlflow")):  # not imported here: wandb's import
+        pytest.skip("wandb and mlflow (the test extra) are not installed")      # makes temp dirs it leaves behind
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(tmp_path), WANDB_SILENT="true", TMPDIR=str(tmp_path),
+               MLFLOW_TRACKING_URI=f"file:{tmp_path}/mlruns", MLFLOW_ALLOW_FILE_STORE="true")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", TRACKERS_SCRIPT], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=200)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["wandb_config"] == {"lr": 0.1}
+    assert seen["wandb_dir"].startswith(str(tmp_path)) and any(
+        name.endswith(".wandb") for name in os.listdir(os.path.dirname(seen["wandb_dir"])))  # fmt: skip
+    assert seen["mlflow_loss"] == [[0, 1.5], [1, 0.5]]
+    assert seen["mlflow_params"] == {"lr": "0.1"}
