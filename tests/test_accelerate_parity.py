@@ -467,3 +467,11 @@ def test_wandb_offline_and_mlflow_on_a_file_store_get_what_log_sends(tmp_path):
         name.endswith(".wandb") for name in os.listdir(os.path.dirname(seen["wandb_dir"])))  # fmt: skip
     assert seen["mlflow_loss"] == [[0, 1.5], [1, 0.5]]
     assert seen["mlflow_params"] == {"lr": "0.1"}
+
+
+def test_the_parity_page_has_one_row_per_hf_member_and_says_absent_where_it_is():
+    page = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "accelerate-parity.md")
+    with open(page) as handle:
+        rows = dict(re.findall(r"^\| `(\w+)` \| (same|differs|absent) \|", handle.read(), re.M))
+    assert sorted(rows) == hf_public_members()
+    assert sorted(name for name, verdict in rows.items() if verdict == "absent") == sorted(ABSENT_MEMBERS)
