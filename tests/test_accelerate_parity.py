@@ -475,3 +475,88 @@ def test_the_parity_page_has_one_row_per_hf_member_and_says_absent_where_it_is()
         rows = dict(re.findall(r"^\| `(\w+)` \| (same|differs|absent) \|", handle.read(), re.M))
     assert sorted(rows) == hf_public_members()
     assert sorted(name for name, verdict in rows.items() if verdict == "absent") == sorted(ABSENT_MEMBERS)
+
+
+# ------------------------------------------------------------------------------- in pytest's process, ours only
+class ListTracker(notebook_accel.accelerator.GeneralTracker):
+    """A tracker of one's own (HF's GeneralTracker contract): keeps what it is given."""
+
+    name = "list"
+    requires_logging_directory = False
+
+    def __init__(self):
+        super().__init__()
+        self.calls: List[Any] = []
+
+    @property
+    def tracker(self):
+        return self.calls
+
+    def start(self):
+        self.calls.append("start")
+
+    def store_init_configuration(self, values):
+        self.calls.append(("config", values))
+
+    def log(self, values, step=None, **kwargs):
+        self.calls.append(("log", values, step, kwargs))
+
+    def finish(self):
+        self.calls.append("finish")
+
+
+def test_a_tracker_of_ones_own_gets_init_log_and_finish():
+    tracker = ListTracker()
+    accelerator = Accelerator(cpu=True, log_with=[tracker])
+    accelerator.init_trackers("p", config={"lr": 1}, init_kwargs={"list": {"ignored": True}})
+    accelerator.log({"loss": 0.5}, step=3, log_kwargs={"list": {"commit": False}})
+    assert accelerator.get_tracker("list", unwrap=True) is tracker.calls
+    with pytest.raises(ValueError, match="tensorboard is not an available tracker"):
+        accelerator.get_tracker("tensorboard")
+    accelerator.end_training()
+    assert tracker.calls == ["start", ("config", {"lr": 1}), ("log", {"loss": 0.5}, 3, {"commit": False}), "finish"]
+
+
+def test_trackers_and_options_are_checked_when_the_accelerator_is_made():
+    class Incomplete(notebook_accel.accelerator.GeneralTracker):
+        pass
+
+    with pytest.raises(NotImplementedError, match="`name`, `requires_logging_directory`, `tracker`"):
+        Incomplete()
+    with pytest.raises(ValueError, match="requires a `logging_dir`"):
+        Accelerator(cpu=True, log_with="tensorboard")
+    with pytest.raises(ValueError, match="Unsupported logging capability: comet_ml"):
+        Accelerator(cpu=True, log_with="comet_ml")
+    with pytest.raises(ValueError, match="rng_types"):
+        Accelerator(cpu=True, rng_types=["numpy"])
+    with pytest.raises(NotImplementedError, match="use_stateful_dataloader"):
+        Accelerator(cpu=True, dataloader_config=notebook_accel.utils.DataLoaderConfiguration(
+            use_stateful_dataloader=True))
+    with pytest.raises(ValueError, match="only pass one of `gradient_accumulation_steps`"):
+        Accelerator(cpu=True, gradient_accumulation_steps=2,
+                    gradient_accumulation_plugin=notebook_accel.utils.GradientAccumulationPlugin(num_steps=2))
+    assert Accelerator(cpu=True, log_with=None).get_tracker("x").__class__.__name__ == "GeneralTracker"
+
+
+def test_dynamo_backend_compiles_prepared_models_and_unwrap_model_gives_the_users_module():
+    accelerator = Accelerator(cpu=True, dynamo_backend="eager")  # torch.compile's eager backend: no C++ compiler
+    model = torch.nn.Linear(3, 2)
+    prepared = accelerator.prepare(model)
+    assert prepared is not model and isinstance(prepared._orig_mod, torch.nn.Linear)
+    assert torch.equal(prepared(torch.ones(1, 3)), model(torch.ones(1, 3)))
+    assert accelerator.unwrap_model(prepared) is model
+    assert accelerator.unwrap_model(prepared, keep_torch_compile=True) is prepared
+
+
+def test_data_loader_configuration_and_the_accumulation_plugin_are_read():
+    config = notebook_accel.utils.DataLoaderConfiguration(split_batches=True, even_batches=False, data_seed=5)
+    plugin = notebook_accel.utils.GradientAccumulationPlugin(num_steps=3, sync_with_dataloader=False)
+    accelerator = Accelerator(cpu=True, dataloader_config=config, gradient_accumulation_plugin=plugin)
+    assert accelerator.split_batches and not accelerator.even_batches and accelerator.gradient_accumulation_steps == 3
+    loader = accelerator.prepare(DataLoader(list(range(4)), batch_size=2))
+    assert loader.randomness.base_seed == 5
+    syncs = []
+    for _ in loader:  # 2 batches: without sync_with_dataloader the last batch does not force a step
+        with accelerator.accumulate():
+            syncs.append(accelerator.sync_gradients)
+    assert syncs == [False, False]

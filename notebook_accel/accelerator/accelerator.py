@@ -184,7 +184,9 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         # DeepSpeed scales an fp16 loss itself
         self.scaler = None if self.deepspeed_plugin else make_grad_scaler(self._mixed_precision, self.state.device)
         if self.scaler is not None and self.scaler_handler is not None:
-            self.scaler = type(self.scaler)(self.state.device.type, **self.scaler_handler.to_kwargs())
+            kwargs = self.scaler_handler.to_kwargs()  # the fields changed from HF's defaults (torch's own)
+            self.scaler = (torch.amp.GradScaler(self.state.device.type, **kwargs) if hasattr(torch.amp, "GradScaler")
+                           else torch.cuda.amp.GradScaler(**kwargs))  # fmt: skip
         if gradient_accumulation_plugin is not None:
             if gradient_accumulation_steps != 1:
                 raise ValueError("You can only pass one of `gradient_accumulation_steps` and "
