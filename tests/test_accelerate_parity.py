@@ -560,3 +560,13 @@ def test_data_loader_configuration_and_the_accumulation_plugin_are_read():
         with accelerator.accumulate():
             syncs.append(accelerator.sync_gradients)
     assert syncs == [False, False]
+
+
+def partial_state_world() -> int:
+    return notebook_accel.PartialState().num_processes
+
+
+def test_a_rank_forked_from_a_kernel_that_made_an_accelerator_has_its_own_partial_state():
+    Accelerator(cpu=True)  # as a notebook that tried one process in the kernel first
+    assert notebook_launcher(partial_state_world, num_processes=WORLD, device="cpu", display="none",
+                             return_all=True) == [WORLD, WORLD]  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import os
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import torch
@@ -25,13 +26,16 @@ __all__ = ["PartialState", "AcceleratorState", "split_between_processes", "remem
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_shared: Optional[ProcessState] = None  # the state the last Accelerator (or PartialState) resolved
+# The state the last Accelerator (or PartialState) of this process resolved, with that process's id: a rank forked
+# from a kernel that made an Accelerator must not take the kernel's one-process state for its own.
+_shared: Optional[ProcessState] = None
+_shared_pid = -1
 
 
 def remember_state(state: ProcessState) -> None:
     """Make ``state`` the one later ``PartialState()`` calls return (the Accelerator calls this)."""
-    global _shared
-    _shared = state
+    global _shared, _shared_pid
+    _shared, _shared_pid = state, os.getpid()
 
 
 def _do_nothing(*args: Any, **kwargs: Any) -> None:
@@ -87,9 +91,9 @@ class PartialState:
     """
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
-        global _shared
-        if _shared is None or cpu or kwargs:
-            _shared = resolve_process_state(cpu=cpu, init_kwargs=kwargs or None)
+        if _shared is None or _shared_pid != os.getpid() or cpu or kwargs:
+            remember_state(resolve_process_state(cpu=cpu, init_kwargs=kwargs or None))
+        assert _shared is not None
         self.state: ProcessState = _shared
 
     # -------------------------------------------------------------------------------------------- where am I
