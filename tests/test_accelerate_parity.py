@@ -570,3 +570,10 @@ def test_a_rank_forked_from_a_kernel_that_made_an_accelerator_has_its_own_partia
     Accelerator(cpu=True)  # as a notebook that tried one process in the kernel first
     assert notebook_launcher(partial_state_world, num_processes=WORLD, device="cpu", display="none",
                              return_all=True) == [WORLD, WORLD]  # fmt: skip
+
+
+def test_prepare_takes_a_device_placement_flag_per_object():
+    accelerator = Accelerator(cpu=True)
+    loader = DataLoader(tiny_data(4), batch_size=2)
+    kept, moved = accelerator.prepare(loader, loader, device_placement=[False, True])
+    assert kept.device is None and moved.device == torch.device("cpu") and accelerator.device_placement

@@ -506,7 +506,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         return None
 
     # -------------------------------------------------------------------------------------------- prepare
-    def prepare(self, *objects: Any) -> Any:
+    def prepare(self, *objects: Any, device_placement: Optional[List[bool]] = None) -> Any:
         """Prepare models, optimizers, data loaders and LR schedulers; returns them in the same order.
 
         - a model is moved to ``device`` (and runs under autocast with mixed precision) and wrapped in
@@ -515,7 +515,8 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         - a DataLoader yields this rank's shard of every epoch, on the device;
         - a scheduler steps once per real optimizer step.
 
-        A single object comes back as itself, several as a tuple.
+        A single object comes back as itself, several as a tuple. ``device_placement``: one flag per object
+        (HF's), overriding the Accelerator's for that object.
 
         Example::
 
@@ -523,13 +524,21 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
                 model, optimizer, train_loader, scheduler)
         """
         kinds = [self._kind_of(obj, position) for position, obj in enumerate(objects)]
+        if device_placement is not None and len(device_placement) != len(objects):
+            raise ValueError(f"device_placement has {len(device_placement)} flags for {len(objects)} objects")
         if self.deepspeed_plugin is not None and "model" in kinds:
             return self._prepare_deepspeed(objects, kinds)
         prepared = list(objects)
-        for kind in _PREPARE_ORDER:
-            for position, obj in enumerate(objects):
-                if kinds[position] == kind:
-                    prepared[position] = getattr(self, f"prepare_{kind}")(obj)
+        default_placement = self.device_placement
+        try:
+            for kind in _PREPARE_ORDER:
+                for position, obj in enumerate(objects):
+                    if kinds[position] == kind:
+                        if device_placement is not None:
+                            self.device_placement = device_placement[position]
+                        prepared[position] = getattr(self, f"prepare_{kind}")(obj)
+        finally:
+            self.device_placement = default_placement
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     @staticmethod
