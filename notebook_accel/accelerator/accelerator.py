@@ -164,8 +164,10 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
             raise ValueError("fsdp_plugin and deepspeed_plugin both shard the model: give one of them")
         deepspeed_plugin = self._refuse_absent_parameters(locals(), deepspeed_plugin)
         self._read_kwargs_handlers(kwargs_handlers)
-        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else None
-        self.state: ProcessState = resolve_process_state(cpu=cpu, init_kwargs=init_kwargs)
+        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        # init_kwargs only when there are some: tests stand in for resolve_process_state(cpu) on fake TPU hosts
+        extra = {"init_kwargs": init_kwargs} if init_kwargs else {}
+        self.state: ProcessState = resolve_process_state(cpu=cpu, **extra)
         remember_state(self.state)  # PartialState() is this state from now on
         self._mixed_precision = resolve_mixed_precision(mixed_precision)
         check_precision_supported(self._mixed_precision, self.state.device)
