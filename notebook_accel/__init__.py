@@ -32,6 +32,8 @@ _EXPORTS = {
     "Accelerator": ".accelerator",
     "FullyShardedDataParallelPlugin": ".accelerator",
     "DeepSpeedPlugin": ".accelerator",
+    "PartialState": ".accelerator",
+    "AcceleratorState": ".accelerator",
     "report": ".rank.metrics",
     "launch_panel": ".panel",
     "progress": ".rank.progress",
@@ -43,7 +45,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from .accelerator import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    from .accelerator import Accelerator, AcceleratorState, DeepSpeedPlugin, FullyShardedDataParallelPlugin, PartialState
     from .errors import LaunchConfigError, LaunchConfigTypeError, LaunchError, LaunchTimeout
     from .launcher import Launch, last_launch, notebook_launcher, start_launch
     from .panel import launch_panel

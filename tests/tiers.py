@@ -35,6 +35,7 @@ FILES: Dict[str, str] = {
     "test_structure.py": "unit",
 
     "test_accelerator_distributed.py": "ranks",
+    "test_accelerate_parity.py": "ranks",   # HF accelerate's Accelerator and ours, same snippets, 2 CPU ranks each
     "test_backend_contract.py": "ranks",
     "test_cli.py": "ranks",
     "test_cuda_machine.py": "ranks",    # a real GPU (skipped without one)

@@ -13,24 +13,36 @@ One module per job:
 - :mod:`.scheduler`     scheduler wrapper: once per real optimizer step
 - :mod:`.rng`           seeding, RNG snapshots, the RNG stream all ranks share for data order
 - :mod:`.checkpointing` save_state / load_state
+- :mod:`.configs`       HF accelerate's ``*Kwargs`` / ``*Plugin`` / ``*Configuration`` classes and enums
+- :mod:`.partial_state` ``PartialState`` / ``AcceleratorState`` (HF's names for this rank's place)
+- :mod:`.process_control` split_between_processes, the on_* decorators, triggers, no_sync, join_uneven_inputs
+- :mod:`.project`       project_dir, automatic checkpoint naming, registered objects, save/load hooks
+- :mod:`.tracking`      log_with: TensorBoard, W&B, MLflow, GeneralTracker; ``log`` also feeds the dashboard
+- :mod:`.absent`        HF members we do not offer, each raising NotImplementedError with what to use instead
+- :mod:`.utilities`     the rest of what HF code imports from ``accelerate.utils`` (see :mod:`notebook_accel.utils`)
 - :mod:`.accelerator`   the :class:`Accelerator` that ties them together
 """
 from .accelerator import Accelerator
 from .data_loader import PreparedDataLoader
 from .fsdp import FullyShardedDataParallelPlugin
 from .optimizer import AcceleratedOptimizer
+from .partial_state import AcceleratorState, PartialState
 from .rng import set_seed
 from .scheduler import AcceleratedScheduler
 from .state import DistributedType
+from .tracking import GeneralTracker
 from .zero import DeepSpeedPlugin
 
 __all__ = [
     "Accelerator",
     "AcceleratedOptimizer",
     "AcceleratedScheduler",
+    "AcceleratorState",
     "DeepSpeedPlugin",
     "DistributedType",
     "FullyShardedDataParallelPlugin",
+    "GeneralTracker",
+    "PartialState",
     "PreparedDataLoader",
     "set_seed",
 ]

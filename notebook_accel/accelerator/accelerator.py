@@ -13,13 +13,29 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from . import operations
+from .absent import ABSENT_PARAMETERS, AbsentMembers, refuse
 from .checkpointing import load_checkpoint, load_model_weights, save_checkpoint
-from .data_loader import PreparedDataLoader, XlaDeviceLoader, prepare_data_loader
+from .data_loader import PreparedDataLoader, SkippedLoader, XlaDeviceLoader, prepare_data_loader
 from .fsdp import FullyShardedDataParallelPlugin, full_state_dict, is_sharded, shard_model
 from .gradient_state import GradientState
 from .memory import held_bytes, memory_line, release_freed_memory, return_large_blocks_when_freed
 from .optimizer import AcceleratedOptimizer, move_state_to_params, switch_parameters
+from .configs import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    ProfileKwargs,
+    ProjectConfiguration,
+    TorchDynamoPlugin,
+)
+from .partial_state import remember_state
 from .placement import check_model_placement
+from .process_control import ProcessControl
+from .project import ProjectMembers
 from .precision import (
     add_autocast_to_forward,
     add_low_precision_forward,
@@ -34,6 +50,7 @@ from .rng import torch_random_state
 from .sharded_init import ShardedInit, SkippedInit
 from .scheduler import AcceleratedScheduler
 from .state import DistributedType, ProcessState, destroy_process_group, one_rank_group, resolve_process_state
+from .tracking import GeneralTracker, TrackingMembers, filter_trackers
 from .zero import DeepSpeedOptimizer, DeepSpeedPlugin, build_engine, engine_state_dict, filled_config, import_deepspeed
 from .zero import is_engine, zero_init
 
@@ -56,7 +73,17 @@ def _is_scheduler(obj: Any) -> bool:
     return isinstance(obj, (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau))
 
 
-class Accelerator:
+_HANDLER_ATTRIBUTES = {
+    DistributedDataParallelKwargs: "ddp_handler",
+    GradScalerKwargs: "scaler_handler",
+    InitProcessGroupKwargs: "init_handler",
+    AutocastKwargs: "autocast_handler",
+    ProfileKwargs: "profile_handler",
+}
+_RNG_TYPES = ("torch", "cuda", "xla", "generator")
+
+
+class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers):
     """Run a plain PyTorch training loop on CPU, one GPU, N GPUs or TPU cores, with mixed precision.
 
     Inside a function started by ``notebook_launcher`` (or torchrun, or nothing at all: one process),
@@ -96,6 +123,14 @@ class Accelerator:
             ``FSDP_*`` environment.
         deepspeed_plugin: train with DeepSpeed ZeRO (see :class:`DeepSpeedPlugin`); None reads HF accelerate's
             ``ACCELERATE_USE_DEEPSPEED`` environment.
+
+    HF accelerate's other parameters, with its meaning (``docs/accelerate-parity.md`` says where ours differs):
+    ``dataloader_config`` (a ``DataLoaderConfiguration``), ``rng_types``, ``log_with`` and ``project_dir`` /
+    ``project_config`` (trackers, checkpoint naming), ``gradient_accumulation_plugin``,
+    ``step_scheduler_with_optimizer``, ``kwargs_handlers`` (``DistributedDataParallelKwargs``, ``GradScalerKwargs``,
+    ``InitProcessGroupKwargs``, ``AutocastKwargs``, ``ProfileKwargs``), ``dynamo_backend`` / ``dynamo_plugin``
+    (``torch.compile`` in ``prepare``). ``megatron_lm_plugin``, ``torch_tp_plugin``, ``parallelism_config``,
+    ``deepspeed_plugins`` and ``mixed_precision="fp8"`` raise ``NotImplementedError`` saying what to use instead.
     """
 
     def __init__(
@@ -110,10 +145,30 @@ class Accelerator:
         ddp_kwargs: Optional[Dict[str, Any]] = None,
         fsdp_plugin: Optional[FullyShardedDataParallelPlugin] = None,
         deepspeed_plugin: Optional[DeepSpeedPlugin] = None,
+        dataloader_config: Optional[DataLoaderConfiguration] = None,
+        rng_types: Optional[List[str]] = None,
+        log_with: Any = None,
+        project_dir: Optional[str] = None,
+        project_config: Optional[ProjectConfiguration] = None,
+        gradient_accumulation_plugin: Optional[GradientAccumulationPlugin] = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: Optional[List[KwargsHandler]] = None,
+        dynamo_backend: Optional[str] = None,
+        dynamo_plugin: Optional[TorchDynamoPlugin] = None,
+        deepspeed_plugins: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        parallelism_config: Any = None,
     ) -> None:
         if fsdp_plugin is not None and deepspeed_plugin is not None:
             raise ValueError("fsdp_plugin and deepspeed_plugin both shard the model: give one of them")
-        self.state: ProcessState = resolve_process_state(cpu=cpu)
+        deepspeed_plugin = self._refuse_absent_parameters(locals(), deepspeed_plugin)
+        self._read_kwargs_handlers(kwargs_handlers)
+        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        # init_kwargs only when there are some: tests stand in for resolve_process_state(cpu) on fake TPU hosts
+        extra = {"init_kwargs": init_kwargs} if init_kwargs else {}
+        self.state: ProcessState = resolve_process_state(cpu=cpu, **extra)
+        remember_state(self.state)  # PartialState() is this state from now on
         self._mixed_precision = resolve_mixed_precision(mixed_precision)
         check_precision_supported(self._mixed_precision, self.state.device)
         if deepspeed_plugin is None and fsdp_plugin is None:
@@ -130,11 +185,39 @@ class Accelerator:
             return_large_blocks_when_freed()
         # DeepSpeed scales an fp16 loss itself
         self.scaler = None if self.deepspeed_plugin else make_grad_scaler(self._mixed_precision, self.state.device)
+        if self.scaler is not None and self.scaler_handler is not None:
+            kwargs = self.scaler_handler.to_kwargs()  # the fields changed from HF's defaults (torch's own)
+            self.scaler = (torch.amp.GradScaler(self.state.device.type, **kwargs) if hasattr(torch.amp, "GradScaler")
+                           else torch.cuda.amp.GradScaler(**kwargs))  # fmt: skip
+        if gradient_accumulation_plugin is not None:
+            if gradient_accumulation_steps != 1:
+                raise ValueError("You can only pass one of `gradient_accumulation_steps` and "
+                                 "`gradient_accumulation_plugin`.")  # fmt: skip
+            gradient_accumulation_steps = gradient_accumulation_plugin.num_steps or 1
+        else:
+            gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps)
+        self.gradient_accumulation_plugin = gradient_accumulation_plugin
         self.gradient_state = GradientState(gradient_accumulation_steps)
+        self.dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration(
+            split_batches=split_batches)  # fmt: skip
+        if self.dataloader_config.use_stateful_dataloader:
+            refuse("DataLoaderConfiguration(use_stateful_dataloader=True)", "torchdata's StatefulDataLoader is not "
+                   "offered; resume mid-epoch with load_state and skip_first_batches")  # fmt: skip
+        split_batches = split_batches or self.dataloader_config.split_batches
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = self._check_rng_types(rng_types)
+        if dynamo_plugin is not None and dynamo_backend is not None:
+            raise ValueError("You cannot pass in both `dynamo_plugin` and `dynamo_backend`, please only pass in one.")
+        self.dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
+        self._init_project(project_dir, project_config)
+        self.log_with = filter_trackers(log_with, self.logging_dir)
+        self.trackers: List[GeneralTracker] = []
         self._deepspeed_engine: Any = None
         self.device_placement = device_placement
         self.split_batches = split_batches
         self.ddp_kwargs: Dict[str, Any] = dict(ddp_kwargs or {})
+        if self.ddp_handler is not None:
+            self.ddp_kwargs = {**self.ddp_handler.to_kwargs(), **self.ddp_kwargs}
         self._models: List[torch.nn.Module] = []
         self._optimizers: List[AcceleratedOptimizer] = []
         self._schedulers: List[AcceleratedScheduler] = []
@@ -196,6 +279,48 @@ class Accelerator:
             )
         return from_plugin
 
+    @staticmethod
+    def _refuse_absent_parameters(given: Dict[str, Any], deepspeed_plugin: Optional[DeepSpeedPlugin]) -> Any:
+        """HF's parameters we do not offer raise here, before any process group is made; a ``deepspeed_plugins``
+        of one plugin is that plugin."""
+        plugins = given["deepspeed_plugins"]
+        if plugins is not None:
+            if deepspeed_plugin is not None:
+                raise ValueError("You cannot pass in both `deepspeed_plugins` and `deepspeed_plugin`.")
+            if isinstance(plugins, dict) and len(plugins) == 1:
+                plugins = next(iter(plugins.values()))
+            if isinstance(plugins, dict):
+                refuse("__init__(deepspeed_plugins=...)", ABSENT_PARAMETERS["deepspeed_plugins"])
+            deepspeed_plugin = plugins
+        for name in ("megatron_lm_plugin", "torch_tp_plugin", "parallelism_config"):
+            if given[name] is not None:
+                refuse(f"__init__({name}=...)", ABSENT_PARAMETERS[name])
+        if given["mixed_precision"] is not None and str(given["mixed_precision"]) == "fp8":
+            refuse("__init__(mixed_precision='fp8')", ABSENT_PARAMETERS["mixed_precision='fp8'"])
+        return deepspeed_plugin
+
+    def _read_kwargs_handlers(self, handlers: Optional[List[KwargsHandler]]) -> None:
+        """``kwargs_handlers``: at most one of each kind, kept as HF's attributes (``ddp_handler``, ...)."""
+        for attribute in _HANDLER_ATTRIBUTES.values():
+            setattr(self, attribute, None)
+        for handler in handlers or []:
+            attribute = _HANDLER_ATTRIBUTES.get(type(handler))
+            if attribute is None:
+                raise ValueError(f"Unsupported kwargs handler passed: {handler!r}; this Accelerator takes "
+                                 f"{', '.join(cls.__name__ for cls in _HANDLER_ATTRIBUTES)}")  # fmt: skip
+            if getattr(self, attribute) is not None:
+                raise ValueError(f"You can only pass one {type(handler).__name__} in `kwargs_handlers`.")
+            setattr(self, attribute, handler)
+
+    @staticmethod
+    def _check_rng_types(rng_types: Optional[List[str]]) -> List[str]:
+        """The data order is always synchronised here (what HF's "generator" does); the names are checked."""
+        chosen = [str(name) for name in (rng_types if rng_types is not None else ["generator"])]
+        unknown = [name for name in chosen if name not in _RNG_TYPES]
+        if unknown:
+            raise ValueError(f"rng_types: unknown {unknown}; choose among {list(_RNG_TYPES)}")
+        return chosen
+
     # ------------------------------------------------------------------------------------------ where am I
     @property
     def device(self) -> torch.device:
@@ -234,7 +359,11 @@ class Accelerator:
 
     @property
     def distributed_type(self) -> DistributedType:
-        """NO, MULTI_CPU, MULTI_GPU or XLA."""
+        """NO, MULTI_CPU, MULTI_GPU or XLA; DEEPSPEED or FSDP when a plugin shards over several processes (as HF)."""
+        if getattr(self, "deepspeed_plugin", None) is not None:
+            return DistributedType.DEEPSPEED
+        if getattr(self, "fsdp_plugin", None) is not None:
+            return DistributedType.FSDP
         return self.state.distributed_type
 
     @property
@@ -244,6 +373,73 @@ class Accelerator:
     @property
     def gradient_accumulation_steps(self) -> int:
         return self.gradient_state.accumulation_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        self.gradient_state.accumulation_steps = steps
+
+    @property
+    def multi_device(self) -> bool:
+        """True with several processes (HF: on several GPUs/accelerators; here CPU ranks count too)."""
+        return self.num_processes > 1
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """True when models are sharded with FSDP2 (an ``fsdp_plugin`` on more than one process)."""
+        return self.fsdp_plugin is not None
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        return self.is_fsdp2
+
+    @property
+    def parallelism_config(self) -> None:
+        """Always None: no ``ParallelismConfig`` here (see ``tensor_parallel_rank``)."""
+        return None
+
+    @property
+    def torch_device_mesh(self) -> None:
+        """Always None (no ``ParallelismConfig``); FSDP2 builds its own one-dimensional mesh."""
+        return None
+
+    @property
+    def should_save_model(self) -> bool:
+        return True
+
+    @property
+    def fp8_backend(self) -> str:
+        """``"NO"``: fp8 training is not offered (``mixed_precision="fp8"`` raises)."""
+        return "NO"
+
+    @property
+    def dispatch_batches(self) -> bool:
+        """False: every rank reads its own shard (HF's dispatch from rank 0 is not used; the batches are the same)."""
+        return False
+
+    @property
+    def even_batches(self) -> bool:
+        """Whether prepared loaders pad the end of an epoch so every rank gets as many batches."""
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+        for loader in self._data_loaders:
+            for shard in (loader.batch_sampler, loader.sampler):
+                if hasattr(shard, "even_batches"):
+                    shard.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        return False
 
     @property
     def sync_gradients(self) -> bool:
@@ -308,7 +504,7 @@ class Accelerator:
         return None
 
     # -------------------------------------------------------------------------------------------- prepare
-    def prepare(self, *objects: Any) -> Any:
+    def prepare(self, *objects: Any, device_placement: Optional[List[bool]] = None) -> Any:
         """Prepare models, optimizers, data loaders and LR schedulers; returns them in the same order.
 
         - a model is moved to ``device`` (and runs under autocast with mixed precision) and wrapped in
@@ -317,7 +513,8 @@ class Accelerator:
         - a DataLoader yields this rank's shard of every epoch, on the device;
         - a scheduler steps once per real optimizer step.
 
-        A single object comes back as itself, several as a tuple.
+        A single object comes back as itself, several as a tuple. ``device_placement``: one flag per object
+        (HF's), overriding the Accelerator's for that object.
 
         Example::
 
@@ -325,13 +522,21 @@ class Accelerator:
                 model, optimizer, train_loader, scheduler)
         """
         kinds = [self._kind_of(obj, position) for position, obj in enumerate(objects)]
+        if device_placement is not None and len(device_placement) != len(objects):
+            raise ValueError(f"device_placement has {len(device_placement)} flags for {len(objects)} objects")
         if self.deepspeed_plugin is not None and "model" in kinds:
             return self._prepare_deepspeed(objects, kinds)
         prepared = list(objects)
-        for kind in _PREPARE_ORDER:
-            for position, obj in enumerate(objects):
-                if kinds[position] == kind:
-                    prepared[position] = getattr(self, f"prepare_{kind}")(obj)
+        default_placement = self.device_placement
+        try:
+            for kind in _PREPARE_ORDER:
+                for position, obj in enumerate(objects):
+                    if kinds[position] == kind:
+                        if device_placement is not None:
+                            self.device_placement = device_placement[position]
+                        prepared[position] = getattr(self, f"prepare_{kind}")(obj)
+        finally:
+            self.device_placement = default_placement
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     @staticmethod
@@ -377,7 +582,8 @@ class Accelerator:
             for name, param in model.named_parameters():
                 if name in before and before[name] is not param:
                     self._moved_parameters[before[name]] = param
-        add_autocast_to_forward(model, self.device, self._mixed_precision)
+        if self.autocast_handler is None or self.autocast_handler.enabled:
+            add_autocast_to_forward(model, self.device, self._mixed_precision)
         if self.num_processes > 1 and self.distributed_type == DistributedType.XLA:
             # No DDP on XLA: the optimizer step all-reduces the gradients with torch_xla's collective. What
             # DDP would do at construction still matters: every replica starts from rank 0's weights (device
@@ -395,6 +601,11 @@ class Accelerator:
                 options.setdefault("device_ids", [self.device.index])
                 options.setdefault("output_device", self.device.index)
             model = DistributedDataParallel(model, **options)
+            hook = self.ddp_handler.communication_hook() if self.ddp_handler is not None else None
+            if hook is not None:
+                model.register_comm_hook(state=None, hook=hook)
+        if self.dynamo_plugin.enabled:
+            model = torch.compile(model, **self.dynamo_plugin.compile_kwargs())
         self._models.append(model)
         return model
 
@@ -481,7 +692,8 @@ class Accelerator:
     def prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
         """This rank's shard of ``data_loader``; see :mod:`notebook_accel.accelerator.data_loader`."""
         # The data-order seed: rank 0's initial seed (what set_seed / torch.manual_seed chose), everywhere.
-        base_seed = operations.broadcast_object(torch.initial_seed())
+        config = self.dataloader_config
+        base_seed = operations.broadcast_object(torch.initial_seed() if config.data_seed is None else config.data_seed)
         on_xla = self.distributed_type == DistributedType.XLA
         prepared = prepare_data_loader(
             data_loader,
@@ -492,6 +704,10 @@ class Accelerator:
             base_seed=base_seed,
             split_batches=self.split_batches,
         )
+        for shard in (prepared.batch_sampler, prepared.sampler):
+            if hasattr(shard, "even_batches"):
+                shard.even_batches = config.even_batches
+        prepared.non_blocking = config.non_blocking
         self._data_loaders.append(prepared)
         if on_xla and self.device_placement:
             return XlaDeviceLoader(prepared, self.device)  # type: ignore[return-value]
@@ -501,7 +717,8 @@ class Accelerator:
         """Wrap an LR scheduler so it steps once per real optimizer step."""
         target = scheduler.optimizer
         optimizers = [opt for opt in self._optimizers if target is opt or target is opt.optimizer]
-        wrapped = AcceleratedScheduler(scheduler, optimizers, self.gradient_state)
+        wrapped = AcceleratedScheduler(scheduler, optimizers, self.gradient_state,
+                                       step_with_optimizer=self.step_scheduler_with_optimizer)  # fmt: skip
         self._schedulers.append(wrapped)
         return wrapped
 
@@ -545,7 +762,7 @@ class Accelerator:
                     optimizer.step()
                     optimizer.zero_grad()
         """
-        if self.gradient_state.end_of_dataloader:
+        if self.gradient_state.end_of_dataloader and self.gradient_accumulation_plugin.sync_with_dataloader:
             self._accumulation_count = 0  # an epoch boundary closes the cycle; the next one starts fresh
             sync = True
         else:
@@ -553,7 +770,8 @@ class Accelerator:
             sync = self._accumulation_count % self.gradient_accumulation_steps == 0
         self.gradient_state.sync_gradients = sync
         with contextlib.ExitStack() as stack:
-            if not sync and self.num_processes > 1:
+            # sync_each_batch: all-reduce every micro-batch (no gradients held unreduced between them)
+            if not sync and self.num_processes > 1 and not self.gradient_accumulation_plugin.sync_each_batch:
                 for model in models:
                     if isinstance(model, DistributedDataParallel):
                         stack.enter_context(model.no_sync())
@@ -565,6 +783,15 @@ class Accelerator:
     def _unscale_gradients(self) -> None:
         for optimizer in self._optimizers:
             optimizer.unscale_gradients()
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide fp16-scaled gradients by the loss scale (before looking at or clipping them yourself); a no-op
+        without fp16. ``optimizer``: a prepared optimizer or a list of them (default: all)."""
+        chosen = self._optimizers if optimizer is None else optimizer if isinstance(optimizer, (list, tuple)) \
+            else [optimizer]  # fmt: skip
+        for wrapped in chosen:
+            if isinstance(wrapped, AcceleratedOptimizer):
+                wrapped.unscale_gradients()
 
     def _reduce_xla_gradients(self) -> None:
         """On XLA, clip what every device agrees on: the averaged gradients, not this device's own."""
@@ -608,12 +835,49 @@ class Accelerator:
         self._reduce_xla_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
-    def autocast(self, enabled: bool = True) -> ContextManager[Any]:
+    def autocast(self, autocast_handler: Optional[AutocastKwargs] = None, enabled: bool = True) -> ContextManager[Any]:
         """Autocast for code outside a prepared model's forward (fp16 on CUDA, bf16 on CPU/CUDA/TPU).
 
         Prepared models already run their forward under it; this is for extra computations.
+        ``autocast_handler`` (an ``AutocastKwargs``, default the Accelerator's) can turn it off.
         """
+        handler = autocast_handler if isinstance(autocast_handler, AutocastKwargs) else self.autocast_handler
+        if isinstance(autocast_handler, bool):  # the old positional `enabled`
+            enabled = autocast_handler
+        if handler is not None:
+            enabled = enabled and handler.enabled
         return autocast_context(self.device, self._mixed_precision, enabled=enabled)
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: Optional[ProfileKwargs] = None) -> Iterator[Any]:
+        """``torch.profiler`` over the block, as a ``ProfileKwargs`` describes it (default: the Accelerator's, else
+        CPU and CUDA activity); with its ``output_trace_dir`` every rank writes ``profile_<rank>.json`` there.
+
+        Example::
+
+            with accelerator.profile(ProfileKwargs(output_trace_dir="traces")) as prof:
+                train_a_few_steps()
+            print(prof.key_averages().table(row_limit=5))
+        """
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is None:
+            return
+        os.makedirs(handler.output_trace_dir, exist_ok=True)
+        profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json"))
+        self.wait_for_everyone()
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """An iterable over the rest of ``dataloader``'s next epoch, without its first ``num_batches`` steps (to resume
+        mid-epoch after ``load_state``); later epochs iterate ``dataloader`` itself, in full.
+
+        Example::
+
+            accelerator.load_state("ckpt")                      # saved 30 steps into epoch 2
+            for batch in accelerator.skip_first_batches(train_loader, 30): ...
+        """
+        return SkippedLoader(dataloader, num_batches)
 
     # ---------------------------------------------------------------------------------------- collectives
     def gather(self, tree: Tree) -> Tree:
@@ -625,7 +889,7 @@ class Accelerator:
         """
         return operations.gather(tree)
 
-    def gather_for_metrics(self, tree: Tree) -> Tree:
+    def gather_for_metrics(self, tree: Tree, use_gather_object: bool = False) -> Tree:
         """Like :meth:`gather`, minus the samples that only pad the last step: call it once per eval batch.
 
         Over one pass of a prepared loader the results concatenate to exactly ``len(dataset)`` items, in
@@ -639,7 +903,9 @@ class Accelerator:
         """
         layout = self.gradient_state.current_layout
         leaves = operations.tree_leaves(tree)
-        if not leaves or any(not operations.is_tensor(leaf) for _, leaf in leaves):
+        if use_gather_object and operations.is_tensor(tree):  # HF gathers a tensor's rows as objects
+            return self._gather_objects_for_metrics(list(tree), layout)
+        if use_gather_object or not leaves or any(not operations.is_tensor(leaf) for _, leaf in leaves):
             return self._gather_objects_for_metrics(tree, layout)
         _, per_rank = operations.gather_per_rank(tree)
         if layout is None or not layout.has_padding or len(layout.real) != self.num_processes:
@@ -670,9 +936,10 @@ class Accelerator:
                 result.append(contribution)
         return result
 
-    def reduce(self, tree: Tree, reduction: str = "sum") -> Tree:
-        """Every tensor reduced over the ranks ("sum", "mean", "max" or "min"); inputs are unchanged."""
-        return operations.reduce(tree, reduction)
+    def reduce(self, tree: Tree, reduction: str = "sum", scale: float = 1.0) -> Tree:
+        """Every tensor reduced over the ranks ("sum", "mean", "max" or "min"), times ``scale``; inputs unchanged."""
+        reduced = operations.reduce(tree, reduction)
+        return reduced if scale == 1.0 else operations.tree_map(lambda tensor: tensor * scale, reduced)
 
     def pad_across_processes(self, tree: Tree, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Tree:
         """Pad tensors along ``dim`` to the largest size on any rank (e.g. generated sequences)."""
@@ -716,16 +983,20 @@ class Accelerator:
             builtins.print(*args, **kwargs)
 
     # ------------------------------------------------------------------------------------ models and files
-    def unwrap_model(self, model: torch.nn.Module, keep_autocast: bool = True) -> torch.nn.Module:
+    def unwrap_model(self, model: torch.nn.Module, keep_autocast: bool = True, *,
+                     keep_fp32_wrapper: Optional[bool] = None, keep_torch_compile: bool = False) -> torch.nn.Module:
         """The user's own module inside DDP (and ``torch.compile``) wrappers.
 
-        ``keep_autocast=False`` also removes the mixed-precision forward that ``prepare`` added, in
-        place (the prepared model then runs in full precision too).
+        ``keep_autocast=False`` (HF's name: ``keep_fp32_wrapper=False``) also removes the mixed-precision forward
+        that ``prepare`` added, in place (the prepared model then runs in full precision too).
+        ``keep_torch_compile=True`` stops at a compiled module (HF's default; ours unwraps it).
         """
+        if keep_fp32_wrapper is not None:
+            keep_autocast = keep_fp32_wrapper
         while True:
             if isinstance(model, (DistributedDataParallel, torch.nn.DataParallel)) or is_engine(model):
                 model = model.module
-            elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):  # torch.compile
+            elif not keep_torch_compile and isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
                 model = model._orig_mod
             else:
                 break
@@ -804,8 +1075,13 @@ class Accelerator:
             torch.save(obj, path)
         self.wait_for_everyone()
 
-    def save_state(self, directory: str) -> str:
-        """Save models, optimizers, schedulers, the fp16 scaler and every rank's RNG (call on all ranks).
+    def save_state(self, output_dir: Optional[str] = None, **_: Any) -> str:
+        """Save models, optimizers, schedulers, the fp16 scaler, every rank's RNG and data-loader position, and the
+        objects of :meth:`register_for_checkpointing` (call on all ranks). Returns the directory.
+
+        With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` leave ``output_dir`` out: it is
+        ``<project_dir>/checkpoints/checkpoint_<i>``, counting up, the oldest removed beyond ``total_limit``.
+        Hooks of :meth:`register_save_state_pre_hook` run first.
 
         Example::
 
@@ -813,11 +1089,25 @@ class Accelerator:
             ...
             accelerator.load_state("checkpoints/epoch_3")   # after prepare(), with the same objects
         """
-        return save_checkpoint(directory, **self._checkpointed(), process_index=self.process_index)
+        directory = self._directory_to_save(output_dir)
+        if self._save_state_pre_hooks:
+            weights = [self.get_state_dict(model, unwrap=False) for model in self._models]
+            for hook in self._save_state_pre_hooks.values():
+                hook(self._models, weights, directory)
+        save_checkpoint(directory, **self._checkpointed(), process_index=self.process_index)
+        self._save_custom_objects(directory, self.process_index)
+        self.project_configuration.iteration += 1
+        self.wait_for_everyone()
+        return directory
 
-    def load_state(self, directory: str) -> None:
-        """Restore what :meth:`save_state` wrote into the prepared objects (call on all ranks)."""
+    def load_state(self, input_dir: Optional[str] = None, **_: Any) -> None:
+        """Restore what :meth:`save_state` wrote into the prepared objects (call on all ranks). Without
+        ``input_dir``, under automatic checkpoint naming: the latest ``checkpoints/checkpoint_<i>``."""
+        directory = self._directory_to_load(input_dir)
+        for hook in self._load_state_pre_hooks.values():
+            hook(self._models, directory)
         load_checkpoint(directory, **self._checkpointed(), process_index=self.process_index)
+        self._load_custom_objects(directory)
 
     def _checkpointed(self) -> Dict[str, Any]:
         return dict(
@@ -833,8 +1123,18 @@ class Accelerator:
         return _set_seed(seed, device_specific=device_specific, process_index=self.process_index)
 
     # ---------------------------------------------------------------------------------------------- the end
-    def free_memory(self) -> None:
-        """Forget every prepared object (so their memory can be freed) and empty the CUDA cache."""
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """True when ``model`` (or a submodule) was spread over devices by a ``device_map`` (big-model inference):
+        such a model cannot be trained with DDP."""
+        return any(len(set(getattr(module, "hf_device_map", {}).values())) > 1 for module in model.modules())
+
+    def clear(self, *objects: Any) -> List[Any]:
+        """Same as :meth:`free_memory`."""
+        return self.free_memory(*objects)
+
+    def free_memory(self, *objects: Any) -> List[Any]:
+        """Forget every prepared object (so their memory can be freed) and empty the CUDA cache; returns
+        ``[None] * len(objects)`` for ``model, optimizer = accelerator.free_memory(model, optimizer)``."""
         self._models.clear()
         self._optimizers.clear()
         self._schedulers.clear()
@@ -844,9 +1144,11 @@ class Accelerator:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+        return [None for _ in objects]
 
     def end_training(self) -> None:
-        """Wait for every rank, free memory and destroy the process group (the launch is over)."""
+        """Close the trackers' runs, wait for every rank, free memory and destroy the process group."""
+        self._finish_trackers()
         self.wait_for_everyone()
         self.free_memory()
         destroy_process_group()

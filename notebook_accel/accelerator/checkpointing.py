@@ -124,8 +124,11 @@ def _load_sharded_optimizer(model: torch.nn.Module, optimizer: Any, path: str) -
 
 def _loader_state(loader: Any) -> Dict[str, Any]:
     randomness = getattr(loader, "randomness", None)
+    # saved mid-epoch (the loader is iterating): resuming replays this epoch's order (skip_first_batches skips the
+    # steps done), not the next epoch's
+    running = loader in getattr(getattr(loader, "gradient_state", None), "active_loaders", ())
     return {
-        "next_epoch": getattr(loader, "_next_epoch", 0),
+        "next_epoch": loader.epoch if running else getattr(loader, "_next_epoch", 0),
         "base_seed": None if randomness is None else randomness.base_seed,
     }
 

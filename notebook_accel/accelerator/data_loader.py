@@ -35,7 +35,7 @@ from .operations import broadcast, send_to_device
 from .rng import SharedRNG, epoch_seed
 from .sharding import BatchSamplerShard, IterableDatasetShard, Randomness, StepLayout, TaggedCollate
 
-__all__ = ["PreparedDataLoader", "EpochRandomness", "prepare_data_loader"]
+__all__ = ["PreparedDataLoader", "EpochRandomness", "prepare_data_loader", "SkippedLoader"]
 
 # Samplers whose only randomness is their `generator` attribute (when it is None they draw a seed from
 # torch's global RNG). Their subclasses may override __iter__, so they get the shared RNG as well.
@@ -157,6 +157,7 @@ class PreparedDataLoader(DataLoader):
         self.current_layout: Optional[StepLayout] = None
         self.epoch = 0  # the epoch of the current (or last) iteration
         self._next_epoch = 0
+        self.non_blocking = False  # DataLoaderConfiguration(non_blocking=True): async copies even without pinning
 
     def set_epoch(self, epoch: int) -> None:
         """Use the shuffle of ``epoch`` for the next iteration (identical on every rank)."""
@@ -205,7 +206,8 @@ class PreparedDataLoader(DataLoader):
         if self.randomness is not None:
             self.randomness.begin_epoch(self.epoch)
         self._announce_epoch(self.epoch)
-        non_blocking = bool(self.pin_memory and self.device is not None and self.device.type == "cuda")
+        non_blocking = bool((self.pin_memory or self.non_blocking) and self.device is not None
+                            and self.device.type == "cuda")  # fmt: skip
         iterator = super().__iter__()
         layouts = self._layout_queue()
         upcoming = self._receive(iterator, layouts)
@@ -410,3 +412,41 @@ def _prepare_iterable(
         total_batch_size=shard.per_rank * num_processes if batched else None,
         **common,
     )
+
+
+class SkippedLoader:
+    """``Accelerator.skip_first_batches``: one epoch of a prepared loader without its first ``num_batches`` steps.
+
+    A map-style shard leaves them out at the sampler (their samples are never loaded); any other loader is read and
+    the first batches dropped. The epoch is the loader's next one, so a loader restored by ``load_state`` mid-epoch
+    resumes that epoch's order.
+    """
+
+    def __init__(self, loader: Any, num_batches: int) -> None:
+        self.loader = loader
+        self.num_batches = num_batches
+
+    def _shard(self) -> Optional[BatchSamplerShard]:
+        prepared = getattr(self.loader, "prepared", self.loader)  # an XlaDeviceLoader holds the shard's loader
+        for candidate in (getattr(prepared, "batch_sampler", None), getattr(prepared, "sampler", None)):
+            if isinstance(candidate, BatchSamplerShard):
+                return candidate
+        return None
+
+    def __iter__(self) -> Iterator[Any]:
+        shard = self._shard()
+        if shard is not None:
+            shard.skip_batches = self.num_batches
+            yield from self.loader
+            return
+        for index, batch in enumerate(self.loader):
+            if index >= self.num_batches:
+                yield batch
+
+    def __len__(self) -> int:
+        return max(len(self.loader) - self.num_batches, 0)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)

@@ -16,17 +16,25 @@ class AcceleratedScheduler:
     the optimizer step. Unlike HF accelerate it does *not* step ``num_processes`` times per step: a
     global step is one optimizer step whatever the world size, so a schedule written for one process
     (in optimizer steps) means the same thing on N.
+
+    ``step_with_optimizer=False`` (``Accelerator(step_scheduler_with_optimizer=False)``): every ``step()`` call
+    advances the schedule, accumulation steps included (a schedule counted in batches).
     """
 
     def __init__(
-        self, scheduler: Any, optimizers: Iterable[AcceleratedOptimizer], gradient_state: GradientState
+        self, scheduler: Any, optimizers: Iterable[AcceleratedOptimizer], gradient_state: GradientState,
+        step_with_optimizer: bool = True,
     ) -> None:
         self.scheduler = scheduler
         self.optimizers: List[AcceleratedOptimizer] = list(optimizers)
         self.gradient_state = gradient_state
+        self.step_with_optimizer = step_with_optimizer
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """Advance the schedule if the optimizer really stepped."""
+        if not self.step_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
         if not self.gradient_state.sync_gradients:
             return
         if any(optimizer.step_was_skipped for optimizer in self.optimizers):

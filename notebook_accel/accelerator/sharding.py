@@ -53,11 +53,12 @@ def _cycle_forever(head: Sequence[int]) -> Iterator[int]:
 
 
 def _steps_one_batch_per_rank(
-    batches: Iterable[List[int]], world: int, full_size: Optional[int], drop_last: bool
+    batches: Iterable[List[int]], world: int, full_size: Optional[int], drop_last: bool, even: bool = True
 ) -> Iterator[List[Tuple[List[int], int]]]:
     """Group batches by ``world`` (one per rank); pad short batches and missing ranks from the start.
 
-    Yields, per step, ``[(indices, real_count)] * world``.
+    Yields, per step, ``[(indices, real_count)] * world``. ``even=False`` pads nothing: the last step has as many
+    entries as batches were left (ranks beyond them get no batch), each batch as it came.
     """
     head: List[int] = []  # indices of the first `world` batches: the padding source
     seen = 0
@@ -87,11 +88,11 @@ def _steps_one_batch_per_rank(
             seen += 1
         group.append(batch)
         if len(group) == world:
-            short = world > 1 and full_size is not None and any(len(b) < full_size for b in group)
+            short = even and world > 1 and full_size is not None and any(len(b) < full_size for b in group)
             yield complete(group) if short else [(b, len(b)) for b in group]
             group = []
     if group and not drop_last:
-        yield complete(group)
+        yield complete(group) if even else [(b, len(b)) for b in group]
 
 
 def _steps_split_batches(
@@ -151,6 +152,10 @@ class BatchSamplerShard(Sampler):
         self.unbatched = unbatched
         self.randomness = randomness or Randomness()
         self.layouts: Deque[StepLayout] = deque()
+        # False: the end of an epoch is not padded, ranks may get a batch fewer (DataLoaderConfiguration's
+        # even_batches, join_uneven_inputs); with split_batches every step is still cut in equal slices
+        self.even_batches = True
+        self.skip_batches = 0  # this many steps of the next epoch are left out (Accelerator.skip_first_batches)
 
     @property
     def sampler(self) -> Any:
@@ -161,7 +166,13 @@ class BatchSamplerShard(Sampler):
         batches = len(self.batch_sampler)  # type: ignore[arg-type]
         if self.split_batches:
             return batches
-        return batches // self.num_processes if self.drop_last else math.ceil(batches / self.num_processes)
+        if self.drop_last:
+            steps = batches // self.num_processes
+        elif self.even_batches:
+            steps = math.ceil(batches / self.num_processes)
+        else:
+            steps = batches // self.num_processes + (self.process_index < batches % self.num_processes)
+        return steps
 
     def __iter__(self) -> Iterator[Any]:
         self.layouts.clear()  # a new epoch: whatever an abandoned epoch queued is stale
@@ -171,9 +182,15 @@ class BatchSamplerShard(Sampler):
         if self.split_batches:
             steps = _steps_split_batches(source, self.num_processes, self.full_size)
         else:
-            steps = _steps_one_batch_per_rank(source, self.num_processes, self.full_size, self.drop_last)
+            steps = _steps_one_batch_per_rank(source, self.num_processes, self.full_size, self.drop_last,
+                                              even=self.even_batches)  # fmt: skip
+        skip, self.skip_batches = self.skip_batches, 0
+        if skip:
+            steps = itertools.islice(steps, skip, None)
         layout = None
         for step in steps:
+            if self.process_index >= len(step):  # even_batches=False: no batch left for this rank
+                continue
             sizes = tuple(None if self.unbatched else len(indices) for indices, _ in step)
             real = tuple(real for _, real in step)
             if layout is None or layout.sizes != sizes or layout.real != real:

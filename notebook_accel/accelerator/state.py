@@ -19,7 +19,7 @@ import enum
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -39,6 +39,17 @@ class DistributedType(str, enum.Enum):
     MULTI_CPU = "MULTI_CPU"  # several processes on CPU, gloo
     MULTI_GPU = "MULTI_GPU"  # several processes, one CUDA device each, nccl
     XLA = "XLA"  # TPU cores through torch_xla, xla backend
+    DEEPSPEED = "DEEPSPEED"  # Accelerator.distributed_type with a DeepSpeed plugin on several processes
+    FSDP = "FSDP"  # Accelerator.distributed_type with an FSDP2 plugin on several processes
+    # HF accelerate's other kinds, never ours: there so that HF code comparing with them runs (and is False)
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
 
 
 @dataclass(frozen=True)
@@ -102,8 +113,13 @@ def _cuda_device(local_rank: int, local_world: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def resolve_process_state(cpu: bool = False, environ: Optional[Mapping[str, str]] = None) -> ProcessState:
+def resolve_process_state(
+    cpu: bool = False, environ: Optional[Mapping[str, str]] = None, init_kwargs: Optional[Mapping[str, Any]] = None
+) -> ProcessState:
     """Read the launch environment, pick the device and create the process group if needed (once).
+
+    ``init_kwargs``: more arguments for ``init_process_group`` (``timeout``, ``backend``: an
+    ``InitProcessGroupKwargs``'s), used only when this call creates the group.
 
     Example::
 
@@ -139,7 +155,9 @@ def resolve_process_state(cpu: bool = False, environ: Optional[Mapping[str, str]
     if not dist.is_initialized():
         # env:// rendezvous: MASTER_ADDR/MASTER_PORT come from the launcher (which may host the store
         # itself and set TORCHELASTIC_USE_AGENT_STORE, exactly as torchrun's agent does).
-        dist.init_process_group(backend=backend, rank=rank, world_size=world)
+        extra = {name: value for name, value in (init_kwargs or {}).items() if value is not None}
+        backend = extra.pop("backend", backend)
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, **extra)
     else:
         backend = dist.get_backend()
     return ProcessState(rank, local_rank, world, local_world, device, kind, backend)
