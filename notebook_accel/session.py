@@ -30,9 +30,11 @@ from .backends.base import StopPolicy
 from .backends.session import SessionRunBackend, SessionSupervisor, send_quietly
 from .backends.supervisor import RankProcess, Supervisor
 from .errors import LaunchConfigError, LaunchConfigTypeError
+from .formatting import count
 from .launcher import Launch, leave_post_mortem_to_the_rank
 from .outcome.raising import root_cause_exception
 from .outcome.root_cause import Outcome
+from .outcome.shown import show_from_the_call
 from .plan.entry_points import entry_point
 from .plan.options import PathLike, launch_settings
 from .plan.plan import LaunchPlan, check_call, plan_launch, wants_post_mortem
@@ -165,12 +167,20 @@ class Session:
             {options}
         """
         __tracebackhide__ = True  # noqa: F841
+        return self._run_function(function, args, kwargs, return_all=return_all, timeout=timeout, display=display,
+                                  pdb=pdb)
+
+    def _run_function(self, function: Callable[..., Any], args: tuple, kwargs: Optional[Dict[str, Any]], *,
+                      return_all: bool, timeout: Optional[float], display: Optional[str], pdb: Optional[bool],
+                      counted: bool = True) -> Any:
+        """``run``'s work; ``counted``: a run of the user's (``pull`` and ``push`` are not counted as runs)."""
+        __tracebackhide__ = True  # noqa: F841
         check_call(function, args, kwargs)
         command, fds, release = self._ranks_class.function_task(function, args, kwargs or {}, return_all)
         try:
             name = getattr(function, "__qualname__", type(function).__name__)
             return self._task(command, fds, name, return_all=return_all, timeout=timeout, display=display,
-                              pdb=pdb)
+                              pdb=pdb, counted=counted)
         finally:
             release()
 
@@ -199,14 +209,18 @@ class Session:
 
     def pull(self, name: str) -> List[Any]:
         """The value of ``name`` in each rank's namespace, as a list by rank."""
+        __tracebackhide__ = True  # noqa: F841
         if not isinstance(name, str) or not name.isidentifier():
             raise TypeError(f"name must be a variable name, got {name!r}")
-        return self.run(value_on_rank, args=(name,), return_all=True, display="none")
+        return self._run_function(value_on_rank, (name,), None, return_all=True, timeout=None, display="none",
+                                  pdb=None, counted=False)
 
     def push(self, **values: Any) -> None:
         """Set each ``name=value`` in every rank's namespace (large tensors travel through shared memory)."""
+        __tracebackhide__ = True  # noqa: F841
         if values:
-            self.run(set_on_rank, args=(values,), display="none")
+            self._run_function(set_on_rank, (values,), None, return_all=False, timeout=None, display="none",
+                               pdb=None, counted=False)
 
     def debug(self, rank: Optional[int] = None) -> None:
         """pdb on the last failed run, in the frame where rank ``rank`` raised (None: the root-cause rank), as
@@ -231,7 +245,7 @@ class Session:
             raise LaunchConfigTypeError(f"rank must be a rank of this session (0..{self.num_processes - 1}) or "
                                         f"None, got {rank!r}")
         self._task(Debug(task_id=0, rank=rank, failed_task=failed_task), [], "debug", return_all=False,
-                   timeout=None, display="none", typed_cell=True, debugging=True)
+                   timeout=None, display="none", typed_cell=True, debugging=True, counted=False)
 
     def restart(self) -> None:
         """End every rank and start them afresh (their state is lost; the process group is new)."""
@@ -265,14 +279,15 @@ class Session:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"Session({self.num_processes} ranks, device={self.device!r}, start_method={self.start_method!r}, "
-                f"{self._state}, {self.runs} runs, {self.restarts} restarts)")
+        return (f"Session({count(self.num_processes, 'rank')}, device={self.device!r}, "
+                f"start_method={self.start_method!r}, {self._state}, {count(self.runs, 'run')}, "
+                f"{count(self.restarts, 'restart')})")
 
     # ------------------------------------------------------------------------------------------- tasks
 
     def _task(self, command: Command, fds: List[int], name: str, *, return_all: bool, timeout: Optional[float],
               display: Optional[str], typed_cell: bool = False, pdb: Optional[bool] = None,
-              debugging: bool = False) -> Any:
+              debugging: bool = False, counted: bool = True) -> Any:
         __tracebackhide__ = True  # noqa: F841
         self._check_open()
         plan = dataclasses.replace(self._plan, function_name=name, return_all=return_all,
@@ -306,9 +321,10 @@ class Session:
                     leave_post_mortem_to_the_rank()
                 for notice in notices:
                     _add_note(error, f"notebook_accel: {notice}")
-                raise without_launcher_frames(error)
+                raise show_from_the_call(without_launcher_frames(error))
             finally:
-                self.runs += 1
+                if counted:  # the user's runs and cells; not pull, push or debug
+                    self.runs += 1
                 if backend.supervisor is not None:
                     self._note_shadowed(backend.supervisor.shadowed)
                     backend.supervisor = None  # it holds the launch's deliver: no cycle keeps the result alive

@@ -216,6 +216,15 @@ def test_failure_marks_the_root_cause_and_shows_its_traceback(clock):
     assert "error: ValueError: bad batch" in summary
 
 
+def test_an_exception_without_a_message_is_named_without_a_bare_colon(clock):
+    # pdb's ``q`` raises BdbQuit(), Ctrl-C a bare KeyboardInterrupt: "BdbQuit", as Python's own last line says it
+    view = WidgetView(display=False)
+    start(view)
+    view.handle(RankFailed(rank=1, exc_type="bdb.BdbQuit", message="", traceback="bdb.BdbQuit", exception=None))
+    view.handle(LaunchFinished(rank=-1, status="failed", elapsed=1.0, root_rank=1, error="BdbQuit"))
+    assert "<b>BdbQuit</b>" in view._rank_rows[1].error.value
+
+
 @pytest.mark.parametrize("message, said", [("bad batch too", "(not the root cause)"),
                                             ("Connection closed by peer", "(collateral)")])
 def test_a_later_failure_is_called_collateral_only_when_it_reacts_to_a_peer(clock, message, said):

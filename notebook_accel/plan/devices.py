@@ -109,6 +109,29 @@ def describe(kind: str) -> DeviceInfo:
     return DeviceInfo("cpu", cores, f"CPU ({cores} cores)")
 
 
+def why_absent(kind: str) -> str:
+    """Why this machine has no ``kind`` device (CUDA, MPS), for the error that refuses it.
+
+    >>> why_absent("mps")  # doctest: +SKIP
+    'MPS is Apple silicon's GPU, on macOS only'
+    """
+    if kind == "mps":
+        return "MPS is Apple silicon's GPU, on macOS only" if sys.platform != "darwin" else \
+            "torch says MPS is not available here (torch.backends.mps.is_available())"
+    if kind != "cuda":
+        return f"there is no {kind} device here"
+    if "torch" not in sys.modules and not _torch_importable():
+        return "torch is not installed"
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return f"this torch ({torch.__version__}) is built without CUDA (a CPU-only wheel)"
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and not hidden.strip(","):
+        return f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU"
+    return "the CUDA driver sees no GPU here (nvidia-smi lists what the machine has)"
+
+
 def fork_safety() -> Tuple[bool, Optional[str]]:
     """Whether forking the kernel gives working ranks; when not, the reason for people."""
     if "fork" not in multiprocessing.get_all_start_methods():

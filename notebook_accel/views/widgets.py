@@ -497,7 +497,7 @@ class WidgetView:
         finished = self.state.finished
         full = ""
         if failure is not None:
-            headline = f"{failure.exc_type.rsplit('.', 1)[-1]}: {failure.message}"
+            headline = failure.exc_type.rsplit('.', 1)[-1] + (f": {failure.message}" if failure.message else "")
             traceback = failure.traceback
             if failure.full_traceback and failure.full_traceback != failure.traceback:
                 full = (f'<details><summary style="font-size:11px;opacity:0.75">full traceback, with '
