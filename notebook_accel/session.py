@@ -278,6 +278,12 @@ class Session:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
+    def _ipython_display_(self) -> None:
+        """``session`` as a cell's last line shows the session's live row again (a saved notebook's text follows it),
+        not a snapshot that goes stale beside it ("idle, 0 runs" under a row that says "closed, 14 runs")."""
+        if not self.view.show_again():
+            print(repr(self))
+
     def __repr__(self) -> str:
         return (f"Session({count(self.num_processes, 'rank')}, device={self.device!r}, "
                 f"start_method={self.start_method!r}, {self._state}, {count(self.runs, 'run')}, "
@@ -371,7 +377,8 @@ class Session:
         assert self._processes is not None
         task_id = command.task_id if command is not None else 0  # type: ignore[attr-defined]
         supervisor = SessionSupervisor(
-            self._handles, _print_output, lambda: None, policy=StopPolicy.starting_now(timeout, threading.Event()),
+            self._handles, self._quiet_event, lambda: None,
+            policy=StopPolicy.starting_now(timeout, threading.Event()),
             expect_results=lambda rank: False, task_id=task_id, recover_timeout=self.recover_timeout,
             processes=self._processes)
         if command is not None:
@@ -389,6 +396,7 @@ class Session:
         self._processes = processes
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, processes.kill)
+        self._samples = {}  # a rank that samples itself (on Ray) sends its first figures as it joins the group
         supervisor, outcome = self._quiet_task(None, timeout=START_TIMEOUT)
         if outcome.status != Status.FINISHED or supervisor.lost() or not supervisor.settled():
             self._kill_ranks()
@@ -399,11 +407,15 @@ class Session:
         processes.pids.update(supervisor.pids)  # where each rank runs, as it said (a TPU rank: its worker)
         self._state = SessionStatus.IDLE
         self._sampler = ResourceSampler(self._keep_sample, device=self.device)
-        self._samples = {}
         for handle in self._handles:
             self._sampler.observe(self._processes.started_event(handle.rank))
         self._sampler.tick()
         self._show()
+
+    def _quiet_event(self, event: RankEvent) -> None:
+        """An event of the session's own tasks: output on stderr; a rank's own memory sample (a Ray rank's) kept."""
+        _print_output(event)
+        self._keep_sample(event)
 
     def _keep_sample(self, event: RankEvent) -> None:
         if isinstance(event, ResourceSample):

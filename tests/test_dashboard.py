@@ -169,8 +169,30 @@ def test_output_lines_are_coalesced_labelled_and_cleaned(clock, monkeypatch):
     text = out.getvalue()
     assert len(writes) <= 25
     assert text.count("\n") == 20_001
-    assert "[rank 0] line 0\n[rank 1] line 1\n" in text and "[rank 1] line 19999\n" in text
+    assert "[rank 0] line 0\n[rank 0] line 2\n" in text and "[rank 1] line 19999\n" in text
+    for rank in range(2):  # lines that came together are written by rank, each rank's in its order
+        mine = [line for line in text.splitlines() if line.startswith(f"[rank {rank}] line ")]
+        assert mine == [f"[rank {rank}] line {i}" for i in range(rank, 20_000, 2)]
     assert text.endswith("[rank 1] 100%|###| 3/3\n")
+
+
+def test_lines_that_come_together_are_written_in_rank_order(clock, monkeypatch):
+    # a %%ranks cell: every rank prints at once, rank 1 happened to be first
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    view = WidgetView(display=False)
+    start(view, 3)
+    for rank in (2, 1, 0):
+        view.handle(OutputLine(rank=rank, stream="stdout", text=f"value {rank}"))
+        clock.now += 0.05
+    view.tick()
+    assert out.getvalue() == ""  # the first line waits for those that come with it...
+    clock.now += 0.25
+    view.tick()  # ... then all are written, by rank
+    assert out.getvalue() == "[rank 0] value 0\n[rank 1] value 1\n[rank 2] value 2\n"
+    view.handle(OutputLine(rank=1, stream="stdout", text="later"))
+    view.handle(LaunchFinished(rank=-1, status="finished", elapsed=1.0))
+    assert out.getvalue().endswith("[rank 2] value 2\n[rank 1] later\n")
 
 
 def test_metrics_feed_plots_and_the_bar_postfix(clock):

@@ -100,7 +100,11 @@ quiet = Session(num_processes=1, display="none")
 print("quiet hello")
 6 * 7
 """,
-    # 11: closed: the saved notebook's text says so
+    # 11: the session as a cell's value: its live row again, not a snapshot that a saved notebook shows stale
+    """
+session
+""",
+    # 12: closed: the saved notebook's text says so
     """
 quiet.close()
 session.close()
@@ -175,6 +179,9 @@ def test_a_session_in_a_real_kernel(tmp_path, monkeypatch):
     assert "HTML(" not in row_while_open and "idle" in row_while_open, row_while_open
     row = plain_text(notebook.cells[0])
     assert "closed" in row and "HTML(" not in row, row
+    shown_again = notebook.cells[11]
+    assert [output.output_type for output in shown_again.outputs] == ["display_data"], shown_again.outputs
+    assert plain_text(shown_again) == row  # followed the row to "closed", as the first one did
 
 
 def test_a_killed_kernel_ends_its_session_ranks(tmp_path, monkeypatch):

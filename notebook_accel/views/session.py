@@ -90,6 +90,16 @@ class SessionView:
                 # (tinted as an error) arrived after a run's output printed later in the same cell.
                 print(summary.line(), file=sys.stdout, flush=True)
 
+    def show_again(self) -> bool:
+        """Show the row once more in the current cell (the same widget, the same display id: every copy stays live,
+        and so does the saved text of each); False when the row is no widget."""
+        if self.mode != "widgets":
+            return False
+        from IPython.display import display as show
+
+        show(self.box, display_id=self._handle.display_id)
+        return True
+
     @staticmethod
     def html(summary: SessionSummary) -> str:
         items = [("ranks", str(summary.num_processes)), ("device", summary.device),

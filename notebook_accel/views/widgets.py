@@ -19,8 +19,9 @@ Choices, and why:
 * Throttling happens here, per bar: a bar's widgets are updated at most every ``bar_interval`` seconds
   (0.25 s → ≤ 4 refreshes, ≤ 8 widget messages a second per bar, whatever the rank's rate); a bar's
   close is applied at once, and ``LaunchFinished`` flushes everything, so the final state is exact.
-* Rank output is written as plain stream output of the cell, ``[rank N] line``, coalesced every
-  ``log_interval`` seconds into one write per stream. Stream output is part of the saved notebook and is
+* Rank output is written as plain stream output of the cell, ``[rank N] line``, coalesced: a line waits up to
+  ``log_interval`` seconds for those that come with it, then they are written by rank (a ``%%ranks`` cell's
+  ``[rank 0]`` first, whichever rank printed first), one write per stream. Stream output is part of the saved notebook and is
   rendered by GitHub and nbconvert, where widgets are not; an ``ipywidgets.Output`` would keep it only in
   the widget state. (The background panel instead shows a bounded tail in the widget: a background thread
   has no cell to print into.)
@@ -176,10 +177,10 @@ class WidgetView:
         self._plot_drawn: Dict[str, float] = {}
         self._header_at = 0.0
         self._header_status = ""
-        self._log_buffer: List[Tuple[str, str]] = []
+        self._log_buffer: List[Tuple[int, str, str]] = []  # (rank, stream, labelled line), as they came
         self._log_lines: Deque[str] = deque(maxlen=self.log_tail)
         self._log_total = 0
-        self._log_at = 0.0
+        self._log_since = 0.0  # when the oldest line of the buffer came
         self._dirty_labels: set = set()          # ranks whose label (resources, stall mark) needs a redraw
         self._straggler_marks: Dict[int, str] = {}
         self._stragglers_at = 0.0
@@ -193,7 +194,9 @@ class WidgetView:
             if isinstance(event, ProgressUpdate):
                 self._on_bar(changed, now)  # type: ignore[arg-type]
             elif isinstance(event, (OutputLine, OutputLines)):  # a line each: the log counts and bounds lines
-                self._log_buffer.extend((event.stream, f"[rank {event.rank}] {clean_line(text)}\n")
+                if not self._log_buffer:
+                    self._log_since = now
+                self._log_buffer.extend((event.rank, event.stream, f"[rank {event.rank}] {clean_line(text)}\n")
                                         for text in event.texts)
             elif isinstance(event, MetricReport):
                 self._on_metrics(event, changed)  # type: ignore[arg-type]
@@ -353,7 +356,7 @@ class WidgetView:
                     self._draw_rank_label(self.state.rank(rank))
         if now - self._header_at >= self.header_interval or self._header_status != self.state.status:
             self._draw_header()
-        if self._log_buffer and now - self._log_at >= self.log_interval:
+        if self._log_buffer and now - self._log_since >= self.log_interval:
             self._flush_logs(now)
 
     def _show_metrics_table(self) -> None:
@@ -563,8 +566,10 @@ class WidgetView:
         return max(self.plot_interval, len(self._plots) / 3.0)
 
     def _flush_logs(self, now: float) -> None:
-        self._log_at = now
-        buffer, self._log_buffer = self._log_buffer, []
+        # Lines that came within one interval are one moment to a reader: shown by rank (each rank's in its order),
+        # so a %%ranks cell's [rank 0] comes before [rank 1] whichever rank printed first.
+        buffer = [(stream, text) for _, stream, text in sorted(self._log_buffer, key=lambda line: line[0])]
+        self._log_buffer = []
         if not buffer:
             return
         self._log_total += len(buffer)
