@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import os
+import re
 
 import pytest
 
@@ -73,3 +75,18 @@ def test_the_config_file_saves_the_saved_options_with_the_launchers_defaults():
     fields = {field.name: field.default for field in dataclasses.fields(LaunchConfig)}
     assert fields == {option.name: option.default for option in SAVED_OPTIONS}
     assert PRECISIONS == MixedPrecision.values()
+
+
+def test_every_environment_variable_the_package_reads_is_in_the_table():
+    import notebook_accel
+    from notebook_accel.plan.variables import ENVIRONMENT_VARIABLES
+
+    root = os.path.dirname(notebook_accel.__file__)
+    found = set()
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as source:
+                    found.update(re.findall(r"NOTEBOOK_ACCEL_[A-Z_]*[A-Z]", source.read()))
+    assert found and found <= {variable.name for variable in ENVIRONMENT_VARIABLES}, \
+        f"not in plan/variables.py (the docs' reference): {sorted(found - {v.name for v in ENVIRONMENT_VARIABLES})}"

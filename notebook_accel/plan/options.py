@@ -142,7 +142,11 @@ LAUNCHER_OPTIONS: Tuple[Option, ...] = (
             saved=True, also_called=(("gpu", "cuda"), ("nvidia", "cuda"), ("tpu", "xla"), ("metal", "mps"),
                                      ("apple", "mps"))),
     _choice("mixed_precision", MixedPrecisionName, MixedPrecision, MixedPrecision.NO.value,
-            "exported as ``ACCELERATE_MIXED_PRECISION``.", saved=True),
+            "the precision the ranks' ``Accelerator`` (ours or HF accelerate's) trains in: \"bf16\" and \"fp16\" "
+            "run the model's forward pass under autocast in that type (the weights stay fp32, outputs come back "
+            "fp32); \"fp16\" (CUDA only) also scales the loss so that small gradients do not underflow. Exported "
+            "to the ranks as ``ACCELERATE_MIXED_PRECISION``: a loop without an ``Accelerator`` is unchanged.",
+            saved=True),
     _choice("start_method", StartMethodName, StartMethod, StartMethod.AUTO.value, "\"auto\" (fork when safe, else a "
             "warm forkserver), or one named.", saved=True),
     Option("master_addr", str, "127.0.0.1", "the rendezvous address.",
