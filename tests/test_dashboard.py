@@ -326,6 +326,26 @@ def test_header_shows_device_world_size_status_and_elapsed(clock):
 
 # ------------------------------------------------------------------------------------------------ text view
 
+def test_text_view_says_nothing_of_a_bar_that_opens_nor_of_a_leave_false_bar_that_closes(clock):
+    # the demo: 10 epochs of a short inner loop (leave=False) took ~60 lines; a terminal shows neither
+    out = io.StringIO()
+    view = TextView(stdout=out, stderr=out)
+    start(view)
+    for epoch in range(10):
+        for rank in range(2):
+            view.handle(update(rank, 100 + epoch, 0, total=12, desc=f"epoch {epoch}", position=1, leave=False))
+        clock.now += 0.3
+        for rank in range(2):
+            view.handle(update(rank, 100 + epoch, 12, total=12, desc=f"epoch {epoch}", position=1, leave=False,
+                               closed=True))
+            view.handle(update(rank, 1, epoch + 1, total=10, desc="epochs", closed=epoch == 9))
+        view.tick()
+    lines = out.getvalue().splitlines()
+    assert not [line for line in lines if "epoch " in line or "| 0/10 " in line], lines
+    bars = [line for line in lines if "epochs:" in line and not line.startswith("notebook_accel")]
+    assert 2 <= len(bars) <= 2 * (3 / 2 + 1) + 2, lines  # 3 s: a line a bar every 2 s, the close, the summary
+
+
 def test_text_view_prints_throttled_progress_labelled_logs_and_a_summary(clock):
     out, err = io.StringIO(), io.StringIO()
     view = TextView(stdout=out, stderr=err)

@@ -79,6 +79,8 @@ def test_demo_trains_over_two_cpu_processes(tmp_path):
     assert float(match.group(1)) > 0.8  # a 64-128-10 MLP reaches ~0.93 on digits in a few epochs
     assert "[rank 1]" in done.stdout + done.stderr
     assert "Warning" not in done.stdout + done.stderr  # the demo's own code warns about nothing
+    lines = (done.stdout + done.stderr).splitlines()
+    assert len(lines) <= 30, lines  # compact: no line for a bar that opens, none for a leave=False inner loop
 
 
 # ------------------------------------------------------------------------------------- the pages' Python
