@@ -71,10 +71,12 @@ class _BarRow:
     """The widgets of one bar slot of one rank."""
 
     def __init__(self) -> None:
+        # The bar has a fixed share of the row and the text the rest: every rank's bar ends at the same place,
+        # whatever its postfix says (a text sized by its content pushed the bars of two ranks to two widths).
         self.bar = widgets.FloatProgress(value=0.0, min=0.0, max=1.0, description="",
                                          style={"description_width": "110px"},
-                                         layout=widgets.Layout(flex="1 1 auto", width="auto", min_width="200px"))
-        self.text = widgets.HTML(value="", layout=widgets.Layout(flex="0 0 auto", min_width="360px",
+                                         layout=widgets.Layout(flex="0 0 45%", width="45%", min_width="200px"))
+        self.text = widgets.HTML(value="", layout=widgets.Layout(flex="1 1 0", min_width="0",
                                                                  margin="0 0 0 8px"))
         self.box = widgets.HBox([self.bar, self.text], layout=widgets.Layout(align_items="center"))
         self.hidden = False
@@ -418,7 +420,7 @@ class WidgetView:
                 row.bar.value = 1.0
             row.bar.description = bar.desc
             row.bar.bar_style = self._bar_style(bar, state)
-        row.text.value = ('<span style="font-family:monospace;white-space:pre">'
+        row.text.value = ('<span style="font-family:monospace;white-space:pre-wrap">'
                           f"{escape(bar.right_text(extra))}</span>")
 
     def _bar_style(self, bar: BarState, state: RankState) -> str:
