@@ -50,9 +50,14 @@ class LaunchConfigTypeError(LaunchConfigError, TypeError):
 
 
 def one_line(error: BaseException) -> str:
-    """``"TypeName: first line of the message"``, for headers and status lines."""
+    """``"TypeName: first line of the message"``, for headers and status lines; ``"TypeName"`` alone when the
+    message is empty (pdb's ``BdbQuit``, a bare ``KeyboardInterrupt``), as Python's own last line says it.
+
+    >>> one_line(ValueError("bad batch")), one_line(KeyboardInterrupt())
+    ('ValueError: bad batch', 'KeyboardInterrupt')
+    """
     lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+    return f"{type(error).__name__}: {lines[0]}" if lines and lines[0].strip() else type(error).__name__
 
 
 class RemoteTraceback(Exception):

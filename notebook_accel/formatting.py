@@ -26,6 +26,15 @@ def format_bytes(value: Optional[float]) -> str:
     return f"{int(value)} B"
 
 
+def count(number: int, noun: str) -> str:
+    """``number`` of ``noun``, in the singular for one: ``1 restart``, ``0 runs``, ``2 ranks``.
+
+    >>> count(1, "restart"), count(0, "run"), count(2, "rank")
+    ('1 restart', '0 runs', '2 ranks')
+    """
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def signal_name(exitcode: Optional[int]) -> Optional[str]:
     """The signal a process died of, from multiprocessing's exit code (-N for signal N): ``"SIGKILL"``.
 

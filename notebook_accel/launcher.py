@@ -24,6 +24,7 @@ from .monitor.resources import ResourceSampler
 from .outcome.oom import explain as explain_out_of_memory
 from .outcome.oom import cuda_oom_figures, kind_of_failure, oom_kill_count
 from .outcome.raising import root_cause_exception
+from .outcome.shown import show_from_the_call
 from .outcome.root_cause import Outcome
 from .outcome.stacks import fold_inherited_frames, fold_stack_dump
 from .plan.devices import ipython_shell
@@ -211,11 +212,12 @@ class Launch:
             self.status = Status.RUNNING
             try:
                 outcome = self._run_backend(store)
-            except KeyboardInterrupt as interrupt:
+            except KeyboardInterrupt:
                 outcome = Outcome(Status.STOPPED)
                 # Ctrl-C landed in the kernel's own waiting (the supervisor's poll, selectors): those frames say
-                # nothing to the user; raised, the interrupt starts at the call in their cell, as a rank's error does.
-                self.error = interrupt.with_traceback(None)
+                # nothing to the user; raised, the interrupt starts at the call in their cell, as a rank's error
+                # does, and says what became of the ranks.
+                self.error = KeyboardInterrupt(f"the {self.backend.job} was interrupted; every rank was stopped")
             self._finish(outcome, time.monotonic() - started)
         finally:
             self.resources.close()
@@ -414,9 +416,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), kwargs: Op
         if plan.post_mortem and launch.root_rank is not None:
             leave_post_mortem_to_the_rank()
         # The launcher's own frames (the job's run and wait) say nothing about the failure: they are dropped,
-        # the user's kept (an in-kernel rank's exception has them). This is the failing rank's own exception,
-        # re-raised in the kernel: the rank's traceback is printed above it.
-        raise without_launcher_frames(root_cause)
+        # the user's kept (an in-kernel rank's exception has them); IPython shows it from the user's call.
+        raise show_from_the_call(without_launcher_frames(root_cause))
 
 
 @entry_point("start_launch")

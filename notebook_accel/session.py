@@ -29,9 +29,11 @@ from .backends import warm_ranks_for
 from .backends.base import WarmRanks
 from .backends.session import SessionRunBackend, TaskEnd, close_gracefully, quiet_task
 from .errors import LaunchConfigTypeError
+from .formatting import count
 from .launcher import Launch, leave_post_mortem_to_the_rank
 from .outcome.raising import root_cause_exception
 from .outcome.root_cause import Outcome
+from .outcome.shown import show_from_the_call
 from .plan.entry_points import entry_point
 from .plan.options import LaunchOptions, PathLike
 from .plan.plan import check_call, make_plan, wants_post_mortem
@@ -158,12 +160,20 @@ class Session:
             {options}
         """
         __tracebackhide__ = True  # noqa: F841
+        return self._run_function(function, args, kwargs, return_all=return_all, timeout=timeout, display=display,
+                                  pdb=pdb)
+
+    def _run_function(self, function: Callable[..., Any], args: tuple, kwargs: Optional[Dict[str, Any]], *,
+                      return_all: bool, timeout: Optional[float], display: Optional[str], pdb: Optional[bool],
+                      counted: bool = True) -> Any:
+        """``run``'s work; ``counted``: a run of the user's (``pull`` and ``push`` are not counted as runs)."""
+        __tracebackhide__ = True  # noqa: F841
         check_call(function, args, kwargs)
         command, fds, release = self._ranks_class.function_task(function, args, kwargs or {}, return_all)
         try:
             name = getattr(function, "__qualname__", type(function).__name__)
             return self._task(command, fds, name, return_all=return_all, timeout=timeout, display=display,
-                              pdb=pdb)
+                              pdb=pdb, counted=counted)
         finally:
             release()
 
@@ -196,6 +206,7 @@ class Session:
         Its CUDA tensors come to host memory (large ones copied from the GPU straight into shared memory; the
         kernel initialises no CUDA) — or, with ``device="cuda"`` (the default where the kernel has CUDA live
         already), stay on the GPU: handed over by CUDA IPC and copied there, device to device."""
+        __tracebackhide__ = True  # noqa: F841
         if not isinstance(name, str) or not name.isidentifier():
             raise TypeError(f"name must be a variable name, got {name!r}")
         if device not in (None, "cuda", "cpu"):
@@ -207,12 +218,15 @@ class Session:
         if device is None:
             device = "cuda" if local and cuda_initialized() else "cpu"
         task = value_on_rank_for_the_gpu if device == "cuda" else value_on_rank
-        return self.run(task, args=(name,), return_all=True, display="none")
+        return self._run_function(task, (name,), None, return_all=True, timeout=None, display="none", pdb=None,
+                                  counted=False)
 
     def push(self, **values: Any) -> None:
         """Set each ``name=value`` in every rank's namespace (large tensors travel through shared memory)."""
+        __tracebackhide__ = True  # noqa: F841
         if values:
-            self.run(set_on_rank, args=(values,), display="none")
+            self._run_function(set_on_rank, (values,), None, return_all=False, timeout=None, display="none",
+                               pdb=None, counted=False)
 
     def debug(self, rank: Optional[int] = None) -> None:
         """pdb on the last failed run, in the frame where rank ``rank`` raised (None: the root-cause rank), as
@@ -243,7 +257,7 @@ class Session:
             did = ("rank " if len(failed_ranks) == 1 else "ranks ") + " and ".join(map(str, failed_ranks))
             raise RuntimeError(f"rank {rank} did not fail in the last run ({did} did)")
         self._task(Debug(task_id=0, rank=rank, failed_task=failed_task), [], "debug", return_all=False,
-                   timeout=None, display="none", typed_cell=True, debugging=True)
+                   timeout=None, display="none", typed_cell=True, debugging=True, counted=False)
 
     def restart(self) -> None:
         """End every rank and start them afresh (their state is lost; the process group is new)."""
@@ -276,15 +290,22 @@ class Session:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
+    def _ipython_display_(self) -> None:
+        """``session`` as a cell's last line shows the session's live row again (a saved notebook's text follows it),
+        not a snapshot that goes stale beside it ("idle, 0 runs" under a row that says "closed, 14 runs")."""
+        if not self.view.show_again():
+            print(repr(self))
+
     def __repr__(self) -> str:
-        return (f"Session({self.num_processes} ranks, device={self.device!r}, start_method={self.start_method!r}, "
-                f"{self._state}, {self.runs} runs, {self.restarts} restarts)")
+        return (f"Session({count(self.num_processes, 'rank')}, device={self.device!r}, "
+                f"start_method={self.start_method!r}, {self._state}, {count(self.runs, 'run')}, "
+                f"{count(self.restarts, 'restart')})")
 
     # ------------------------------------------------------------------------------------------- tasks
 
     def _task(self, command: Command, fds: List[int], name: str, *, return_all: bool, timeout: Optional[float],
               display: Optional[str], typed_cell: bool = False, pdb: Optional[bool] = None,
-              debugging: bool = False) -> Any:
+              debugging: bool = False, counted: bool = True) -> Any:
         __tracebackhide__ = True  # noqa: F841
         self._check_open()
         plan = dataclasses.replace(self._plan, function_name=name, return_all=return_all,
@@ -318,9 +339,10 @@ class Session:
                     leave_post_mortem_to_the_rank()
                 for notice in notices:
                     _add_note(error, f"notebook_accel: {notice}")
-                raise without_launcher_frames(error)
+                raise show_from_the_call(without_launcher_frames(error))
             finally:
-                self.runs += 1
+                if counted:  # the user's runs and cells; not pull, push or debug
+                    self.runs += 1
                 if backend.ended is not None:
                     self._note_shadowed(backend.ended.shadowed)
                 # Ranks on another machine sample themselves while they run: the row keeps their last figures.
@@ -362,7 +384,7 @@ class Session:
         """Run a task of the session's own (start, new group) without a dashboard; output goes to stderr."""
         assert self._ranks is not None
         return quiet_task(self._ranks, command, timeout=timeout, recover_timeout=self.recover_timeout,
-                          deliver=_print_output)
+                          deliver=self._quiet_event)
 
     # ------------------------------------------------------------------------------------------- ranks
 
@@ -374,6 +396,7 @@ class Session:
         self._ranks = ranks
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, ranks.kill)
+        self._samples = {}  # a rank that samples itself (on Ray) sends its first figures as it joins the group
         ended, outcome = self._quiet_task(None, timeout=START_TIMEOUT)
         if outcome.status != Status.FINISHED or ended.lost or not ended.settled:
             self._kill_ranks()
@@ -384,11 +407,15 @@ class Session:
         ranks.pids.update(ended.pids)  # where each rank runs, as it said (a TPU rank: its worker)
         self._state = SessionStatus.IDLE
         self._sampler = ResourceSampler(self._keep_sample, device=self.device)
-        self._samples = {}
         for rank in range(self._plan.world_size):
             self._sampler.observe(ranks.started_event(rank))
         self._sampler.tick()
         self._show()
+
+    def _quiet_event(self, event: RankEvent) -> None:
+        """An event of the session's own tasks: output on stderr; a rank's own memory sample (a Ray rank's) kept."""
+        _print_output(event)
+        self._keep_sample(event)
 
     def _keep_sample(self, event: RankEvent) -> None:
         if isinstance(event, ResourceSample):

@@ -27,6 +27,7 @@ from notebook_accel.cli import build_parser  # noqa: E402  (after the checkout i
 from notebook_accel.plan.entry_points import OPTIONS_MARKER  # noqa: E402
 from notebook_accel.plan.options import (ALL_OPTIONS, ENTRY_POINTS, RUNS, SESSION, Option,  # noqa: E402
                                          options_help)
+from notebook_accel.plan.variables import ENVIRONMENT_VARIABLES  # noqa: E402
 
 BETWEEN_MARKERS = re.compile(r"<!-- options-reference -->.*?<!-- /options-reference -->", re.S)
 # Options the command line sets through flags of their own (accelerate's), not one named after the option.
@@ -48,7 +49,20 @@ def options_reference() -> str:
         rows.append(f"| [{option.name}](#{option.name}) | {marks} |")
     flags = _launch_flags()
     sections = [_section(option, flags.get(_FLAG_FOR.get(option.name, option.name))) for option in ALL_OPTIONS]
-    return "\n".join(rows) + "\n\n" + "\n\n".join(sections) + "\n"
+    return "\n".join(rows) + "\n\n" + "\n\n".join(sections) + "\n\n" + environment_reference() + "\n"
+
+
+def environment_reference() -> str:
+    """Markdown: the ``NOTEBOOK_ACCEL_*`` environment variables (``plan/variables.py``), users' first."""
+    lines = ["## Environment variables {#environment-variables}", "",
+             "Set in the kernel's environment (or the script's) before the launch; ranks inherit them.", "",
+             "| variable | default | what it does |", "|---|---|---|"]
+    for variable in ENVIRONMENT_VARIABLES:
+        if variable.internal:
+            continue
+        default = f"`{variable.default}`" if variable.default else "set by the launcher"
+        lines.append(f"| `{variable.name}` | {default} | {variable.help} |")
+    return "\n".join(lines)
 
 
 def _section(option: Option, flags: "List[str] | None") -> str:

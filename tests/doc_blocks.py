@@ -4,7 +4,10 @@ block must have one: a block nobody runs is a block that can lie. A block moved 
 a new page's blocks are checked as soon as the page exists.
 
 HOW, for ``python`` blocks:
-  run           executed as a script (with small stand-ins for the user's own ``make_model``, ...)
+  run           executed as a script, after the page's ``stand in`` blocks above it (or, on a page without
+                one, the test's own small stand-ins for the user's ``make_model``, ...)
+  stand in      the user's own functions a page's examples use, folded on the page: run, as written, before
+                each ``run`` block below it
   kernel cell   executed as one cell of a real Jupyter kernel, the page's kernel cells in order
   fake tpu      executed as a script on a fake TPU host (tests/fake_tpu.py: no TPU here)
   signature     compared with the real signature of the function it names (``notebook_launcher(...)``)
@@ -27,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import List, Optional
 
-PYTHON_HOWS = {"run", "kernel cell", "fake tpu", "signature", "names only"}
+PYTHON_HOWS = {"run", "stand in", "kernel cell", "fake tpu", "signature", "names only"}
 BASH_HOWS = {"ci", "shell", "files"}
 PLAIN_HOWS = {"output", "transcript"}
 

@@ -185,6 +185,9 @@ def test_dashboard_in_jupyterlab(jupyter_lab, tmp_path):
     assert facts["visible_bars_per_rank"] == [1, 1], facts
     assert all(width == "100%" for width in facts["bar_widths"]), facts
     assert all("2/2" in text for text in facts["bar_texts"]), facts
+    # the bars end in one place, whatever their postfix (seen red with a long metric name on rank 1 only: the old
+    # content-sized text put the two bars' ends 246 px apart)
+    assert len(set(facts["bar_right_edges"])) == 1, facts
     # a metric plot with axes, a legend and one line per rank
     assert facts["plots"] >= 1 and facts["plot_lines"] >= 2, facts
     assert "rank 0:" in facts["plot_text"] and "rank 1:" in facts["plot_text"] and "step" in facts["plot_text"]
@@ -290,6 +293,7 @@ _FACTS_JS = """() => {
     ranks: ranks.length,
     visible_bars_per_rank: rows.map(r => r.length),
     bar_widths: bars.map(b => (b.querySelector('.progress-bar') || {style: {}}).style.width),
+    bar_right_edges: bars.map(b => Math.round((b.querySelector('.progress') || b).getBoundingClientRect().right)),
     bar_texts: ranks.map(r => r.innerText),
     plots: plots.length,
     plot_lines: plots.length ? plots[0].querySelectorAll('polyline, circle').length : 0,

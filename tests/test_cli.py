@@ -259,3 +259,18 @@ def test_max_restarts_reruns_the_script(home):
     done = cli(home, "launch", "--num-processes", "2", "--max-restarts", "1", "flaky.py")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[rank 1] attempt 1" in done.stdout and "attempt 2/2 · finished" in done.stdout
+
+
+def test_env_report_values_start_in_one_column_and_devices_read_plainly():
+    import re
+
+    from notebook_accel.cli.env import environment_report
+    from notebook_accel.plan import devices
+
+    report = environment_report()
+    columns = {len(found.group(0)) for line in report.splitlines()
+               for found in [re.match(r"^[^\s:-][^:]*:\s+", line)] if found}
+    assert len(columns) == 1, report  # e.g. "best device:" and "python:" values line up
+    cpu = devices.describe("cpu")
+    assert cpu.description == f"{cpu.count} CPU core{'s' if cpu.count != 1 else ''}"
+    assert f"cpu ({cpu.description})" in report and "((" not in report and "))" not in report, report

@@ -169,8 +169,30 @@ def test_output_lines_are_coalesced_labelled_and_cleaned(clock, monkeypatch):
     text = out.getvalue()
     assert len(writes) <= 25
     assert text.count("\n") == 20_001
-    assert "[rank 0] line 0\n[rank 1] line 1\n" in text and "[rank 1] line 19999\n" in text
+    assert "[rank 0] line 0\n[rank 0] line 2\n" in text and "[rank 1] line 19999\n" in text
+    for rank in range(2):  # lines that came together are written by rank, each rank's in its order
+        mine = [line for line in text.splitlines() if line.startswith(f"[rank {rank}] line ")]
+        assert mine == [f"[rank {rank}] line {i}" for i in range(rank, 20_000, 2)]
     assert text.endswith("[rank 1] 100%|###| 3/3\n")
+
+
+def test_lines_that_come_together_are_written_in_rank_order(clock, monkeypatch):
+    # a %%ranks cell: every rank prints at once, rank 1 happened to be first
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    view = WidgetView(display=False)
+    start(view, 3)
+    for rank in (2, 1, 0):
+        view.handle(OutputLine(rank=rank, stream="stdout", text=f"value {rank}"))
+        clock.now += 0.05
+    view.tick()
+    assert out.getvalue() == ""  # the first line waits for those that come with it...
+    clock.now += 0.25
+    view.tick()  # ... then all are written, by rank
+    assert out.getvalue() == "[rank 0] value 0\n[rank 1] value 1\n[rank 2] value 2\n"
+    view.handle(OutputLine(rank=1, stream="stdout", text="later"))
+    view.handle(LaunchFinished(rank=-1, status="finished", elapsed=1.0))
+    assert out.getvalue().endswith("[rank 2] value 2\n[rank 1] later\n")
 
 
 def test_metrics_feed_plots_and_the_bar_postfix(clock):
@@ -214,6 +236,15 @@ def test_failure_marks_the_root_cause_and_shows_its_traceback(clock):
     summary = view.summary()
     assert "failed" in summary and "[rank 1] failed (root cause)" in summary and "[rank 0] stopped" in summary
     assert "error: ValueError: bad batch" in summary
+
+
+def test_an_exception_without_a_message_is_named_without_a_bare_colon(clock):
+    # pdb's ``q`` raises BdbQuit(), Ctrl-C a bare KeyboardInterrupt: "BdbQuit", as Python's own last line says it
+    view = WidgetView(display=False)
+    start(view)
+    view.handle(RankFailed(rank=1, exc_type="bdb.BdbQuit", message="", traceback="bdb.BdbQuit", exception=None))
+    view.handle(LaunchFinished(rank=-1, status="failed", elapsed=1.0, root_rank=1, error="BdbQuit"))
+    assert "<b>BdbQuit</b>" in view._rank_rows[1].error.value
 
 
 @pytest.mark.parametrize("message, said", [("bad batch too", "(not the root cause)"),
@@ -325,6 +356,26 @@ def test_header_shows_device_world_size_status_and_elapsed(clock):
 
 
 # ------------------------------------------------------------------------------------------------ text view
+
+def test_text_view_says_nothing_of_a_bar_that_opens_nor_of_a_leave_false_bar_that_closes(clock):
+    # the demo: 10 epochs of a short inner loop (leave=False) took ~60 lines; a terminal shows neither
+    out = io.StringIO()
+    view = TextView(stdout=out, stderr=out)
+    start(view)
+    for epoch in range(10):
+        for rank in range(2):
+            view.handle(update(rank, 100 + epoch, 0, total=12, desc=f"epoch {epoch}", position=1, leave=False))
+        clock.now += 0.3
+        for rank in range(2):
+            view.handle(update(rank, 100 + epoch, 12, total=12, desc=f"epoch {epoch}", position=1, leave=False,
+                               closed=True))
+            view.handle(update(rank, 1, epoch + 1, total=10, desc="epochs", closed=epoch == 9))
+        view.tick()
+    lines = out.getvalue().splitlines()
+    assert not [line for line in lines if "epoch " in line or "| 0/10 " in line], lines
+    bars = [line for line in lines if "epochs:" in line and not line.startswith("notebook_accel")]
+    assert 2 <= len(bars) <= 2 * (3 / 2 + 1) + 2, lines  # 3 s: a line a bar every 2 s, the close, the summary
+
 
 def test_text_view_prints_throttled_progress_labelled_logs_and_a_summary(clock):
     out, err = io.StringIO(), io.StringIO()

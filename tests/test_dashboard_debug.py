@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -160,7 +161,9 @@ def test_the_final_metrics_table_is_in_the_widget_and_the_summary(clock):
             view.handle(MetricReport(rank=rank, step=step, metrics={"loss": 10.0 - step - rank}))
     view.handle(LaunchFinished(rank=-1, status="finished", elapsed=1.0))
     table = view.metrics_table.value
-    assert "<table" in table and "<td>loss</td><td>1</td><td>5</td><td>5</td><td>9</td>" in table
+    cells = re.sub(r' style="[^"]*"', "", table)  # (spacing and alignment are the cells' style)
+    assert "<table" in table and "<td>loss</td><td>1</td><td>5</td><td>5</td><td>9</td>" in cells
+    assert "padding:" in table and "text-align:right" in table  # not the cramped default of a front end
     assert "  loss    1        5    5    9        5" in view.summary()
 
 

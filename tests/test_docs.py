@@ -71,9 +71,25 @@ def test_the_site_builds_strictly_and_names_every_option(tmp_path):
     options = (site / "options" / "index.html").read_text()
     missing = [option.name for option in ALL_OPTIONS if f'id="{option.name}"' not in options]
     assert not missing, f"the options reference has no section for {missing}"
+    from notebook_accel.plan.variables import ENVIRONMENT_VARIABLES
+
+    unsaid = [variable.name for variable in ENVIRONMENT_VARIABLES if not variable.internal
+              and f"<code>{variable.name}</code>" not in options]
+    assert 'id="environment-variables"' in options and not unsaid, f"the options reference leaves out {unsaid}"
+    assert "autocast" in options  # mixed_precision says what it does, not only what it exports
     api = (site / "api" / "index.html").read_text()
     public = [getattr(notebook_accel, name) for name in notebook_accel.__all__ if name != "__version__"]
     undocumented = [f"{thing.__module__}.{thing.__qualname__}" for thing in public
                     if f'id="{thing.__module__}.{thing.__qualname__}"' not in api]
     assert not undocumented, f"the API reference lacks {undocumented}"
     assert "{options}" not in api, "an entry point's options were not filled into its docstring"
+
+
+def test_the_session_pages_code_fits_its_column():
+    # the page has a table of contents on the right: its code column is narrower than 120 characters, and the
+    # longest comments ran out of the box (about 100 characters fit at Material's code size)
+    import doc_blocks
+
+    long = [line for block in doc_blocks.blocks(os.path.join(REPO, "docs", "session.md"))
+            for line in block.code.splitlines() if len(line) > 100]
+    assert long == []

@@ -96,6 +96,8 @@ def test_the_quickstart_notebook_runs_from_the_installed_wheel(installed, tmp_pa
     errors = [output for cell in notebook.cells for output in cell.get("outputs", [])
               if output.output_type == "error"]
     assert not errors
+    said = "".join(output.get("text", "") for output in notebook.cells[-1].outputs)
+    assert "after pdb, the launch raised rank 1's error: ValueError(" in said, said  # not "rank 1 's error"
 
 
 def test_ci_tests_the_installed_package_not_the_checkout():

@@ -1,6 +1,8 @@
 """notebook_launcher in a real Jupyter kernel (nbclient): cell outputs, errors, interrupt, no leftovers."""
 from __future__ import annotations
 
+import re
+
 import nbformat
 import pytest
 from nbclient import NotebookClient
@@ -78,6 +80,10 @@ results = notebook_launcher(lambda: Result(int(os.environ["RANK"])), num_process
                             return_all=True)
 print("ISINSTANCE", [isinstance(result, Result) for result in results])
 """,
+    # 6: a misspelled option: refused before anything starts, said from the user's line
+    """
+notebook_launcher(fails, num_processs=2)
+""",
 ]
 
 INTERRUPT_AFTER = 20  # seconds, for the cell that hangs on purpose (time.sleep(600)): Jupyter's interrupt then
@@ -112,13 +118,34 @@ def test_launches_in_a_real_kernel(tmp_path, monkeypatch):
     error = [output for output in notebook.cells[2].outputs if output.output_type == "error"]
     assert error and error[0].ename == "NotebookError" and error[0].evalue == "rank one gave up"
     assert "raise NotebookError" in outputs[2]  # the rank's own traceback is shown in the cell
-    # ... and of the launcher's frames only the line that re-raises it (IPython always shows the last frame)
-    ours = [entry for entry in error[0].traceback if "notebook_accel" in entry and "site-packages" in entry]
-    assert len(ours) == 1 and "the rank's traceback is printed above" in ours[0], error[0].traceback
-    assert not [entry for entry in error[0].traceback if "Launch.wait" in entry or "Launch.run" in entry]
+    # ... then the user's line and the message: none of the launcher's frames (IPython shows a hidden frame when it
+    # is the last one: the exception renders itself without them, ``outcome.shown``)
+    assert_shown_from_the_users_call(error[0], "notebook_launcher(fails, num_processes=2")
 
     assert "[rank 0] hanging" in outputs[3]
-    assert "ERROR KeyboardInterrupt" in outputs[3]
+    interrupt = [output for output in notebook.cells[3].outputs if output.output_type == "error"]
+    assert interrupt and interrupt[0].ename == "KeyboardInterrupt", outputs[3]
+    assert interrupt[0].evalue == "the launch was interrupted; every rank was stopped", outputs[3]
+    assert_shown_from_the_users_call(interrupt[0], "notebook_launcher(hangs, num_processes=2")
 
     assert "AGAIN 2 LEFT []" in outputs[4], outputs[4]
     assert "CAUGHT True" in outputs[5] and "ISINSTANCE [True, True]" in outputs[5], outputs[5]
+
+    typo = [output for output in notebook.cells[6].outputs if output.output_type == "error"]
+    assert typo and typo[0].ename == "LaunchConfigTypeError", outputs[6]
+    assert typo[0].evalue.endswith("unexpected keyword argument 'num_processs'; did you mean 'num_processes'?")
+    assert_shown_from_the_users_call(typo[0], "notebook_launcher(fails, num_processs=2)")
+
+
+def assert_shown_from_the_users_call(error, call: str) -> None:
+    """The cell's error shows the user's line, then the message: no frame, no source line of notebook_accel."""
+    shown = [ANSI.sub("", entry) for entry in error.traceback]
+    ours = [entry for entry in shown if re.search(r"notebook_accel[/\\]\w", entry)]
+    assert ours == [], shown
+    at_call = max(index for index, entry in enumerate(shown) if call in entry)
+    after = shown[at_call + 1:]  # the message (and its notes), no frame
+    assert after and after[0].startswith(f"{error.ename}: {error.evalue}".splitlines()[0]), shown
+    assert not [entry for entry in after if "File " in entry or "---->" in entry], shown
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -40,8 +40,15 @@ def no_children_started():
     (lambda: notebook_launcher(ok, num_processes=10_000, device="cpu"), LaunchConfigError,
      "more than the .* CPU ranks this"),
     (lambda: notebook_launcher(ok, device="tpu"), LaunchConfigError,
-     "device='tpu' is not one of 'cuda', 'cpu', 'xla', 'mps'"),
-    pytest.param(lambda: notebook_launcher(ok, device="cuda"), LaunchConfigError, "device='cuda' .* none is available",
+     "device='tpu' is not one of 'cuda', 'cpu', 'xla', 'mps'; did you mean 'xla'[?]$"),
+    (lambda: notebook_launcher(ok, device="gpu"), LaunchConfigError, "device='gpu' .*; did you mean 'cuda'[?]$"),
+    (lambda: notebook_launcher(ok, device="CPU"), LaunchConfigError, "device='CPU' .*; did you mean 'cpu'[?]$"),
+    (lambda: notebook_launcher(ok, device="cuda:1"), LaunchConfigError, "; did you mean 'cuda'[?]$"),
+    (lambda: notebook_launcher(ok, mixed_precision="fb16"), LaunchConfigError, "; did you mean 'fp16'[?]$"),
+    (lambda: notebook_launcher(ok, display="nonsense"), LaunchConfigError, "'text', 'none'$"),  # nothing close
+    pytest.param(lambda: notebook_launcher(ok, device="cuda"), LaunchConfigError,
+                 r"device='cuda' .* none is available here: .*\. This machine has \d+ CPU cores?: pass "
+                 r"device='cpu', or leave device out",
                  marks=pytest.mark.skipif(CUDA_HERE, reason="a GPU is here: device='cuda' is valid")),
     pytest.param(lambda: notebook_launcher(ok, device="mps"), LaunchConfigError, "device='mps' .* none is available",
                  marks=pytest.mark.skipif(sys.platform == "darwin", reason="macOS may have MPS")),
@@ -200,3 +207,64 @@ def test_a_plan_and_a_ranks_spec_never_show_the_kernels_environment(monkeypatch)
     host = XlaHostSpec(world_size=1, env=env, cwd="/", sys_path=[], payload=None, return_all=False, nprocs=1,
                        pipes=[], lifeline_fd=5)
     assert SECRET not in repr(spec) and SECRET not in repr(host)
+
+
+@pytest.mark.parametrize("built, visible, said", [(False, None, "is built without CUDA"),
+                                                  (True, "", "CUDA_VISIBLE_DEVICES='' hides every GPU"),
+                                                  (True, None, "the CUDA driver sees no GPU")])
+def test_why_there_is_no_cuda_here(monkeypatch, built, visible, said):
+    import torch
+
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: built)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert said in devices.why_absent("cuda")
+
+
+def test_a_refused_option_renders_in_ipython_from_the_users_line_only():
+    # IPython always shows the last frame, hidden or not: the exception renders itself without ours (what a real
+    # kernel shows is tests/test_kernel.py's; outside a shell, the hook formats as Python does, without our frames)
+    with pytest.raises(LaunchConfigError) as refused:
+        notebook_launcher(ok, device="gpu")
+    shown = "\n".join(refused.value._render_traceback_())
+    assert "notebook_accel" + os.sep not in shown, shown
+    assert "test_launcher_errors.py" in shown and shown.rstrip().endswith("did you mean 'cuda'?")
+
+
+def test_an_unbound_notebook_name_gets_a_note_saying_why():
+    with pytest.raises(UnboundLocalError) as raised:
+        notebook_launcher(assigns_a_global_it_reads, num_processes=2, display="none")
+    notes = getattr(raised.value, "__notes__", [])
+    assert any("`model` is assigned somewhere in `assigns_a_global_it_reads`, which makes it local" in note
+               and "args=(model, ...)" in note for note in notes), notes
+    with pytest.raises(UnboundLocalError) as plain_bug:  # a name no global has: Python's message says enough
+        notebook_launcher(reads_a_local_before_setting_it, num_processes=2, display="none")
+    assert not [note for note in getattr(plain_bug.value, "__notes__", []) if "is assigned somewhere" in note]
+
+
+model = "the notebook's model"
+
+
+def assigns_a_global_it_reads():
+    model = model + ", prepared"  # noqa: F823 -- the pitfall itself
+    return model
+
+
+def reads_a_local_before_setting_it():
+    if False:
+        not_a_global = 1
+    return not_a_global  # noqa: F821
+
+
+def test_an_exception_without_a_message_ends_the_summary_without_a_bare_colon(capsys):
+    import bdb
+
+    def quits():  # what pdb's q raises in a rank
+        raise bdb.BdbQuit()
+
+    with pytest.raises(bdb.BdbQuit):
+        notebook_launcher(quits, num_processes=2, display="text")
+    out = capsys.readouterr().out
+    assert "\nerror: BdbQuit\n" in out and "BdbQuit:" not in out, out

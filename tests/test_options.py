@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import os
+import re
 
 import pytest
 
@@ -88,3 +90,18 @@ def test_the_launch_options_object_has_every_launch_option_with_its_type_and_def
         name: option.annotation for name, option in OPTIONS.items()}
     with pytest.raises(LaunchConfigError, match="timeout must be None or a positive number of seconds, got -1"):
         LaunchOptions.checked(timeout=-1)  # made from keywords, it checks them against the table
+
+
+def test_every_environment_variable_the_package_reads_is_in_the_table():
+    import notebook_accel
+    from notebook_accel.plan.variables import ENVIRONMENT_VARIABLES
+
+    root = os.path.dirname(notebook_accel.__file__)
+    found = set()
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as source:
+                    found.update(re.findall(r"NOTEBOOK_ACCEL_[A-Z_]*[A-Z]", source.read()))
+    assert found and found <= {variable.name for variable in ENVIRONMENT_VARIABLES}, \
+        f"not in plan/variables.py (the docs' reference): {sorted(found - {v.name for v in ENVIRONMENT_VARIABLES})}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -598,6 +599,20 @@ def test_a_warm_session_across_two_nodes_keeps_state_and_group_and_recovers(ray)
         assert session.pids != pids and session.restarts == 1
         assert session.run(total) == 2.0
     assert session.status == "closed"
+
+
+def test_a_sessions_row_shows_the_memory_of_ranks_on_the_cluster(ray, capsys):
+    # Ray ranks sample themselves (the kernel may be elsewhere): each sends its figures as a task ends, the first
+    # as it joins the group, so that the row has them from the start and after runs shorter than a sample's second
+    with Session(num_processes=2, cluster="ray", display="text") as session:
+        ready = capsys.readouterr().out
+        assert "rank 0: ?" not in ready and re.search(r"rank 0: \d+(\.\d)? MiB; rank 1: \d+", ready), ready
+        before = {rank: sample.time for rank, sample in session._samples.items()}
+        time.sleep(1.1)
+        assert session.run(lambda: 7) == 7  # a run far shorter than a second: its end brings new figures
+        latest = dict(session._samples)
+        assert sorted(latest) == [0, 1] and all(latest[rank].rss and latest[rank].time > before[rank]
+                                                for rank in latest), (before, latest)
 
 
 def test_a_node_lost_mid_run_restarts_the_world_on_the_nodes_left(ray, cluster):

@@ -79,6 +79,8 @@ def test_demo_trains_over_two_cpu_processes(tmp_path):
     assert float(match.group(1)) > 0.8  # a 64-128-10 MLP reaches ~0.93 on digits in a few epochs
     assert "[rank 1]" in done.stdout + done.stderr
     assert "Warning" not in done.stdout + done.stderr  # the demo's own code warns about nothing
+    lines = (done.stdout + done.stderr).splitlines()
+    assert len(lines) <= 30, lines  # compact: no line for a bar that opens, none for a leave=False inner loop
 
 
 # ------------------------------------------------------------------------------------- the pages' Python
@@ -160,12 +162,24 @@ loss_fn = torch.nn.functional.cross_entropy
 RUN_BLOCKS = blocks_of_every_page("run", "python")
 
 
+def stand_ins_for(block) -> str:
+    """The page's own stand-ins above ``block`` (what a reader pastes), or the test's where the page has none."""
+    own = [stand_in.code for stand_in in doc_blocks.of(block.page, "stand in", "python") if stand_in.line < block.line]
+    return "".join(own) if own else STAND_INS
+
+
+def test_the_first_example_of_the_readme_and_getting_started_runs_with_the_pages_own_stand_ins():
+    for page in (README, os.path.join(REPO, "docs", "getting-started.md")):
+        first = doc_blocks.of(page, "run", "python")[0]
+        assert stand_ins_for(first) != STAND_INS and "def make_model" in stand_ins_for(first), page
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("block", RUN_BLOCKS, ids=_ids(RUN_BLOCKS))
 def test_runnable_blocks_run_as_written(block, tmp_path):
     check = "\nprint('STATE', sorted(state), all(isinstance(v, torch.Tensor) for v in state.values()))\n"
     script = tmp_path / "readme_block.py"
-    script.write_text(STAND_INS + block.code + check)
+    script.write_text(stand_ins_for(block) + block.code + check)
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=script_env(), capture_output=True,
                           text=True, timeout=170)
     assert done.returncode == 0, f"{block}\n" + done.stdout[-2000:] + done.stderr[-3000:]

@@ -8,7 +8,7 @@ import pytest
 from nbclient import NotebookClient
 
 from scripts import script_env
-from test_kernel import cell_text
+from test_kernel import assert_shown_from_the_users_call, cell_text
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -100,7 +100,11 @@ quiet = Session(num_processes=1, display="none")
 print("quiet hello")
 6 * 7
 """,
-    # 11: closed: the saved notebook's text says so
+    # 11: the session as a cell's value: its live row again, not a snapshot that a saved notebook shows stale
+    """
+session
+""",
+    # 12: closed: the saved notebook's text says so
     """
 quiet.close()
 session.close()
@@ -119,6 +123,10 @@ def plain_text(cell) -> str:
     """What a saved notebook shows for the cell's displays where widgets do not render (GitHub, nbconvert)."""
     return "".join(output.get("data", {}).get("text/plain", "") for output in cell.outputs
                    if output.output_type in ("display_data", "execute_result"))
+
+
+def errors_of(cell) -> list:
+    return [output for output in cell.outputs if output.output_type == "error"]
 
 
 def test_a_session_in_a_real_kernel(tmp_path, monkeypatch):
@@ -146,6 +154,7 @@ def test_a_session_in_a_real_kernel(tmp_path, monkeypatch):
     error = [output for output in notebook.cells[3].outputs if output.output_type == "error"]
     assert error and error[0].ename == "RankProblem" and error[0].evalue == "rank one is unhappy", outputs[3]
     assert 'raise RankProblem("rank one is unhappy")' in outputs[3]  # the cell's own line, in the rank's traceback
+    assert_shown_from_the_users_call(error[0], "run_cell_magic")  # then the cell, its message: none of our frames
 
     assert "OWN True True" in outputs[4] and "THRESHOLD 2" in outputs[4], outputs[4]
     notes = [line for line in outputs[4].splitlines() if "`model`" in line]
@@ -154,9 +163,11 @@ def test_a_session_in_a_real_kernel(tmp_path, monkeypatch):
 
     assert 'raise ValueError(f"loss {loss} at step {step}")' in outputs[6], outputs[6]
     assert "<dynamic-code>" not in outputs[6], outputs[6]
+    assert_shown_from_the_users_call(errors_of(notebook.cells[6])[0], "session.run(fails, args=(3,))")
 
     assert "[rank 0] sleeping" in outputs[7] and "ERROR KeyboardInterrupt" in outputs[7], outputs[7]
     assert "selectors.py" not in outputs[7], outputs[7]  # the traceback ends at the session call
+    assert_shown_from_the_users_call(errors_of(notebook.cells[7])[0], "session.run(sleepy)")
     dashboard = plain_text(notebook.cells[7])
     assert "stopped" in dashboard and "failed" not in dashboard, dashboard
     assert "PULL [True, True] True" in outputs[8], outputs[8]
@@ -164,10 +175,13 @@ def test_a_session_in_a_real_kernel(tmp_path, monkeypatch):
 
     assert "[rank 0] quiet hello" in outputs[10] and "[rank 0] 42" in outputs[10], outputs[10]
 
-    assert row_while_open.startswith("notebook_accel session: 2 rank(s)"), row_while_open
+    assert row_while_open.startswith("notebook_accel session: 2 ranks"), row_while_open
     assert "HTML(" not in row_while_open and "idle" in row_while_open, row_while_open
     row = plain_text(notebook.cells[0])
     assert "closed" in row and "HTML(" not in row, row
+    shown_again = notebook.cells[11]
+    assert [output.output_type for output in shown_again.outputs] == ["display_data"], shown_again.outputs
+    assert plain_text(shown_again) == row  # followed the row to "closed", as the first one did
 
 
 def test_a_killed_kernel_ends_its_session_ranks(tmp_path, monkeypatch):

@@ -164,7 +164,7 @@ print("IMPORTED", "torch_xla" in sys.modules)
     if cuda_here():
         assert re.search(r"^best device:\s+cuda ", out.stdout, re.MULTILINE), out.stdout
     else:
-        assert "best device:   xla (TPU v5e × 8)" in out.stdout
+        assert "best device:    xla (TPU v5e × 8)" in out.stdout
 
 
 @pytest.mark.parametrize("name", ["v5e-8", "none"])

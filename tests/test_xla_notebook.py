@@ -40,7 +40,7 @@ def run_every_cell(tmp_path) -> None:
                    ).execute()
     text = {index: "".join(output.get("text", "") for output in cell.get("outputs", []))
             for index, cell in enumerate(notebook.cells) if cell.cell_type == "code"}
-    assert "best device:   xla (TPU v2 × 8)" in text[2]
+    assert "best device:    xla (TPU v2 × 8)" in text[2]
     assert "8 ranks on cpu: loss" in "".join(text.values())  # the fake's devices are the CPU
     assert "steps, final loss" in text[6]
     assert "second launch (from the cache)" in text[8]

@@ -15,32 +15,41 @@ def describe_environment() -> str:
     """A few lines saying which devices a launch would find here and how it would start ranks.
 
     >>> print(describe_environment())  # doctest: +SKIP
-    best device:   cpu (CPU (2 cores))
+    best device:    cpu (2 CPU cores)
+    cpu:            up to 2 ranks - 2 CPU cores
     ...
     """
+    from ..formatting import count
     from ..plan import devices as environment
 
     safe, reason = environment.fork_safety()
     found = environment.available_devices()
-    lines = [f"best device:   {found[0].kind} ({found[0].description})"]
-    lines += [f"{info.kind + ':':<14} up to {info.count} rank(s) - {info.description}" for info in found]
+    lines = [_row("best device", f"{found[0].kind} ({found[0].description})")]
+    lines += [_row(info.kind, f"up to {count(info.count, 'rank')} - {info.description}") for info in found]
     missing = [kind for kind in environment.DEVICES if kind not in {info.kind for info in found}]
-    lines.append(f"not here:      {', '.join(missing)}" if missing else "")
-    lines.append("start method:  " + ("fork (safe here)" if safe else f"forkserver ({reason})"))
+    lines.append(_row("not here", ", ".join(missing)) if missing else "")
+    lines.append(_row("start method", "fork (safe here)" if safe else f"forkserver ({reason})"))
     return "\n".join(line for line in lines if line)
+
+
+LABEL_WIDTH = 16  # every "name:  value" line of the report starts its value in the same column
+
+
+def _row(name: str, value: str) -> str:
+    return f"{name + ':':<{LABEL_WIDTH}}{value}"
 
 
 def versions() -> List[str]:
     from .. import __version__
 
-    lines = [f"notebook_accel: {__version__}", f"python:         {sys.version.split()[0]} ({sys.executable})",
-             f"platform:       {platform.platform()}"]
+    lines = [_row("notebook_accel", __version__), _row("python", f"{sys.version.split()[0]} ({sys.executable})"),
+             _row("platform", platform.platform())]
     for name in _PACKAGES:
         try:
             version = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             version = "not installed"
-        lines.append(f"{name + ':':<16}{version}")
+        lines.append(_row(name, version))
     return lines
 
 
@@ -50,8 +59,8 @@ def config_lines() -> List[str]:
 
     path = find_config_file()
     if path is None:
-        return ["config file:    none (built-in defaults; `notebook-accel config default` writes one)"]
-    lines = [f"config file:    {path}"]
+        return [_row("config file", "none (built-in defaults; `notebook-accel config default` writes one)")]
+    lines = [_row("config file", path)]
     try:
         values = load_config(path).launcher_options()
     except LaunchConfigError as err:

@@ -24,7 +24,8 @@ def rebuild_exception(failure: RankFailed, world_size: int) -> BaseException:
         except Exception:  # a custom exception whose __init__ does not round-trip, a missing module, ...
             exc = None
     if not isinstance(exc, BaseException):
-        exc = LaunchError(f"{failure.exc_type}: {failure.message} ({where})", rank=failure.rank)
+        said = f"{failure.exc_type}: {failure.message}" if failure.message else failure.exc_type
+        exc = LaunchError(f"{said} ({where})", rank=failure.rank)
     else:
         if hasattr(exc, "add_note"):
             exc.add_note(f"(notebook_accel: {where})")

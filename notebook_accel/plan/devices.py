@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from ..formatting import count as count_of
 from ..wire.choices import Device
 from . import tpu
 
@@ -97,16 +98,40 @@ def available_devices() -> List[DeviceInfo]:
 
 
 def describe(kind: str) -> DeviceInfo:
-    """How many ranks ``kind`` can host here, with a line for people ("2 CUDA device(s)")."""
+    """How many ranks ``kind`` can host here, with words for people ("2 CUDA devices", "16 CPU cores"), read after
+    the kind as "cpu (16 CPU cores)"."""
     if kind == "cuda":
         count = cuda_device_count()
-        return DeviceInfo("cuda", count, f"{count} CUDA device(s)")
+        return DeviceInfo("cuda", count, count_of(count, "CUDA device"))
     if kind == "xla":
         return describe_xla()
     if kind == "mps":
         return DeviceInfo("mps", 1 if mps_available() else 0, "Apple MPS (one device)")
     cores = cpu_count()
-    return DeviceInfo("cpu", cores, f"CPU ({cores} cores)")
+    return DeviceInfo("cpu", cores, count_of(cores, "CPU core"))
+
+
+def why_absent(kind: str) -> str:
+    """Why this machine has no ``kind`` device (CUDA, MPS), for the error that refuses it.
+
+    >>> why_absent("mps")  # doctest: +SKIP
+    'MPS is Apple silicon's GPU, on macOS only'
+    """
+    if kind == "mps":
+        return "MPS is Apple silicon's GPU, on macOS only" if sys.platform != "darwin" else \
+            "torch says MPS is not available here (torch.backends.mps.is_available())"
+    if kind != "cuda":
+        return f"there is no {kind} device here"
+    if "torch" not in sys.modules and not _torch_importable():
+        return "torch is not installed"
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return f"this torch ({torch.__version__}) is built without CUDA (a CPU-only wheel)"
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and not hidden.strip(","):
+        return f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU"
+    return "the CUDA driver sees no GPU here (nvidia-smi lists what the machine has)"
 
 
 def fork_safety() -> Tuple[bool, Optional[str]]:

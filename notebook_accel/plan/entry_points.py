@@ -25,7 +25,8 @@ import typing
 from typing import Any, Callable, Dict, List, Mapping, Tuple, TypeVar
 
 from ..errors import LaunchConfigError, LaunchConfigTypeError, RemoteTraceback
-from ..rank.tracebacks import skip_launcher_frames, without_launcher_frames
+from ..outcome.shown import show_from_the_call, shown_from_the_call
+from ..rank.tracebacks import is_launcher_frame, skip_launcher_frames, without_launcher_frames
 from .config import saved_options
 from .options import (CONFIG_OPTION, ENTRY_POINTS, check_option, expected_parameters, options_for, options_help,
                       parameter_for, unexpected_keyword)
@@ -85,11 +86,8 @@ def entry_point(name: str) -> Callable[[F], F]:
             except LaunchConfigError as refused:  # the user's input, not our bug: the message, none of our frames
                 if refused.entry_point is None:
                     refused.entry_point = name
-                raise without_launcher_frames(refused) from None
+                raise show_from_the_call(without_launcher_frames(refused)) from None
             except BaseException as error:
-                if isinstance(error.__cause__, RemoteTraceback):
-                    # A rank's own exception, re-raised in the kernel: the rank's traceback is printed above.
-                    raise _from_the_call(error)
                 raise _from_the_call(error)
 
         # The one notebook_accel line of a traceback reads "in notebook_launcher", not "in call".
@@ -130,14 +128,18 @@ def _bind(entry: str, signature: inspect.Signature, args: Tuple[Any, ...],
 def _from_the_call(error: BaseException) -> BaseException:
     """``error`` as the user's call raises it: when the user's code follows the entry point's own frames (an in-kernel
     rank's exception), those frames are dropped; the body's last frame, when it raised the error itself (a closed
-    session), is kept: IPython shows it, with the line that says why. A rank's exception re-raised in the kernel
-    keeps none of the body's frames (its traceback is its cause). A bug of ours — only our frames — keeps them all."""
+    session), is kept: IPython shows it, with the line that says why. A rank's exception re-raised in the kernel,
+    a launch's outcome and an interrupt keep none of the body's frames, and IPython shows them from the user's
+    frame (``outcome.shown``). A bug of ours — only our frames — keeps them all."""
     below = error.__traceback__.tb_next if error.__traceback__ is not None else None  # past this frame's own
-    # A rank's exception re-raised in the kernel carries its rank's traceback as its cause: the body's re-raise
-    # line adds nothing to it, so the call's own frame (the line that says so) is the one notebook_accel line a
-    # traceback shows, in a script and in IPython (which always shows the last frame, hidden or not).
-    from_a_rank = isinstance(error.__cause__, RemoteTraceback)
-    user, _ = skip_launcher_frames(below, keep_if_all=not from_a_rank)  # (re-raised, this frame comes first: once)
+    # A rank's exception re-raised in the kernel carries its rank's traceback as its cause, and the launch's outcome
+    # (marked by the body) and an interrupt are no bug of ours: the body's re-raise line adds nothing to them.
+    # IPython shows them from the user's frames (``outcome.shown``); a script's traceback, from this frame.
+    not_ours = (isinstance(error.__cause__, RemoteTraceback) or isinstance(error, KeyboardInterrupt)
+                or shown_from_the_call(error))
+    user, _ = skip_launcher_frames(below, keep_if_all=not not_ours)  # (re-raised, this frame comes first: once)
+    if not_ours or (user is not None and not is_launcher_frame(user.tb_frame.f_code.co_filename)):
+        show_from_the_call(error)
     return error.with_traceback(user)
 
 

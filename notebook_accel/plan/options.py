@@ -97,13 +97,36 @@ class Option:
     saved: bool = False
     nodes: bool = False
     positional: bool = False
+    also_called: Tuple[Tuple[str, str], ...] = ()  # (a name people use, the choice it means): ("gpu", "cuda")
 
     def refusal(self, value: Any) -> str:
-        """What is wrong with ``value``, as the error says it."""
+        """What is wrong with ``value``, as the error says it (with the choice meant, when one is)."""
         if self.choices is not None and not self.open_choices:
             allowed = ", ".join(repr(choice) for choice in self.choices.values())
-            return f"{self.name}={value!r} is not one of {allowed}"
+            meant = self.meant(value)
+            return f"{self.name}={value!r} is not one of {allowed}" + (f"; did you mean {meant!r}?" if meant else "")
         return f"{self.name} must be {self.expects}, got {value!r}"
+
+    def meant(self, value: Any) -> Optional[str]:
+        """The choice ``value`` most likely means: another name for it ("gpu": "cuda", "cuda:1": "cuda"), another
+        case ("CPU"), or a close spelling ("fb16": "fp16"); None when nothing is close.
+
+        >>> OPTIONS["device"].meant("gpu"), OPTIONS["device"].meant("CPU"), OPTIONS["mixed_precision"].meant("fb16")
+        ('cuda', 'cpu', 'fp16')
+        """
+        if self.choices is None or not isinstance(value, str):
+            return None
+        said = value.strip().lower()
+        said = said.split(":", 1)[0] if ":" in said else said  # a torch device string: "cuda:0"
+        choices = self.choices.values()
+        lowered = {choice.lower(): choice for choice in choices}
+        if said in lowered:
+            return lowered[said]
+        named = dict(self.also_called).get(said)
+        if named is not None:
+            return named
+        close = difflib.get_close_matches(said, list(lowered), n=1, cutoff=0.75)
+        return lowered[close[0]] if close else None
 
 
 def _choice(name: str, annotation: Any, enum: Type[Choice], default: Any, help: str, **more: Any) -> Option:
@@ -118,9 +141,14 @@ LAUNCHER_OPTIONS: Tuple[Option, ...] = (
            "cores), 1 on CPU. One rank runs in the kernel process itself.", expects="a positive int or None",
            valid=_positive, saved=True, positional=True),
     _choice("device", Optional[DeviceName], Device, None, "the device the ranks use; None = the best one here.",
-            saved=True),
+            saved=True, also_called=(("gpu", "cuda"), ("nvidia", "cuda"), ("tpu", "xla"), ("metal", "mps"),
+                                     ("apple", "mps"))),
     _choice("mixed_precision", MixedPrecisionName, MixedPrecision, MixedPrecision.NO.value,
-            "exported as ``ACCELERATE_MIXED_PRECISION``.", saved=True),
+            "the precision the ranks' ``Accelerator`` (ours or HF accelerate's) trains in: \"bf16\" and \"fp16\" "
+            "run the model's forward pass under autocast in that type (the weights stay fp32, outputs come back "
+            "fp32); \"fp16\" (CUDA only) also scales the loss so that small gradients do not underflow. Exported "
+            "to the ranks as ``ACCELERATE_MIXED_PRECISION``: a loop without an ``Accelerator`` is unchanged.",
+            saved=True),
     _choice("start_method", StartMethodName, StartMethod, StartMethod.AUTO.value, "\"auto\" (fork when safe, else a "
             "warm forkserver), or one named.", saved=True),
     Option("master_addr", str, "127.0.0.1", "the rendezvous address.",

@@ -248,7 +248,11 @@ def _check_device(device: str) -> int:
         return _check_xla()
     info = environment.describe(device)
     if info.count < 1:
-        raise LaunchConfigError(f"device={device!r} was asked for, but none is available here")
+        here = environment.available_devices()
+        raise LaunchConfigError(
+            f"device={device!r} was asked for, but none is available here: {environment.why_absent(device)}. "
+            f"This machine has {', '.join(found.description for found in here)}: pass device={here[0].kind!r}, "
+            f"or leave device out for the best one here")
     return info.count
 
 

@@ -281,7 +281,7 @@ class RankActor:
             self._commands = CommandQueue()
             group = GroupKeeper(spec) if spec.group_backend else None
             self._session = SessionRank(self.sender, self._commands, group=group, generation=spec.group_generation,
-                                        thread_rank=True, own_namespace=False, after_task=self._sync_output)
+                                        thread_rank=True, own_namespace=False, after_task=self._after_task)
             self._session.serve()
             send_peak_rss(self.sender)
             end_like_python(spec.rank, ignore=before, exit_handlers=False)
@@ -307,6 +307,15 @@ class RankActor:
     def _sync_output(self) -> None:
         if self._capture is not None:
             self._capture.sync()
+
+    def _after_task(self) -> None:
+        """A session's task ended: its output first, then this rank's memory when the last sample is a second old.
+        A warm run may end before any poll saw the rank busy; the session's row keeps what came last (it said "?"
+        for every rank of a Ray session that only ran short tasks)."""
+        self._sync_output()
+        sample = self._resources.due()
+        if sample is not None:
+            self.events.put(sample)
 
     def _finish(self) -> None:
         self._sync_output()
@@ -393,8 +402,13 @@ class _SelfSampler:
     _cpu_seconds: Optional[float] = None
     _sampled_at: float = 0.0
     _process: Any = field(default=None, repr=False)
+    _lock: Any = field(default_factory=threading.Lock, repr=False)  # the control thread's poll, a task's end
 
     def due(self) -> Optional[ResourceSample]:
+        with self._lock:
+            return self._sample_if_due()
+
+    def _sample_if_due(self) -> Optional[ResourceSample]:
         now = time.monotonic()
         if now - self._sampled_at < SAMPLE_SECONDS:
             return None

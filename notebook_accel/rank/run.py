@@ -26,6 +26,7 @@ from ..wire.results import ResultPickler, goes_from_device, share_pieces
 # them; the fork server, which preloads this module) pays for them once instead of in every rank.
 from . import metrics  # noqa: F401  - patch_tqdm's, imported by every rank otherwise
 from .device_memory import maybe_send_device_memory
+from .hints import explain_pitfalls
 from .progress import patch_tqdm
 from .prompts import PromptInterrupted, call_user_function, post_mortem as open_post_mortem, route_prompts
 from .tracebacks import format_user_traceback
@@ -224,6 +225,7 @@ def to_cpu(value: Any, keep: Optional[Callable[[Any], bool]] = None) -> Any:
 def failure_event(rank: int, exc: BaseException, *, loading: bool = False) -> RankFailed:
     """A ``RankFailed`` for ``exc``, pickling the exception itself when possible. ``loading``: the function and
     its arguments could not even be loaded in the rank (unpickling failed), so running it again cannot help."""
+    explain_pitfalls(exc)  # a note where Python's message does not say why (a notebook name made local)
     text, full_text = format_user_traceback(exc)  # starts at the user's code; the full one for bug reports
     try:
         # Without its traceback (frames do not pickle) and cause chain (may hold unpicklable objects).

@@ -3,7 +3,8 @@
 Shown once, in the cell that made the ``Session`` (each run's bars, plots and output go under the run's own cell,
 as a launch's do). In a notebook it is a widget updated in place, whose ``text/plain`` (what a saved notebook
 shows on GitHub or after nbconvert, where widgets do not render) is the summary line, published again whenever the
-session is idle after a change; elsewhere a line when the session is ready, restarted or closed.
+session is idle after a change; elsewhere a line (on stdout, as the runs' text) when the session is ready, restarted or
+closed.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from ..formatting import format_bytes
+from ..formatting import count, format_bytes
 from ..wire.events import ResourceSample, SessionStatus
 from . import enable_colab_widgets, in_notebook_kernel
 
@@ -41,9 +42,9 @@ class SessionSummary:
         return figures
 
     def line(self) -> str:
-        return (f"notebook_accel session: {self.num_processes} rank(s), {self.device}, {self.start_method}, "
-                f"{self.status}, {self.runs} run(s), {self.restarts} restart(s); " + "; ".join(self.rank_figures())
-                + (f" — {self.notice}" if self.notice else ""))
+        return (f"notebook_accel session: {count(self.num_processes, 'rank')}, {self.device}, {self.start_method}, "
+                f"{self.status}, {count(self.runs, 'run')}, {count(self.restarts, 'restart')}; "
+                + "; ".join(self.rank_figures()) + (f" — {self.notice}" if self.notice else ""))
 
 
 class SessionView:
@@ -85,7 +86,19 @@ class SessionView:
                    summary.status == SessionStatus.CLOSED)
             if key != self._said:
                 self._said = key
-                print(summary.line(), file=sys.stderr)
+                # On stdout, where the runs' text goes: a notebook shows the two streams apart, and stderr's text
+                # (tinted as an error) arrived after a run's output printed later in the same cell.
+                print(summary.line(), file=sys.stdout, flush=True)
+
+    def show_again(self) -> bool:
+        """Show the row once more in the current cell (the same widget, the same display id: every copy stays live,
+        and so does the saved text of each); False when the row is no widget."""
+        if self.mode != "widgets":
+            return False
+        from IPython.display import display as show
+
+        show(self.box, display_id=self._handle.display_id)
+        return True
 
     @staticmethod
     def html(summary: SessionSummary) -> str:

@@ -12,7 +12,7 @@ Output::
 
 Progress lines are new lines, not carriage-return redraws: ranks interleave, and a log file or a notebook's
 stream output keeps them readable. Each bar prints at most every ``progress_interval`` seconds (only when
-it moved) plus once when it closes. A rank that stops in pdb is said once per stop (``[rank 1] notebook_accel: at
+it moved; not as it opens at 0) plus once when it closes (not a ``leave=False`` bar, which tqdm erases). A rank that stops in pdb is said once per stop (``[rank 1] notebook_accel: at
 breakpoint (train.py:12)``), not at each step; pdb's own lines and prompt follow.
 """
 from __future__ import annotations
@@ -104,9 +104,16 @@ class TextView:
         key = id(bar)
         now = time.monotonic()
         if bar.closed:
-            self._print_bar(bar, now)
+            if bar.update.leave:  # a leave=False bar disappears when it closes, as tqdm erases it
+                self._print_bar(bar, now)
+            self._pending.pop(key, None)
             self._printed_at.pop(key, None)
             self._printed_n.pop(key, None)
+        elif key not in self._printed_at and not bar.update.n:
+            # A bar just opened says nothing yet: its first line comes once it moved and an interval passed (an
+            # epoch's inner loop shorter than that prints nothing: the demo's 10 epochs took ~60 lines).
+            self._printed_at[key] = now
+            self._printed_n[key] = 0
         elif now - self._printed_at.get(key, 0.0) >= self.progress_interval:
             self._print_bar(bar, now)
         else:

@@ -19,8 +19,9 @@ Choices, and why:
 * Throttling happens here, per bar: a bar's widgets are updated at most every ``bar_interval`` seconds
   (0.25 s → ≤ 4 refreshes, ≤ 8 widget messages a second per bar, whatever the rank's rate); a bar's
   close is applied at once, and ``LaunchFinished`` flushes everything, so the final state is exact.
-* Rank output is written as plain stream output of the cell, ``[rank N] line``, coalesced every
-  ``log_interval`` seconds into one write per stream. Stream output is part of the saved notebook and is
+* Rank output is written as plain stream output of the cell, ``[rank N] line``, coalesced: a line waits up to
+  ``log_interval`` seconds for those that come with it, then they are written by rank (a ``%%ranks`` cell's
+  ``[rank 0]`` first, whichever rank printed first), one write per stream. Stream output is part of the saved notebook and is
   rendered by GitHub and nbconvert, where widgets are not; an ``ipywidgets.Output`` would keep it only in
   the widget state. (The background panel instead shows a bounded tail in the widget: a background thread
   has no cell to print into.)
@@ -70,10 +71,12 @@ class _BarRow:
     """The widgets of one bar slot of one rank."""
 
     def __init__(self) -> None:
+        # The bar has a fixed share of the row and the text the rest: every rank's bar ends at the same place,
+        # whatever its postfix says (a text sized by its content pushed the bars of two ranks to two widths).
         self.bar = widgets.FloatProgress(value=0.0, min=0.0, max=1.0, description="",
                                          style={"description_width": "110px"},
-                                         layout=widgets.Layout(flex="1 1 auto", width="auto", min_width="200px"))
-        self.text = widgets.HTML(value="", layout=widgets.Layout(flex="0 0 auto", min_width="360px",
+                                         layout=widgets.Layout(flex="0 0 45%", width="45%", min_width="200px"))
+        self.text = widgets.HTML(value="", layout=widgets.Layout(flex="1 1 0", min_width="0",
                                                                  margin="0 0 0 8px"))
         self.box = widgets.HBox([self.bar, self.text], layout=widgets.Layout(align_items="center"))
         self.hidden = False
@@ -176,10 +179,10 @@ class WidgetView:
         self._plot_drawn: Dict[str, float] = {}
         self._header_at = 0.0
         self._header_status = ""
-        self._log_buffer: List[Tuple[str, str]] = []
+        self._log_buffer: List[Tuple[int, str, str]] = []  # (rank, stream, labelled line), as they came
         self._log_lines: Deque[str] = deque(maxlen=self.log_tail)
         self._log_total = 0
-        self._log_at = 0.0
+        self._log_since = 0.0  # when the oldest line of the buffer came
         self._dirty_labels: set = set()          # ranks whose label (resources, stall mark) needs a redraw
         self._straggler_marks: Dict[int, str] = {}
         self._stragglers_at = 0.0
@@ -193,7 +196,9 @@ class WidgetView:
             if isinstance(event, ProgressUpdate):
                 self._on_bar(changed, now)  # type: ignore[arg-type]
             elif isinstance(event, (OutputLine, OutputLines)):  # a line each: the log counts and bounds lines
-                self._log_buffer.extend((event.stream, f"[rank {event.rank}] {clean_line(text)}\n")
+                if not self._log_buffer:
+                    self._log_since = now
+                self._log_buffer.extend((event.rank, event.stream, f"[rank {event.rank}] {clean_line(text)}\n")
                                         for text in event.texts)
             elif isinstance(event, MetricReport):
                 self._on_metrics(event, changed)  # type: ignore[arg-type]
@@ -353,7 +358,7 @@ class WidgetView:
                     self._draw_rank_label(self.state.rank(rank))
         if now - self._header_at >= self.header_interval or self._header_status != self.state.status:
             self._draw_header()
-        if self._log_buffer and now - self._log_at >= self.log_interval:
+        if self._log_buffer and now - self._log_since >= self.log_interval:
             self._flush_logs(now)
 
     def _show_metrics_table(self) -> None:
@@ -415,7 +420,7 @@ class WidgetView:
                 row.bar.value = 1.0
             row.bar.description = bar.desc
             row.bar.bar_style = self._bar_style(bar, state)
-        row.text.value = ('<span style="font-family:monospace;white-space:pre">'
+        row.text.value = ('<span style="font-family:monospace;white-space:pre-wrap">'
                           f"{escape(bar.right_text(extra))}</span>")
 
     def _bar_style(self, bar: BarState, state: RankState) -> str:
@@ -497,7 +502,7 @@ class WidgetView:
         finished = self.state.finished
         full = ""
         if failure is not None:
-            headline = f"{failure.exc_type.rsplit('.', 1)[-1]}: {failure.message}"
+            headline = failure.exc_type.rsplit('.', 1)[-1] + (f": {failure.message}" if failure.message else "")
             traceback = failure.traceback
             if failure.full_traceback and failure.full_traceback != failure.traceback:
                 full = (f'<details><summary style="font-size:11px;opacity:0.75">full traceback, with '
@@ -563,8 +568,10 @@ class WidgetView:
         return max(self.plot_interval, len(self._plots) / 3.0)
 
     def _flush_logs(self, now: float) -> None:
-        self._log_at = now
-        buffer, self._log_buffer = self._log_buffer, []
+        # Lines that came within one interval are one moment to a reader: shown by rank (each rank's in its order),
+        # so a %%ranks cell's [rank 0] comes before [rank 1] whichever rank printed first.
+        buffer = [(stream, text) for _, stream, text in sorted(self._log_buffer, key=lambda line: line[0])]
+        self._log_buffer = []
         if not buffer:
             return
         self._log_total += len(buffer)
