@@ -465,11 +465,11 @@ def test_the_session_row_says_what_happened_last_and_only_until_the_next_run(cap
         capsys.readouterr()
         with pytest.raises(LaunchError):
             session.run(rank_one_dies)
-        restarted = capsys.readouterr().err
+        restarted = capsys.readouterr().out
         with pytest.raises(RuntimeError):
             session.run(rank_one_is_stuck)
-        restarted_again = capsys.readouterr().err
-    closed = capsys.readouterr().err
+        restarted_again = capsys.readouterr().out
+    closed = capsys.readouterr().out
     assert "ranks restarted: state lost (rank 1 died)" in restarted, restarted  # this restart's reason
     assert "did not stop within 1 s" in restarted_again and "rank 1 died" not in restarted_again, restarted_again
     assert "closed" in closed and "restarted:" not in closed, closed
