@@ -7,8 +7,9 @@ every namespace (``/etc/hosts``), as on Debian's default ``127.0.1.1 hostname`` 
 what breaks gloo across hosts when no interface is named.
 
 Only addresses inside the namespaces made here are used; no traffic leaves them. Several test runs on one machine
-(xdist workers, two people's suites) each take one /28 slice of 10.77.0.0/24, held by an abstract Unix socket of this
-process (gone with it, no file left behind); the namespace, bridge and veth names carry the pid.
+(xdist workers, two people's suites, two fixtures of one module) each take one /28 slice of 10.77.0.0/24, held by an
+abstract Unix socket of this process (gone with it, no file left behind); the namespace, bridge and veth names carry
+the pid and the slice.
 
 Anything may be started in a host (``start``: a ``ray start --block``, a node's launch, later a ``slurmd``); ``close``
 ends every process of the namespaces (the ones started here by their process group, then whatever
@@ -65,12 +66,14 @@ class RealHosts:
         self._addresses = [f"{SUBNET}.{base + 1 + index}" for index in range(count)]
         self.outside_address = f"{SUBNET}.{base + SLICE - 2}"   # the bridge's side, in this namespace
         self.prefix = 28
-        tag = f"{os.getpid() % 100000}"
+        tag = f"{os.getpid() % 100000}s{self.slice}"               # unique while held: the slice is this run's
         self.bridge = f"nab{tag}"                                 # interface names: at most 15 characters
         self.namespaces = [f"nahost{tag}-{index}" for index in range(count)]
         self._veths = [f"nav{tag}-{index}" for index in range(count)]
         self.interfaces = [f"nae{tag}-{index}" for index in range(count)]   # each host's own interface
         self._started: List[subprocess.Popen] = []
+        self._made_namespaces: List[str] = []   # what ``close`` deletes: only what this instance made
+        self._links: List[str] = []
         try:
             self._build()
         except BaseException:
@@ -96,11 +99,14 @@ class RealHosts:
 
     def _build(self) -> None:
         ip("link", "add", self.bridge, "type", "bridge")
+        self._links.append(self.bridge)
         ip("addr", "add", f"{self.outside_address}/{self.prefix}", "dev", self.bridge)
         ip("link", "set", self.bridge, "up")
         for namespace, veth, inside, address in zip(self.namespaces, self._veths, self.interfaces, self._addresses):
             ip("netns", "add", namespace)
+            self._made_namespaces.append(namespace)
             ip("link", "add", veth, "type", "veth", "peer", "name", inside)
+            self._links.insert(0, veth)
             ip("link", "set", inside, "netns", namespace)
             ip("link", "set", veth, "master", self.bridge)
             ip("link", "set", veth, "up")
@@ -142,7 +148,7 @@ class RealHosts:
     def pids(self) -> List[int]:
         """Every process in the hosts' namespaces now."""
         found: List[int] = []
-        for namespace in self.namespaces:
+        for namespace in self._made_namespaces:
             listed = ip("netns", "pids", namespace, check=False)
             found += [int(pid) for pid in listed.stdout.split()]
         return found
@@ -157,11 +163,12 @@ class RealHosts:
         self._started = []
         stubborn = self._kill_namespace_processes()
         KEPT_TREES.clear()
-        for namespace in self.namespaces:
+        for namespace in self._made_namespaces:
             ip("netns", "del", namespace, check=False)          # takes its veth end, and so the pair, with it
-        for veth in self._veths:
-            ip("link", "del", veth, check=False)
-        ip("link", "del", self.bridge, check=False)
+        for link in self._links:                                # veths left outside (a build cut short), the bridge
+            if ip("link", "show", link, check=False).returncode == 0:
+                ip("link", "del", link, check=False)
+        self._made_namespaces, self._links = [], []
         if self._lock is not None:
             self._lock.close()
             self._lock = None
@@ -169,7 +176,7 @@ class RealHosts:
 
     def _kill_namespace_processes(self) -> List[str]:
         """SIGKILL whatever still runs in the namespaces (a daemon that left its process group); what survives."""
-        pids = [pid for pid in self.pids() if pid != os.getpid()]
+        pids = [pid for pid in self.pids() if pid != os.getpid()]   # (this process never enters a namespace)
         processes = []
         for pid in pids:
             try:

@@ -21,6 +21,7 @@ import tempfile
 import textwrap
 import time
 
+import psutil
 import pytest
 
 from real_hosts import RealHosts, unavailable
@@ -267,3 +268,29 @@ def test_one_node_per_host_meets_and_all_reduces_across_hosts(node_hosts, backen
         assert result == [[str(node), hosts.address(0), hosts.interfaces[node], "3.0"]], shown
         assert f"[rank {node}] rank {node} of group {node}" in out, shown
         assert f"via {hosts.interfaces[node]} {hosts.address(node)}" in out, shown
+
+
+# ----------------------------------------------------------------------------------- the harness itself
+
+ESCAPES = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(child.pid)
+"""
+
+
+def test_the_hosts_end_every_process_of_theirs_and_leave_no_namespace_or_link():
+    """A daemon that left its process group (and its parent) still runs in its host's namespace: ``close`` finds it
+    there (``ip netns pids``) and ends it, then nothing of the hosts is left."""
+    hosts = RealHosts(2)
+    try:
+        pid = int(hosts.run(1, [sys.executable, "-c", textwrap.dedent(ESCAPES)], env=script_env()).stdout)
+        assert pid in hosts.pids()
+    finally:
+        hosts.close()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert not any(name in namespaces for name in hosts.namespaces), namespaces
+    assert hosts.bridge not in links and not any(f"nav{hosts.bridge[3:]}-" in line for line in links.splitlines()), links
