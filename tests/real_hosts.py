@@ -160,9 +160,9 @@ class RealHosts:
         ``AssertionError`` if a process of the namespaces outlived that."""
         for process in self._started:
             _end_group(process, grace=10.0)
-        self._started = []
         stubborn = self._kill_namespace_processes()
-        KEPT_TREES.clear()
+        KEPT_TREES.difference_update(process.pid for process in self._started)  # only this instance's: a module
+        self._started = []                                                       # may hold two
         for namespace in self._made_namespaces:
             ip("netns", "del", namespace, check=False)          # takes its veth end, and so the pair, with it
         for link in self._links:                                # veths left outside (a build cut short), the bridge

@@ -41,11 +41,11 @@ class RankNetwork:
 
     def describe(self) -> str:
         """For a rank's start-up info: ``"eth1 10.77.0.2"``, with the user's own setting if there is one."""
-        used = self.user_set.get("GLOO_SOCKET_IFNAME") or self.interface or "?"
-        text = f"{used} {self.address}"
         if "GLOO_SOCKET_IFNAME" in self.user_set:
-            text += " (GLOO_SOCKET_IFNAME set by the user)"
-        return text
+            return f"{self.user_set['GLOO_SOCKET_IFNAME']} {self.address} (GLOO_SOCKET_IFNAME set by the user)"
+        if self.interface is None:
+            return f"{self.address} (no interface of this node has it: gloo takes the host name's address)"
+        return f"{self.interface} {self.address}"
 
 
 def route_address(host: str) -> str:
@@ -67,15 +67,6 @@ def interface_of(address: str) -> Optional[str]:
             if entry.family in (socket.AF_INET, socket.AF_INET6) and _normal(entry.address) == wanted:
                 return name
     return None
-
-
-def is_local_address(host: str) -> bool:
-    """Whether ``host`` (an IP, or a name resolved here) is an address of one of this machine's interfaces."""
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError, ValueError):
-        return False
-    return any(interface_of(info[4][0]) is not None for info in infos)
 
 
 def rank_network(address: str, environ: Optional[Mapping[str, str]] = None) -> RankNetwork:

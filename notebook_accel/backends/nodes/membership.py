@@ -11,7 +11,7 @@ from typing import Optional
 
 from ...errors import LaunchError
 from ...plan.nodes import OUR_RDZV_KEYS, NodeOptions
-from ...rank.network import is_local_address, route_address
+from ...rank.network import interface_of, route_address
 
 PREFIX = "notebook_accel"             # our keys in the store every node shares
 CLOSING_KEY = f"{PREFIX}/closing"     # set in the shared store once every node left the launch
@@ -152,14 +152,22 @@ def endpoint_route(endpoint: Optional[str]) -> Optional[str]:
 
 
 def hosts_c10d_store(endpoint: Optional[str]) -> Optional[bool]:
-    """Whether this node hosts the c10d rendezvous store: the endpoint's host is an address of one of this node's
-    interfaces. torch decides it by the host name, whose address may be 127.0.0.1 on every node: then no node hosts
-    it and all wait out their tries. None (torch's own rule) for a loopback endpoint: every node on this machine
-    matches, and torch lets the first that binds the port host it."""
+    """Whether this node hosts the c10d rendezvous store: the endpoint's host (an address, or a name resolved here)
+    is an address of one of this node's interfaces. torch decides it by the host name, whose address may be
+    127.0.0.1 on every node: then no node hosts it and all wait out their tries. None (torch's own rule) where the
+    endpoint is loopback here (``localhost``, or this machine's own name on Debian's ``127.0.1.1`` line): every node
+    on this machine matches, and torch lets the first that binds the port host it; and where the name does not
+    resolve (torch's own error says so)."""
     host = _endpoint_host(endpoint)
-    if not host or host == "localhost" or _is_loopback(host):
+    if not host:
         return None
-    return is_local_address(host)
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except (socket.gaierror, UnicodeError, ValueError):
+        return None
+    if not addresses or any(_is_loopback(address) for address in addresses):
+        return None
+    return any(interface_of(address) is not None for address in addresses)
 
 
 def _endpoint_host(endpoint: Optional[str]) -> str:
@@ -174,9 +182,9 @@ def _endpoint_host(endpoint: Optional[str]) -> str:
         return ""
 
 
-def _is_loopback(host: str) -> bool:
+def _is_loopback(address: str) -> bool:
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
     except ValueError:
         return False
 
