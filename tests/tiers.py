@@ -31,6 +31,7 @@ FILES: Dict[str, str] = {
     "test_options.py": "unit",
     "test_outcome.py": "unit",
     "test_progress.py": "unit",
+    "test_rank_network.py": "unit",
     "test_promises_gpu.py": "unit",
     "test_structure.py": "unit",
 
@@ -58,6 +59,7 @@ FILES: Dict[str, str] = {
     "test_promises_stop.py": "ranks",
     "test_ray_cluster.py": "ranks",      # Ray actors on a fake two-node ray.cluster_utils.Cluster
     "test_ray_options.py": "ranks",
+    "test_real_hosts.py": "ranks",       # network namespaces on a bridge: Ray nodes and torch-elastic nodes per host
     "test_ray_local.py": "ranks",        # a script whose launch starts a local Ray (no ray.init() of its own)
     "test_ray_client.py": "ranks",       # a script reaching the fake cluster only through ray:// (Ray Client)
     "test_rank_imports.py": "ranks",

@@ -39,6 +39,7 @@ from ..wire.commands import Command, Interrupt, PromptAnswer, QueuedAnswers
 from ..wire.events import OutputLines, RankEvent, RankPrompt, ResourceSample
 from ..wire.fds import pending_bytes
 from .device_memory import send_peak_rss
+from .network import rank_network
 from .process import _set_torch_threads, capture_output, end_like_python, register_in_main
 from .run import run_rank
 from .streams import flush_std_streams
@@ -237,10 +238,14 @@ class RankActor:
 
     # ------------------------------------------------------------------------------------- default group
 
-    def describe(self) -> Dict[str, Any]:
-        """Where this actor runs, as the kernel needs it to set the ranks' environment: its pid and the GPUs Ray
-        gave it (``CUDA_VISIBLE_DEVICES`` as Ray set it; None without GPUs)."""
-        return {"pid": os.getpid(), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    def describe(self, node_address: str = "") -> Dict[str, Any]:
+        """Where this actor runs, as the kernel needs it to set the ranks' environment: its pid, the GPUs Ray
+        gave it (``CUDA_VISIBLE_DEVICES`` as Ray set it; None without GPUs), and its ``network``: the interface of
+        this node that carries ``node_address`` (the node's address as Ray reports it), found here since interface
+        names are the node's own, with ``GLOO_SOCKET_IFNAME``/``TP_SOCKET_IFNAME`` unless this worker's environment
+        sets them (``rank.network``)."""
+        network = rank_network(node_address) if node_address else None
+        return {"pid": os.getpid(), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "network": network}
 
     def host_store(self, world_size: int) -> int:
         """Rank 0 of a world: host the TCPStore every rank meets at (``TORCHELASTIC_USE_AGENT_STORE``), on a

@@ -25,6 +25,7 @@ from ..wire.commands import SocketAnswers
 from ..wire.events import RankStarted
 from ..wire.fds import take_fd
 from .device_memory import send_peak_rss
+from .network import NETWORK_VARIABLE
 from .prompts import forget_kernel_hooks
 from .run import main_classes, remember_kernel_classes, run_rank
 from .streams import flush_std_streams, libc, line_writer
@@ -81,7 +82,7 @@ def rank_main(spec: RankSpec) -> None:
     answers = SocketAnswers(take_fd(spec.answers_fd)) if spec.answers_fd is not None else None
     sender = EventSender(take_fd(spec.events_fd), spec.rank, answers=answers)
     sender.no_one_types = spec.no_one_types
-    sender.send(RankStarted(rank=spec.rank, pid=os.getpid()))
+    sender.send(RankStarted(rank=spec.rank, pid=os.getpid(), network=os.environ.get(NETWORK_VARIABLE)))
     run = run_rank(lambda: register_in_main(spec.payload.load(), spec.main_names), sender,
                    send_result=spec.send_result, post_mortem=spec.post_mortem)
     send_peak_rss(sender)

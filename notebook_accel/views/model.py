@@ -187,6 +187,7 @@ class RankState:
     status: RankStatus = RankStatus.STARTING
     pid: Optional[int] = None
     host: Optional[str] = None   # the node it runs on, when not this machine (a cluster's)
+    network: Optional[str] = None  # the interface and address it offers its peers, where the launcher chose them
     exitcode: Optional[int] = None
     signal_name: Optional[str] = None
     bars: Dict[int, BarState] = field(default_factory=dict)  # bar_id -> state, open and kept ones
@@ -301,6 +302,7 @@ class LaunchState:
             state = self.rank(event.rank)
             state.pid = event.pid
             state.host = event.host
+            state.network = event.network
             state.status = RankStatus.RUNNING
             if self.status == Status.STARTING and all(r.status != RankStatus.STARTING for r in self.ranks.values()):
                 self.status = Status.RUNNING
@@ -536,8 +538,8 @@ class LaunchState:
             if not bars and state.metrics:
                 lines.append(prefix + state.metrics_postfix())
             resources = resource_text(state.resources, final=self.finished is not None)
-            lines.append(prefix + self.rank_status_text(state) + (f" · on {state.host}" if state.host else "")
-                         + (f" · {resources}" if resources else ""))
+            where = (f" · on {state.host}" if state.host else "") + (f" via {state.network}" if state.network else "")
+            lines.append(prefix + self.rank_status_text(state) + where + (f" · {resources}" if resources else ""))
         if self.attempt is not None:
             lines += [f"attempt {number + 1}: {error}" for number, error in enumerate(self.attempt.previous_errors)]
         finished = self.finished

@@ -476,7 +476,8 @@ class WidgetView:
         self._label_drawn[state.rank] = time.monotonic()
         colour = readable(rank_colour(state.rank))
         status_colour = STATUS_COLOURS.get(state.status, "inherit")
-        pid = (f" · {escape(state.host)}" if state.host else "") + (f" · pid {state.pid}" if state.pid else "")
+        pid = (f" · {escape(state.host)}" if state.host else "") + (
+            f" via {escape(state.network)}" if state.network else "") + (f" · pid {state.pid}" if state.pid else "")
         mark = ""
         straggler = self._straggler_marks.get(state.rank, "") if self.state.finished is None else ""
         if straggler:

@@ -71,11 +71,13 @@ class RankEvent:
 class RankStarted(RankEvent):
     """A rank runs. ``host``: the node it runs on, where that is not this machine (a cluster's); such a rank
     samples its own memory and CPU (``ResourceSample`` events: ``reports_resources``), since its pid means
-    nothing here."""
+    nothing here. ``network``: the interface and address it offers its peers (``"eth1 10.77.0.2"``), where the
+    launcher chose them (a launch across hosts: ``rank.network``)."""
 
     pid: int
     host: Optional[str] = None
     reports_resources: bool = False
+    network: Optional[str] = None
 
 
 @dataclass

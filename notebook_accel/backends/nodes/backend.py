@@ -32,6 +32,7 @@ from ...outcome.root_cause import Failure, Outcome, choose_root_cause, is_system
 from ...plan.nodes import NodeOptions
 from ...plan.plan import LaunchPlan
 from ...plan.sites import LocalProcesses, SeveralNodes
+from ...rank.network import NETWORK_VARIABLE, rank_network, route_address
 from ...wire.events import Status
 from ..base import Backend, LaunchSink, StopPolicy, run_attempts
 from ..rendezvous import HostedStore
@@ -201,6 +202,7 @@ class NodesBackend(Backend):
                "TORCHELASTIC_RESTART_COUNT": str(attempt),
                "TORCHELASTIC_MAX_RESTARTS": str(self.options.max_restarts),
                "TORCHELASTIC_RUN_ID": self.options.rdzv_id, "GROUP_WORLD_SIZE": str(self.options.num_nodes)}
+        env.update(network_env(host))
         # This node's ranks are local processes meeting at the attempt's store; the launch's one timeout, counted
         # over every attempt: this attempt gets what is left of it.
         here = LocalProcesses(start_method=self.site.start_method, master_addr=host, use_port=int(port))
@@ -289,6 +291,18 @@ class NodesBackend(Backend):
             return Outcome(Status.STOPPED, local_exception=KeyboardInterrupt(
                 f"the launch was stopped on node {end.by_node}"), **common)
         return Outcome(end.status, **common)
+
+
+def network_env(master_addr: str) -> Dict[str, str]:
+    """What this node's ranks offer their peers: the interface of this node's address on the route to
+    ``MASTER_ADDR`` as ``GLOO_SOCKET_IFNAME``/``TP_SOCKET_IFNAME`` (unless the kernel's environment, which the ranks
+    inherit, sets them), and the rank's start-up info (``NOTEBOOK_ACCEL_NETWORK``). Nothing where no route leads
+    there (the ranks' own connect says so)."""
+    try:
+        network = rank_network(route_address(master_addr))
+    except OSError:
+        return {}
+    return dict(network.env, **{NETWORK_VARIABLE: network.describe()})
 
 
 def root_exception(root: NodeFailure, world_size: int, history: List[NodeFailure]) -> BaseException:

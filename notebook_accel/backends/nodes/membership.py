@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import ipaddress
 import os
 import socket
 import time
+from typing import Optional
 
 from ...errors import LaunchError
 from ...plan.nodes import OUR_RDZV_KEYS, NodeOptions
+from ...rank.network import interface_of, route_address
 
 PREFIX = "notebook_accel"             # our keys in the store every node shares
 CLOSING_KEY = f"{PREFIX}/closing"     # set in the shared store once every node left the launch
@@ -40,12 +43,19 @@ class Membership:
         if options.rdzv_backend == "static":
             conf.setdefault("rank", options.node_rank or 0)  # static: the node's rank is its place
             conf.setdefault("timeout", int(options.join_timeout))
-        local_addr = options.rdzv_conf.get("local_addr")  # this node's address as the others reach it
+        # This node's address as the others reach it: the user's, else the one on our route to the endpoint (torch
+        # would take the host name's, which may resolve to 127.0.0.1 and reach no other node).
+        local_addr = options.rdzv_conf.get("local_addr") or endpoint_route(options.rdzv_endpoint)
+        if options.rdzv_backend == "c10d" and "is_host" not in conf:
+            is_host = hosts_c10d_store(options.rdzv_endpoint)
+            if is_host is not None:
+                conf["is_host"] = is_host
         params = RendezvousParameters(backend=options.rdzv_backend, endpoint=options.rdzv_endpoint or "",
                                       run_id=options.rdzv_id, min_nodes=options.num_nodes,
                                       max_nodes=options.num_nodes, local_addr=local_addr, **conf)
         try:
-            info = self._next_rendezvous(rendezvous_handler_registry, params, options.join_timeout)
+            info = self._next_rendezvous(rendezvous_handler_registry, params, options.join_timeout,
+                                         chose_host="is_host" not in options.rdzv_conf)
         except Exception as err:
             raise LaunchError(
                 f"{_this_node(options)}: the {options.num_nodes} nodes did not all join the "
@@ -65,16 +75,19 @@ class Membership:
         else:
             self.node0_addr = socket.getfqdn()
 
-    def _next_rendezvous(self, registry, params, join_timeout: float):
+    def _next_rendezvous(self, registry, params, join_timeout: float, chose_host: bool = False):
         """``next_rendezvous()``, joining again until the join timeout when the rendezvous was found closed
         (the previous launch's with the same rdzv_id, whose store is about to be released) or its store
-        could not be reached (not up yet, or just going away: with c10d any node may host it)."""
+        could not be reached (not up yet, or just going away: with c10d any node may host it).
+        ``chose_host``: ``is_host`` in ``params`` is our choice, not the user's; where hosting fails (another
+        node's launch on this machine hosts the store already) this node joins as a client, as torch's own
+        choice would."""
         from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousConnectionError
 
         deadline = time.monotonic() + join_timeout
         while True:
             try:
-                self.handler, self._closed = registry.create_handler(params), False
+                self.handler, self._closed = self._create_handler(registry, params, chose_host), False
                 with _no_shared_tcp_store():
                     info = self.handler.next_rendezvous()
                 if not info.store.check([CLOSING_KEY]):
@@ -89,6 +102,18 @@ class Membership:
             except BaseException:
                 self._drop()
                 raise
+
+    @staticmethod
+    def _create_handler(registry, params, chose_host: bool):
+        from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+
+        try:
+            return registry.create_handler(params)
+        except RendezvousConnectionError:
+            if not (chose_host and params.get_as_bool("is_host")):
+                raise
+            params.config["is_host"] = False
+            return registry.create_handler(params)
 
     def shutdown(self) -> None:
         """Close the rendezvous and stop its heartbeats, while every node's store is still up (each node
@@ -112,6 +137,56 @@ class Membership:
         # The c10d handler's objects refer to each other: only a collection frees its store's listener
         # now, so that the next launch with the same endpoint finds the port free.
         gc.collect()
+
+
+def endpoint_route(endpoint: Optional[str]) -> Optional[str]:
+    """This node's address on the route to the rendezvous endpoint's host (``rank.network.route_address``); None
+    without an endpoint, or where no route leads there (torch then falls back to the host name's address)."""
+    host = _endpoint_host(endpoint)
+    if not host:
+        return None
+    try:
+        return route_address(host)
+    except OSError:
+        return None
+
+
+def hosts_c10d_store(endpoint: Optional[str]) -> Optional[bool]:
+    """Whether this node hosts the c10d rendezvous store: the endpoint's host (an address, or a name resolved here)
+    is an address of one of this node's interfaces. torch decides it by the host name, whose address may be
+    127.0.0.1 on every node: then no node hosts it and all wait out their tries. None (torch's own rule) where the
+    endpoint is loopback here (``localhost``, or this machine's own name on Debian's ``127.0.1.1`` line): every node
+    on this machine matches, and torch lets the first that binds the port host it; and where the name does not
+    resolve (torch's own error says so)."""
+    host = _endpoint_host(endpoint)
+    if not host:
+        return None
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except (socket.gaierror, UnicodeError, ValueError):
+        return None
+    if not addresses or any(_is_loopback(address) for address in addresses):
+        return None
+    return any(interface_of(address) is not None for address in addresses)
+
+
+def _endpoint_host(endpoint: Optional[str]) -> str:
+    """The host of ``host:port`` (``[v6]:port``) as torch parses it; "" without an endpoint."""
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    if not (endpoint or "").strip():
+        return ""
+    try:
+        return parse_rendezvous_endpoint(endpoint, default_port=29400)[0]
+    except ValueError:
+        return ""
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def _this_node(options: NodeOptions) -> str:

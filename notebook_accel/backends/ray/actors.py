@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from ...rank.network import RankNetwork
 from .placement import RankPlace
 
 _actor_class: Any = None
@@ -19,6 +20,7 @@ class RayRank:
     gpus: Optional[str] = None
     call: Any = None                 # the ObjectRef of ``run`` (or a session's ``serve``): resolves when it ends
     env: Dict[str, str] = field(default_factory=dict)
+    network: Optional[RankNetwork] = None   # its node's address and interface, as the actor found them there
 
     @property
     def rank(self) -> int:

@@ -137,8 +137,10 @@ class ActorRelay:
             # The rank's first event, from here: the kernel knows its node, and its row is there even if it dies
             # at once; the supervisor then counts it started (its stacks can be asked for).
             place = relayed.rank.place
+            network = relayed.rank.network
             relayed.events.send(RankStarted(rank=place.rank, pid=relayed.rank.pid, host=place.node,
-                                            reports_resources=True))
+                                            reports_resources=True,
+                                            network=network.describe() if network is not None else None))
             relayed.poll = relayed.rank.control("poll", POLL_WAIT)
         self._thread = threading.Thread(target=self._loop, name="notebook_accel-ray-relay", daemon=True)
         self._thread.start()

@@ -109,7 +109,9 @@ class SessionRayActors(WarmRanks):
     def started_event(self, rank: int) -> RankStarted:
         world = self.world
         node = world.ranks[rank].place.node if world is not None else None
-        return RankStarted(rank=rank, pid=self.pids[rank], host=node, reports_resources=True)
+        network = world.ranks[rank].network if world is not None else None
+        return RankStarted(rank=rank, pid=self.pids[rank], host=node, reports_resources=True,
+                           network=network.describe() if network is not None else None)
 
     def kill(self) -> None:
         """End every actor now, remove the placement group, close the kernel's ends."""

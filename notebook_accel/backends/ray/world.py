@@ -4,7 +4,8 @@ Started in this order, each step bounded by Stop and the timeout: the placement 
 (one per bundle; each says its pid and the GPUs Ray gave it), rank 0's actor hosting the store every rank meets at
 (a port it holds on its node), then each rank's environment as torchrun's and Ray Train's ``TorchConfig``: ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` by node, ``GROUP_RANK`` the node's index, ``MASTER_ADDR`` rank
-0's node and ``MASTER_PORT`` its store, and on GPUs ``CUDA_VISIBLE_DEVICES`` the GPUs of all the node's ranks so
+0's node and ``MASTER_PORT`` its store, ``GLOO_SOCKET_IFNAME``/``TP_SOCKET_IFNAME`` the interface that carries the
+rank's node address on that node (unless the node's environment sets them: ``rank.network``), and on GPUs ``CUDA_VISIBLE_DEVICES`` the GPUs of all the node's ranks so
 that ``LOCAL_RANK`` indexes the rank's own (as Ray Train shares them, for NCCL's peer-to-peer paths).
 
 ``kill`` ends every actor (``ray.kill``: the actor's process, whatever it runs) and removes the group; the backend
@@ -77,12 +78,12 @@ class RayWorld:
             actor = cls.options(scheduling_strategy=strategy, max_restarts=0, max_task_retries=0,
                                 **options).remote(place.rank, place.node)
             self.ranks.append(RayRank(place, actor))
-        described = self.wait_all([rank.actor.describe.remote() for rank in self.ranks], stopped, tick,
-                                  what="start its actor")
+        described = self.wait_all([rank.actor.describe.remote(rank.place.node_ip) for rank in self.ranks], stopped,
+                                  tick, what="start its actor")
         if described is None:
             return False
         for rank, description in zip(self.ranks, described):
-            rank.pid, rank.gpus = description["pid"], description["gpus"]
+            rank.pid, rank.gpus, rank.network = description["pid"], description["gpus"], description.get("network")
         port = self.wait_all([self.ranks[0].actor.host_store.remote(self.plan.world_size)], stopped, tick,
                              what="host the rendezvous store")
         if port is None:
@@ -103,6 +104,8 @@ class RayWorld:
         env = plan.rank_env(place.rank, rendezvous)
         env.update(LOCAL_RANK=str(place.local_rank), LOCAL_WORLD_SIZE=str(place.local_world_size),
                    GROUP_RANK=str(place.group_rank))
+        if rank.network is not None:  # gloo's interface: the one carrying the node's address (``rank.network``)
+            env.update(rank.network.env)
         node_gpus = [other.gpus for other in self.ranks if other.place.node_id == place.node_id and other.gpus]
         if node_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(node_gpus)
