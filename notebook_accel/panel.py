@@ -285,6 +285,7 @@ def launch_panel(function: Callable[..., Any], args: tuple = (), kwargs: Optiona
                  cluster: Optional[ClusterName] = None,
                  resources_per_rank: Optional[Mapping[str, float]] = None,
                  placement: Optional[PlacementName] = None,
+                 slurm: Optional[Mapping[str, Any]] = None,
                  num_nodes: int = 1,
                  node_rank: Optional[int] = None,
                  rdzv_backend: Union[RendezvousBackendName, str] = "static",

@@ -8,6 +8,7 @@
 | ``nodes``   | this node's processes of a multi-node world, restarted | ``num_nodes > 1`` or             |
 |             | as a whole after a failure (torch elastic rendezvous)  | ``max_restarts > 0``            |
 | ``ray``     | Ray actors on a cluster, in one placement group        | ``cluster="ray"``               |
+| ``slurm``   | the tasks of one Slurm job step (``srun``)             | ``cluster="slurm"``             |
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ BACKENDS: Dict[str, Tuple[str, str]] = {
     "xla": (".xla", "XlaBackend"),
     "nodes": (".nodes", "NodesBackend"),
     "ray": (".ray", "RayBackend"),
+    "slurm": (".slurm", "SlurmBackend"),
 }
 
 

@@ -18,6 +18,7 @@ from .cluster import ClusterOptions, check_cluster_options, cluster_device
 from .nodes import NodeOptions, check_node_options
 from .options import NODE_OPTION_NAMES, check_precision_for_device, launch_options
 from .sharding import check_sharding_for_device, sharding_environment
+from .slurm import check_slurm_option, slurm_options
 
 MIXED_PRECISIONS = MixedPrecision.values()  # kept for callers of the old names
 START_METHODS = StartMethod.values()
@@ -49,6 +50,7 @@ class LaunchPlan:
     kernel_sys_path: List[str] = field(default_factory=lambda: list(sys.path))
     nodes: Optional[NodeOptions] = None  # set for several nodes or restarts: the nodes backend runs it
     cluster: Optional[ClusterOptions] = None  # set for ranks on a cluster (``cluster="ray"``): the ray backend runs it
+    slurm: Optional[Any] = None  # a ``plan.slurm.SlurmOptions`` for ranks on Slurm: the slurm backend runs it
     # One node's share of a multi-node world, set by the nodes backend once the rendezvous placed it:
     # ``world_size`` is then this node's count, and global rank = ``rank_offset`` + local rank.
     rank_offset: int = 0
@@ -129,6 +131,9 @@ def plan_launch(function: Callable, args: Any = (), kwargs: Any = None, num_proc
     if rank_channel() is not None:
         raise RuntimeError("notebook_launcher was called inside a launched rank; launches cannot be nested")
     check_call(function, args, kwargs)
+    check_slurm_option(options)
+    if options["cluster"] == "slurm":
+        return _plan_on_slurm(function, args, kwargs, options, post_mortem)
     cluster = check_cluster_options(options)
     if cluster is not None:
         return _plan_on_cluster(function, args, kwargs, options, cluster, post_mortem)
@@ -202,6 +207,25 @@ def _plan_on_cluster(function: Callable, args: Any, kwargs: Any, options: Dict[s
         display=options["display"], sharding_env=sharding_environment(options["fsdp_config"],
                                                                        options["deepspeed_config"]),
         cluster=cluster, post_mortem=post_mortem)
+
+
+def _plan_on_slurm(function: Callable, args: Any, kwargs: Any, options: Dict[str, Any],
+                   post_mortem: bool) -> LaunchPlan:
+    """A launch whose ranks are the tasks of a Slurm job step (``backends.slurm``); the function is pickled now."""
+    slurm = slurm_options(options)
+    device = options["device"] or "cpu"
+    check_sharding_for_device(options["fsdp_config"], options["deepspeed_config"], device)
+    check_precision_for_device(options["mixed_precision"], device)
+    payload = Payload(function, args, kwargs or {})
+    payload.portable()
+    return LaunchPlan(
+        function_name=getattr(function, "__qualname__", type(function).__name__), payload=payload,
+        world_size=slurm.world_size, device=device, backend="slurm", start_method=None,
+        mixed_precision=options["mixed_precision"], master_addr="", use_port=None,
+        timeout=None if options["timeout"] is None else float(options["timeout"]), return_all=options["return_all"],
+        display=options["display"], sharding_env=sharding_environment(options["fsdp_config"],
+                                                                       options["deepspeed_config"]),
+        slurm=slurm, post_mortem=post_mortem)
 
 
 def check_call(function: Any, args: Any, kwargs: Any) -> None:

@@ -1,0 +1,11 @@
+"""Ranks on Slurm (``cluster="slurm"``): one job step (``srun``) of the kernel's allocation or of one asked for.
+
+| module        | what it does                                                                          |
+|---------------|---------------------------------------------------------------------------------------|
+| ``tools``     | Slurm's commands: found (or a clear error naming what is missing), run                |
+| ``step``      | ``srun`` with one task per rank (``rank.slurm_task``), its stdio relayed into pipes   |
+| ``backend``   | ``SlurmBackend``: the step, the rendezvous at rank 0's node, supervision, cancel      |
+"""
+from .backend import SlurmBackend
+
+__all__ = ["SlurmBackend"]

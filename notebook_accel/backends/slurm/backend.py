@@ -1,0 +1,163 @@
+"""Ranks as the tasks of one Slurm job step (``cluster="slurm"``): Slurm places them, our events and rules supervise
+them.
+
+``SlurmBackend.run`` is the local sequence with Slurm underneath. Inside an allocation (the kernel's environment has
+``SLURM_JOB_ID``: a batchspawner notebook, ``salloc``), the ranks are a new step of it — no new job. ``srun`` starts
+one task per rank (``rank.slurm_task``) on ``num_nodes`` nodes; each says where it runs, rank 0 hosts the store every
+rank meets at, and the kernel then sends every task the launch: torchrun's variables come from Slurm's
+(``SLURM_PROCID``...), ``MASTER_ADDR`` is rank 0's node address and ``MASTER_PORT`` its store's port. Their events
+come back through ``srun``'s stdout (``step``) into the launch's own ``Supervisor``: the same root cause (named with
+its node), Stop, timeout and stack dumps as local ranks. At the end, whatever happened, the step is cancelled
+(``scancel``) if it still runs, and ``srun`` is gone.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections import defaultdict, deque
+from typing import Any, Deque, Dict, List, Optional
+
+from ...errors import LaunchError
+from ...outcome.death import TAIL_LINES, quote_last_output
+from ...outcome.raising import root_cause_exception
+from ...outcome.root_cause import Outcome, is_system_exit
+from ...plan.plan import LaunchPlan
+from ...wire.events import OutputLine, OutputLines, RankEvent, Status
+from ..base import Backend, LaunchSink, StopPolicy
+from ..supervisor import Supervisor
+from .step import SlurmStep
+from .tools import require_tools
+
+TOOLS = ("srun", "scancel", "squeue")
+TASK_MODULE = "notebook_accel.rank.slurm_task"
+
+
+class _NoStore:
+    """The ranks meet at a store rank 0's task hosts on its node: the kernel hosts nothing."""
+
+    def env(self) -> Dict[str, str]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def say(text: str) -> None:
+    """A line for the user from the kernel side (the cell's stderr)."""
+    print(f"notebook_accel: {text}", file=sys.stderr)
+
+
+def srun_command(plan: LaunchPlan, python: str = sys.executable) -> List[str]:
+    """The ``srun`` that starts the launch's ranks: one task per rank, spread evenly over the nodes, every task's
+    stdin from ``srun``'s (the kernel's messages), no task's failure ending the others (the supervisor decides).
+
+    >>> from notebook_accel.plan.slurm import SlurmOptions
+    >>> plan = LaunchPlan("f", None, 4, "cpu", "slurm", None, "no", "", None, None, False, "none",
+    ...                   slurm=SlurmOptions(2, 2, "7"))
+    >>> srun_command(plan, python="python3")[:6]
+    ['srun', '--nodes=2', '--ntasks=4', '--ntasks-per-node=2', '--input=all', '--kill-on-bad-exit=0']
+    """
+    slurm = plan.slurm
+    argv = ["srun", f"--nodes={slurm.num_nodes}", f"--ntasks={slurm.world_size}",
+            f"--ntasks-per-node={slurm.ranks_per_node}", "--input=all", "--kill-on-bad-exit=0",
+            f"--job-name=notebook_accel:{plan.function_name}"[:120]]
+    if slurm.allocation is not None:
+        argv.append(f"--jobid={slurm.allocation}")
+    if plan.device == "cuda":   # every GPU of the node visible to each of its ranks: LOCAL_RANK picks its own
+        argv.append(f"--gpus-per-node={slurm.ranks_per_node}")
+    return argv + [python, "-u", "-m", TASK_MODULE]
+
+
+class SlurmBackend(Backend):
+    """Every rank a task of one Slurm job step (see the module docstring).
+
+    Example::
+
+        notebook_launcher(train, num_processes=4, num_nodes=2, cluster="slurm")   # inside an allocation
+    """
+
+    name = "slurm"
+
+    def __init__(self, plan: LaunchPlan) -> None:
+        super().__init__(plan)
+        assert plan.slurm is not None
+        self.step: Optional[SlurmStep] = None
+        self._supervisor: Optional[Supervisor] = None
+
+    def open_rendezvous(self) -> _NoStore:  # type: ignore[override]
+        """Refuse, in the caller's cell, what cannot run: Slurm's commands missing here."""
+        require_tools(TOOLS)
+        return _NoStore()
+
+    def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
+        tails: Dict[int, Deque[str]] = defaultdict(lambda: deque(maxlen=TAIL_LINES))
+
+        def deliver(event: RankEvent) -> None:  # each rank's last lines, for a death's message
+            if isinstance(event, (OutputLine, OutputLines)):
+                tails[event.rank].extend(event.texts)
+            sink.deliver(event)
+
+        self.step = step = SlurmStep(srun_command(self.plan), self.plan.world_size)
+        try:
+            ready = step.wait_ready(lambda: policy.reason() is not None, sink.tick)
+        except RuntimeError as error:
+            raise LaunchError(f"the Slurm job step did not start: {error}") from None
+        if not ready:
+            return Outcome(policy.reason() or Status.STOPPED)
+        handles = step.attach()
+        step.send(("run", self._setup(step)))
+        self._supervisor = Supervisor(handles, deliver, sink.tick, policy=policy,
+                                      expect_results=self.plan.sends_result, asker=sink.asker)
+        try:
+            outcome = self._supervisor.run()
+        finally:
+            self._supervisor = None
+        return self._named(outcome, step, tails)
+
+    def _setup(self, step: SlurmStep) -> Dict[str, Any]:
+        """What every task needs to run: the launch's environment (its place is Slurm's), the rendezvous at rank 0's
+        node, the function."""
+        rank0 = step.hellos[0]
+        env = self.plan.rank_env(0, {"MASTER_ADDR": rank0.address, "MASTER_PORT": str(step.store_port),
+                                     "TORCHELASTIC_USE_AGENT_STORE": "True"})
+        for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "ROLE_WORLD_SIZE",
+                     "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
+            env.pop(name, None)   # each task's own, from Slurm's variables (``rank.slurm_task``)
+        return {"env": env, "ranks_per_node": self.plan.slurm.ranks_per_node, "return_all": self.plan.return_all,
+                "post_mortem": self.plan.post_mortem, "no_one_types": None,
+                "payload": self.plan.payload.portable()}
+
+    def _named(self, outcome: Outcome, step: SlurmStep, tails: Dict[int, Deque[str]]) -> Outcome:
+        """The outcome, its root cause raised naming the rank's node."""
+        root = outcome.root
+        if root is None:
+            return outcome
+        hello = step.hellos.get(root.rank)
+        node = hello.node if hello is not None else "?"
+        if root.event is None:
+            how = step.ended.get(root.rank) or "it ended without a result"
+            error: BaseException = LaunchError(f"rank {root.rank} on node {node} died: {how}"
+                                               f"{quote_last_output(list(tails[root.rank]))}", rank=root.rank)
+        else:
+            error = root_cause_exception(root, self.plan.world_size, last_output=list(tails[root.rank]),
+                                         where=f" on node {node}")
+            if not is_system_exit(root.event) and hasattr(error, "add_note"):
+                error.add_note(f"(notebook_accel: rank {root.rank} ran on node {node}, Slurm step {step.step_id})")
+        try:
+            error.node = node  # type: ignore[attr-defined]
+        except Exception:
+            pass
+        return dataclasses.replace(outcome, local_exception=error)
+
+    def _close(self) -> None:
+        step, self.step = self.step, None
+        if step is not None:
+            running = step.srun.poll() is None
+            if running and (not step.handles or any(handle.process.is_alive() for handle in step.handles)):
+                step.cancel()   # stopped, timed out, failed or interrupted: nothing of the step may go on
+            step.close()
+        self.plan.payload.close()
+
+    def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
+        supervisor = self._supervisor
+        return supervisor.request_stacks(timeout) if supervisor is not None else {}

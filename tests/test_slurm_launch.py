@@ -1,0 +1,139 @@
+"""``cluster="slurm"`` on a real Slurm cluster (``slurm_cluster``: slurmctld here as the login node, a slurmd per
+network namespace, each node its own address): a launch's ranks are a job step of the kernel's allocation.
+
+The "kernel" is a script run under ``salloc -N2`` from the login node, as a batchspawner notebook runs inside its job:
+it launches three times (a run, a failure, a timeout) and reports what it saw, with the allocation's steps after each
+(``squeue -s``). One allocation for the three keeps the module short on a loaded machine.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+import slurm_cluster
+from real_hosts import RealHosts
+from scripts import script_env
+from slurm_cluster import SlurmCluster
+
+pytestmark = pytest.mark.skipif(slurm_cluster.unavailable() is not None,
+                                reason=slurm_cluster.unavailable() or "")
+
+LINES = 30
+
+KERNEL = textwrap.dedent('''
+    import json, os, subprocess, time
+    from notebook_accel import notebook_launcher
+    from notebook_accel.errors import LaunchTimeout
+
+    def steps():
+        listed = subprocess.run(["squeue", "-h", "-s", "-j", os.environ["SLURM_JOB_ID"], "-o", "%%i"],
+                                capture_output=True, text=True).stdout.split()
+        return [step for step in listed if not step.endswith((".extern", ".interactive", ".batch"))]
+
+    def train(lines):
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        total = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(total)
+        for number in range(lines):
+            print(f"line {number} of rank {dist.get_rank()}")
+        names = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "GLOO_SOCKET_IFNAME", "SLURMD_NODENAME", "SLURM_JOB_ID", "SLURM_STEP_ID")
+        place = {name: os.environ.get(name) for name in names}
+        place["sum"] = total.item()
+        dist.destroy_process_group()
+        return place
+
+    def fail():
+        if os.environ["RANK"] == "1":
+            raise ValueError("rank one's own error")
+        time.sleep(120)
+
+    def hang():
+        print("hanging", flush=True)
+        time.sleep(600)
+
+    report = {"job": os.environ["SLURM_JOB_ID"]}
+    report["ranks"] = notebook_launcher(train, (%(lines)d,), num_processes=4, num_nodes=2, cluster="slurm",
+                                        display="text", return_all=True)
+    report["steps_after_run"] = steps()
+    try:
+        notebook_launcher(fail, num_processes=2, num_nodes=2, cluster="slurm", display="text")
+    except Exception as error:
+        report["failure"] = {"type": type(error).__name__, "message": str(error), "node": getattr(error, "node", None),
+                             "notes": getattr(error, "__notes__", [])}
+    report["steps_after_failure"] = steps()
+    started = time.monotonic()
+    try:
+        notebook_launcher(hang, num_processes=2, num_nodes=2, cluster="slurm", display="text", timeout=40)
+    except LaunchTimeout as error:
+        report["timeout"] = str(error)
+    report["steps_after_timeout"] = steps()
+    print("REPORT " + json.dumps(report), flush=True)
+''') % {"lines": LINES}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with RealHosts(2) as hosts, SlurmCluster(hosts) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def inside(cluster, tmp_path_factory):
+    """The kernel script's run inside a two-node allocation: its report, its output, and the queue after."""
+    script = tmp_path_factory.mktemp("slurm") / "kernel.py"
+    script.write_text(KERNEL)
+    env = dict(script_env(), SLURM_CONF=cluster.conf)
+    done = cluster.run(["salloc", "-N2", "-n4", sys.executable, str(script)], env=env, timeout=600)
+    reports = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and reports, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{cluster.logs()}"
+    return json.loads(reports[0][len("REPORT "):]), done.stdout, cluster.wait_no_jobs()
+
+
+def test_ranks_are_a_step_of_the_kernels_allocation_placed_by_slurm(cluster, inside):
+    report, _, _ = inside
+    ranks = report["ranks"]
+    nodes = cluster.nodes
+    assert [(rank["RANK"], rank["LOCAL_RANK"], rank["GROUP_RANK"], rank["SLURMD_NODENAME"]) for rank in ranks] == [
+        ("0", "0", "0", nodes[0]), ("1", "1", "0", nodes[0]), ("2", "0", "1", nodes[1]), ("3", "1", "1", nodes[1])]
+    assert {rank["WORLD_SIZE"] for rank in ranks} == {"4"} and {rank["LOCAL_WORLD_SIZE"] for rank in ranks} == {"2"}
+    # No new job: every rank is in the kernel's allocation, all in one step of it.
+    assert {rank["SLURM_JOB_ID"] for rank in ranks} == {report["job"]}
+    assert len({rank["SLURM_STEP_ID"] for rank in ranks}) == 1
+
+
+def test_ranks_meet_at_rank_0s_node_over_its_interface_and_reduce_across_nodes(cluster, inside):
+    ranks = inside[0]["ranks"]
+    hosts = cluster.hosts
+    assert {rank["MASTER_ADDR"] for rank in ranks} == {hosts.address(0)}   # rank 0's node, not the login node
+    assert len({rank["MASTER_PORT"] for rank in ranks}) == 1
+    assert [rank["GLOO_SOCKET_IFNAME"] for rank in ranks] == [hosts.interfaces[0], hosts.interfaces[0],
+                                                               hosts.interfaces[1], hosts.interfaces[1]]
+    assert {rank["sum"] for rank in ranks} == {10.0}
+
+
+def test_every_line_of_every_rank_comes_back_once_in_order_labelled(inside):
+    output = inside[1]
+    for rank in range(4):
+        lines = [line for line in output.splitlines() if line.startswith(f"[rank {rank}] line ")]
+        assert lines == [f"[rank {rank}] line {number} of rank {rank}" for number in range(LINES)]
+
+
+def test_the_root_cause_is_the_failing_ranks_own_exception_with_its_node(cluster, inside):
+    failure = inside[0]["failure"]
+    assert failure["type"] == "ValueError"
+    assert "rank one's own error" in failure["message"]
+    assert failure["node"] == cluster.nodes[1]
+    assert any(cluster.nodes[1] in note for note in failure["notes"])
+
+
+def test_a_timeout_cancels_the_step_and_nothing_is_left_in_the_queue(inside):
+    report, _, left = inside
+    assert "timeout" in report
+    assert report["steps_after_run"] == [] and report["steps_after_failure"] == []
+    assert report["steps_after_timeout"] == []
+    assert left == []
