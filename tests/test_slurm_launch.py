@@ -18,8 +18,8 @@ from real_hosts import RealHosts
 from scripts import script_env
 from slurm_cluster import SlurmCluster
 
-pytestmark = pytest.mark.skipif(slurm_cluster.unavailable() is not None,
-                                reason=slurm_cluster.unavailable() or "")
+pytestmark = [pytest.mark.skipif(slurm_cluster.unavailable() is not None, reason=slurm_cluster.unavailable() or ""),
+              pytest.mark.timeout(600)]   # the first test runs the kernel script: three launches, on 2 loaded cores
 
 LINES = 30
 
@@ -53,7 +53,10 @@ KERNEL = textwrap.dedent('''
         time.sleep(120)
 
     def hang():
+        import re
         print("hanging", flush=True)
+        if os.environ["RANK"] == "1":   # stuck in C code that holds the GIL: no message reaches this task any more
+            re.match(r"(a+)+$", "a" * 64 + "b")
         time.sleep(600)
 
     report = {"job": os.environ["SLURM_JOB_ID"]}
@@ -132,8 +135,76 @@ def test_the_root_cause_is_the_failing_ranks_own_exception_with_its_node(cluster
 
 
 def test_a_timeout_cancels_the_step_and_nothing_is_left_in_the_queue(inside):
+    """Even with a rank that cannot be interrupted (in C code holding the GIL): ``scancel`` of the step."""
     report, _, left = inside
     assert "timeout" in report
     assert report["steps_after_run"] == [] and report["steps_after_failure"] == []
     assert report["steps_after_timeout"] == []
     assert left == []
+
+
+# ------------------------------------------------------------------------------------- outside an allocation
+
+OUTSIDE = textwrap.dedent('''
+    import json, os
+    from notebook_accel import notebook_launcher
+
+    def where():
+        return {name: os.environ.get(name) for name in ("RANK", "SLURMD_NODENAME", "SLURM_JOB_ID")}
+
+    ranks = notebook_launcher(where, num_processes=2, num_nodes=2, cluster="slurm", display="text", return_all=True,
+                              slurm={"partition": "debug", "time": "00:05:00"})
+    print("REPORT " + json.dumps(ranks), flush=True)
+''')
+
+
+def test_outside_an_allocation_the_launch_asks_for_one_says_it_pends_and_gives_it_back(cluster, tmp_path):
+    """A job holding every CPU makes the launch's allocation pend ("Resources") until it ends; the ranks then run in
+    a job of their own, which is gone from the queue when the launch returns."""
+    script = tmp_path / "outside.py"
+    script.write_text(OUTSIDE)
+    blocker = cluster.run(["sbatch", "--parsable", "-N2", "-n4", "-o", "/dev/null", "--wrap", "sleep 12"])
+    assert blocker.returncode == 0, blocker.stderr
+    blocker_id = blocker.stdout.strip()
+    env = dict(script_env(), SLURM_CONF=cluster.conf)
+    done = cluster.run([sys.executable, str(script)], env=env, timeout=300)
+    reports = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and reports, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    ranks = json.loads(reports[0][len("REPORT "):])
+    assert [rank["SLURMD_NODENAME"] for rank in ranks] == cluster.nodes
+    assert len({rank["SLURM_JOB_ID"] for rank in ranks}) == 1 and ranks[0]["SLURM_JOB_ID"] != blocker_id
+    assert "pending in the queue (Resources)" in done.stdout + done.stderr
+    assert cluster.wait_no_jobs(timeout=15) == []
+
+
+@pytest.mark.parametrize("request_, num_nodes, refusal", [
+    ({"partition": "nope"}, 2, "no partition 'nope' on this Slurm cluster (it has debug)"),
+    ({"time": "01:00:00"}, 2, "above partition 'debug''s time limit (00:30:00)"),
+    ({}, 3, "num_nodes=3 is more than the 2 node(s) of partition 'debug'"),
+    ({"nodes": 2}, 2, "is set by the launch itself"),
+])
+def test_what_slurm_could_never_grant_is_refused_before_anything_waits(cluster, monkeypatch, request_, num_nodes,
+                                                                       refusal):
+    from notebook_accel import notebook_launcher
+    from notebook_accel.errors import LaunchConfigError
+
+    for name, value in cluster.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(LaunchConfigError) as refused:
+        notebook_launcher(print, num_processes=num_nodes, num_nodes=num_nodes, cluster="slurm", display="none",
+                          slurm=request_)
+    assert refusal in str(refused.value)
+    assert cluster.jobs() == []
+
+
+def test_without_slurm_the_error_names_what_is_missing(monkeypatch, tmp_path):
+    from notebook_accel import notebook_launcher
+    from notebook_accel.errors import LaunchConfigError
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(LaunchConfigError) as refused:
+        notebook_launcher(print, num_processes=2, num_nodes=2, cluster="slurm", display="none")
+    assert "srun" in str(refused.value) and "salloc" in str(refused.value) and "not on this machine's PATH" in \
+        str(refused.value)

@@ -2,7 +2,9 @@
 them.
 
 ``SlurmBackend.run`` is the local sequence with Slurm underneath. Inside an allocation (the kernel's environment has
-``SLURM_JOB_ID``: a batchspawner notebook, ``salloc``), the ranks are a new step of it — no new job. ``srun`` starts
+``SLURM_JOB_ID``: a batchspawner notebook, ``salloc``), the ranks are a new step of it — no new job. Outside one, the
+launch asks for one with the ``slurm={...}`` options (``allocation``), checked first, waited for while the view says
+why it pends, and given back when the launch ends. ``srun`` starts
 one task per rank (``rank.slurm_task``) on ``num_nodes`` nodes; each says where it runs, rank 0 hosts the store every
 rank meets at, and the kernel then sends every task the launch: torchrun's variables come from Slurm's
 (``SLURM_PROCID``...), ``MASTER_ADDR`` is rank 0's node address and ``MASTER_PORT`` its store's port. Their events
@@ -22,13 +24,15 @@ from ...outcome.death import TAIL_LINES, quote_last_output
 from ...outcome.raising import root_cause_exception
 from ...outcome.root_cause import Outcome, is_system_exit
 from ...plan.plan import LaunchPlan
-from ...wire.events import OutputLine, OutputLines, RankEvent, Status
+from ...wire.events import OutputLine, OutputLines, RankEvent, SessionNotice, Status
 from ..base import Backend, LaunchSink, StopPolicy
 from ..supervisor import Supervisor
+from .allocation import Allocation, check_request, salloc_command
 from .step import SlurmStep
 from .tools import require_tools
 
 TOOLS = ("srun", "scancel", "squeue")
+ALLOCATION_TOOLS = ("salloc", "scontrol")   # to ask for an allocation, outside one
 TASK_MODULE = "notebook_accel.rank.slurm_task"
 
 
@@ -47,22 +51,22 @@ def say(text: str) -> None:
     print(f"notebook_accel: {text}", file=sys.stderr)
 
 
-def srun_command(plan: LaunchPlan, python: str = sys.executable) -> List[str]:
+def srun_command(plan: LaunchPlan, job: Optional[str], python: str = sys.executable) -> List[str]:
     """The ``srun`` that starts the launch's ranks: one task per rank, spread evenly over the nodes, every task's
     stdin from ``srun``'s (the kernel's messages), no task's failure ending the others (the supervisor decides).
 
     >>> from notebook_accel.plan.slurm import SlurmOptions
     >>> plan = LaunchPlan("f", None, 4, "cpu", "slurm", None, "no", "", None, None, False, "none",
     ...                   slurm=SlurmOptions(2, 2, "7"))
-    >>> srun_command(plan, python="python3")[:6]
+    >>> srun_command(plan, "7", python="python3")[:6]
     ['srun', '--nodes=2', '--ntasks=4', '--ntasks-per-node=2', '--input=all', '--kill-on-bad-exit=0']
     """
     slurm = plan.slurm
     argv = ["srun", f"--nodes={slurm.num_nodes}", f"--ntasks={slurm.world_size}",
             f"--ntasks-per-node={slurm.ranks_per_node}", "--input=all", "--kill-on-bad-exit=0",
             f"--job-name=notebook_accel:{plan.function_name}"[:120]]
-    if slurm.allocation is not None:
-        argv.append(f"--jobid={slurm.allocation}")
+    if job is not None:
+        argv.append(f"--jobid={job}")
     if plan.device == "cuda":   # every GPU of the node visible to each of its ranks: LOCAL_RANK picks its own
         argv.append(f"--gpus-per-node={slurm.ranks_per_node}")
     return argv + [python, "-u", "-m", TASK_MODULE]
@@ -82,12 +86,32 @@ class SlurmBackend(Backend):
         super().__init__(plan)
         assert plan.slurm is not None
         self.step: Optional[SlurmStep] = None
+        self.allocation: Optional[Allocation] = None
         self._supervisor: Optional[Supervisor] = None
+        self._checked = False
 
     def open_rendezvous(self) -> _NoStore:  # type: ignore[override]
-        """Refuse, in the caller's cell, what cannot run: Slurm's commands missing here."""
-        require_tools(TOOLS)
+        """Refuse, in the caller's cell, what cannot run: Slurm's commands missing here, and outside an allocation
+        a request the cluster could never grant (``allocation.check_request``)."""
+        slurm = self.plan.slurm
+        if slurm.allocation is None:
+            require_tools(TOOLS + ALLOCATION_TOOLS)
+            check_request(slurm.request, slurm.num_nodes)
+        else:
+            require_tools(TOOLS)
+        self._checked = True
         return _NoStore()
+
+    def _allocate(self, sink: LaunchSink, policy: StopPolicy) -> Optional[str]:
+        """The job the step runs in: the kernel's, else one asked for now and waited for (None: stopped first)."""
+        slurm = self.plan.slurm
+        if slurm.allocation is not None:
+            return slurm.allocation
+        name = f"notebook_accel:{self.plan.function_name}"[:100]
+        self.allocation = Allocation(salloc_command(slurm.request, slurm.num_nodes, slurm.ranks_per_node, name))
+        granted = self.allocation.wait(lambda: policy.reason() is not None, sink.tick,
+                                       lambda text: sink.deliver(SessionNotice(rank=-1, text=text)))
+        return self.allocation.job_id if granted else None
 
     def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
         tails: Dict[int, Deque[str]] = defaultdict(lambda: deque(maxlen=TAIL_LINES))
@@ -97,7 +121,12 @@ class SlurmBackend(Backend):
                 tails[event.rank].extend(event.texts)
             sink.deliver(event)
 
-        self.step = step = SlurmStep(srun_command(self.plan), self.plan.world_size)
+        if not self._checked:
+            self.open_rendezvous()
+        job = self._allocate(sink, policy)
+        if job is None:
+            return Outcome(policy.reason() or Status.STOPPED)
+        self.step = step = SlurmStep(srun_command(self.plan, job), self.plan.world_size)
         try:
             ready = step.wait_ready(lambda: policy.reason() is not None, sink.tick)
         except RuntimeError as error:
@@ -156,6 +185,9 @@ class SlurmBackend(Backend):
             if running and (not step.handles or any(handle.process.is_alive() for handle in step.handles)):
                 step.cancel()   # stopped, timed out, failed or interrupted: nothing of the step may go on
             step.close()
+        allocation, self.allocation = self.allocation, None
+        if allocation is not None:
+            allocation.release()   # the job asked for is given back, whatever happened
         self.plan.payload.close()
 
     def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:

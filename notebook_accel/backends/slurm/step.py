@@ -38,6 +38,7 @@ from ..supervisor import RankProcess
 _TASK_ENDED = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-]+): (?P<how>.*)$")
 _EXIT_CODE = re.compile(r"exit code (\d+)")
 SRUN_END_WAIT = 5.0   # s srun may take to end after its step was cancelled
+KILL_GRACE = 3.0      # s a task told to end may take before the whole step is cancelled
 TASK_END_GRACE = 1.0  # s between srun saying a task ended and counting it gone (its last output may still come)
 
 
@@ -63,7 +64,7 @@ class SlurmRankProcess(RankProcess):
 
     def signal_group(self, sig: int) -> None:
         if sig == signal.SIGKILL:
-            self.step.send(("kill",), self.rank)
+            self.step.kill(self.rank)
         elif sig in (signal.SIGTERM, signal.SIGINT):
             self.step.send(Interrupt(), self.rank)
 
@@ -172,6 +173,21 @@ class SlurmStep:
             return True
         except (OSError, ValueError):
             return False
+
+    def kill(self, rank: int) -> None:
+        """End the rank now: a ``kill`` message, which its task obeys at once — unless it cannot read it (stuck in C
+        code that holds the GIL); then, ``KILL_GRACE`` s later, the whole step is cancelled (only a stopping launch
+        kills its ranks, so nothing of the step is to live on)."""
+        self.send(("kill",), rank)
+
+        def unless_gone() -> None:
+            relayed = self._relayed.get(rank)
+            if relayed is not None and not relayed.closed:
+                self.cancel()
+
+        timer = threading.Timer(KILL_GRACE, unless_gone)
+        timer.daemon = True
+        timer.start()
 
     def cancel(self) -> None:
         """End the step: ``scancel`` of it (every task, on every node), and of ``srun`` too."""
