@@ -208,3 +208,16 @@ def test_without_slurm_the_error_names_what_is_missing(monkeypatch, tmp_path):
         notebook_launcher(print, num_processes=2, num_nodes=2, cluster="slurm", display="none")
     assert "srun" in str(refused.value) and "salloc" in str(refused.value) and "not on this machine's PATH" in \
         str(refused.value)
+
+
+def test_notebook_accel_launch_runs_a_script_as_a_step_of_the_job(cluster, tmp_path):
+    """``notebook-accel launch --cluster slurm`` inside ``salloc``: the script on every rank, over both nodes."""
+    script = tmp_path / "where.py"
+    script.write_text("import os\nprint('on', os.environ['SLURMD_NODENAME'], 'rank', os.environ['RANK'])\n")
+    env = dict(script_env(), SLURM_CONF=cluster.conf)
+    done = cluster.run(["salloc", "-N2", sys.executable, "-m", "notebook_accel.cli", "launch", "--cluster", "slurm",
+                        "--num-processes", "2", "--num-nodes", "2", str(script)], env=env, timeout=300)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert f"[rank 0] on {cluster.nodes[0]} rank 0" in done.stdout
+    assert f"[rank 1] on {cluster.nodes[1]} rank 1" in done.stdout
+    assert cluster.wait_no_jobs() == []
