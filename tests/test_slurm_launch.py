@@ -221,3 +221,63 @@ def test_notebook_accel_launch_runs_a_script_as_a_step_of_the_job(cluster, tmp_p
     assert f"[rank 0] on {cluster.nodes[0]} rank 0" in done.stdout
     assert f"[rank 1] on {cluster.nodes[1]} rank 1" in done.stdout
     assert cluster.wait_no_jobs() == []
+
+
+HOLDING = textwrap.dedent('''
+    import time
+    from notebook_accel import notebook_launcher
+
+    def hold():
+        print("ranks up", flush=True)
+        time.sleep(600)
+
+    notebook_launcher(hold, num_processes=2, num_nodes=2, cluster="slurm", display="text", slurm={"time": "00:05:00"})
+''')
+
+
+def test_a_killed_kernel_leaves_no_job_no_step_and_no_rank(cluster, tmp_path):
+    """SIGKILL of the kernel (no ``finally``, no ``atexit``) while its ranks run in a job it asked for: the ranks end
+    (their stdin, srun's, ends), ``srun`` ends, and the job is given back (``salloc``'s holding command ends with the
+    kernel's pipe)."""
+    import os
+    import signal
+    import subprocess
+
+    import psutil
+
+    from waiting import wait_until
+
+    script = tmp_path / "holding.py"
+    script.write_text(HOLDING)
+    env = dict(script_env(), SLURM_CONF=cluster.conf)
+    kernel = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    seen = []
+    try:
+        for line in kernel.stdout:
+            seen.append(line)
+            if sum("] ranks up" in text for text in seen) == 2:
+                break
+        assert sum("] ranks up" in text for text in seen) == 2, "".join(seen)
+        assert len(cluster.jobs()) == 1
+        started = [child for child in psutil.Process(kernel.pid).children(recursive=True)]
+        assert {child.name() for child in started} >= {"srun", "salloc"}
+    finally:
+        os.kill(kernel.pid, signal.SIGKILL)
+        kernel.wait()
+        kernel.stdout.close()
+    assert cluster.wait_no_jobs(timeout=60) == [], cluster.logs()
+    wait_until(lambda: not [child for child in started if child.is_running() and
+                            child.status() != psutil.STATUS_ZOMBIE], timeout=60, what="srun and salloc to end")
+    ranks = [pid for pid in cluster.hosts.pids() if "notebook_accel.rank.slurm_task" in _command(pid)]
+    assert ranks == []
+
+
+def _command(pid: int) -> str:
+    import psutil
+
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return ""
+

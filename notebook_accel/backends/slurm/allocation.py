@@ -2,9 +2,13 @@
 
 ``check_request`` asks the controller (``scontrol show partition``) before anything waits in the queue, and refuses
 what would pend for ever: an unknown partition, a time limit above the partition's, more nodes than it has — a
-``LaunchConfigError`` naming it. ``Allocation`` then asks for one with ``salloc --no-shell`` (the ``slurm={...}``
-options as its long options), says while it waits that the job is "pending in the queue (reason)" as ``squeue``
-gives the reason, and ``release`` gives it back (``scancel``) when the launch ends, whatever happened.
+``LaunchConfigError`` naming it. ``Allocation`` then asks for one with ``salloc`` (the ``slurm={...}`` options as its
+long options), says while it waits that the job is "pending in the queue (reason)" as ``squeue`` gives the reason,
+and ``release`` gives it back (``scancel``) when the launch ends, whatever happened.
+
+The allocation is held by ``salloc`` running a command that waits for the end of its stdin, a pipe only the kernel
+holds: if the kernel dies — even by SIGKILL, where no ``finally`` or ``atexit`` runs — the pipe ends, the command
+ends, and ``salloc`` gives the job back. (``salloc --no-shell`` would keep it until its time limit.)
 
 >>> minutes("1-02:03:04"), minutes("90"), minutes("01:30:00"), minutes("UNLIMITED")
 (1563.0666666666666, 90.0, 90.0, inf)
@@ -110,21 +114,24 @@ def check_request(request: Mapping[str, str], num_nodes: int,
     return partition
 
 
-def salloc_command(request: Mapping[str, str], num_nodes: int, ranks_per_node: int, name: str) -> List[str]:
-    """``salloc --no-shell`` for the launch: its nodes and tasks, then each ``slurm`` option as a long option.
+HOLD = ["sh", "-c", "cat >/dev/null"]   # salloc's command: holds the allocation until its stdin (our pipe) ends
 
-    >>> salloc_command({"partition": "gpu", "exclusive": ""}, 2, 4, "notebook_accel")
-    ['salloc', '--no-shell', '--nodes=2', '--ntasks-per-node=4', '--job-name=notebook_accel', '--partition=gpu', '--exclusive']
+
+def salloc_command(request: Mapping[str, str], num_nodes: int, ranks_per_node: int, name: str) -> List[str]:
+    """``salloc`` for the launch: its nodes and tasks, each ``slurm`` option as a long option, then the command that
+    holds the allocation while the kernel lives (see the module docstring).
+
+    >>> salloc_command({"partition": "gpu", "exclusive": ""}, 2, 4, "notebook_accel")[:7]
+    ['salloc', '--nodes=2', '--ntasks-per-node=4', '--job-name=notebook_accel', '--partition=gpu', '--exclusive', 'sh']
     """
-    argv = ["salloc", "--no-shell", f"--nodes={num_nodes}", f"--ntasks-per-node={ranks_per_node}",
-            f"--job-name={name}"]
+    argv = ["salloc", f"--nodes={num_nodes}", f"--ntasks-per-node={ranks_per_node}", f"--job-name={name}"]
     for key, value in request.items():
         argv.append(f"--{key}={value}" if value != "" else f"--{key}")
-    return argv
+    return argv + HOLD
 
 
 class Allocation:
-    """A job asked for with ``salloc --no-shell`` (see the module docstring); ``job_id`` once Slurm named it."""
+    """A job asked for with ``salloc`` (see the module docstring); ``job_id`` once Slurm named it."""
 
     def __init__(self, argv: List[str]) -> None:
         self.argv = argv
@@ -133,7 +140,7 @@ class Allocation:
         self.granted = False
         self.said: List[str] = []
         self._lock = threading.Lock()
-        self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self._reader = threading.Thread(target=self._read, name="notebook_accel-salloc", daemon=True)
         self._reader.start()
@@ -162,8 +169,6 @@ class Allocation:
                 job = self.job_id
             if self.process.poll() is not None:
                 self._reader.join(5.0)
-                if self.granted:
-                    return True
                 said = "\n".join(self.said[-10:]) or f"salloc ended with {self.process.returncode}"
                 raise LaunchConfigError(f"Slurm did not grant the allocation ({' '.join(self.argv[1:])}):\n{said}")
             if stopped():
@@ -181,6 +186,12 @@ class Allocation:
 
     def release(self) -> None:
         """Give the allocation back (``scancel``), whatever state it is in; ``salloc`` gone too."""
+        try:
+            self.process.stdin.close()   # the holding command ends: salloc relinquishes the job
+        except OSError:
+            pass
+        if self.job_id is not None:
+            run_tool(["scancel", "--quiet", self.job_id], timeout=30)
         if self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGTERM)   # a pending salloc withdraws its request
@@ -192,9 +203,7 @@ class Allocation:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         self._reader.join(5.0)
-        if self.job_id is not None:
-            run_tool(["scancel", "--quiet", self.job_id], timeout=30)
-        elif self.name is not None:   # salloc ended before it named the job: ours by name, this user's only
+        if self.job_id is None and self.name is not None:   # salloc ended before naming the job: ours, by name
             run_tool(["scancel", "--quiet", f"--name={self.name}", f"--user={os.getuid()}"], timeout=30)
         if self.process.stdout is not None:
             self.process.stdout.close()
