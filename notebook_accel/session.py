@@ -59,6 +59,7 @@ SESSION_RANKS: Dict[str, Tuple[str, str]] = {
     "processes": (".backends.session", "SessionProcesses"),
     "xla": (".backends.session", "SessionXlaHost"),
     "ray": (".backends.ray.session", "SessionRayActors"),
+    "slurm": (".backends.slurm.session", "SessionSlurmStep"),
 }
 
 
@@ -97,10 +98,11 @@ class Session:
                  cluster: Optional[ClusterName] = None,
                  resources_per_rank: Optional[Mapping[str, float]] = None,
                  placement: Optional[PlacementName] = None,
+                 slurm: Optional[Mapping[str, Any]] = None,
                  recover_timeout: float = 5.0,
                  config: Union[bool, PathLike, None] = None) -> None:
-        """Start the ranks — on this machine, or with ``cluster="ray"`` as actors of a Ray cluster — and join them
-        in one process group.
+        """Start the ranks — on this machine, with ``cluster="ray"`` as actors of a Ray cluster, or with
+        ``cluster="slurm"`` as one Slurm job step — and join them in one process group.
 
         The launcher's options, less those of several nodes and restarts (``notebook_launcher`` has them) and
         ``return_all`` (chosen per run); ``timeout`` and ``display`` are the default of each run. On TPU

@@ -281,3 +281,48 @@ def _command(pid: int) -> str:
     except psutil.Error:
         return ""
 
+
+SESSION = textwrap.dedent('''
+    import json, os, subprocess
+    from notebook_accel import Session
+
+    def where():
+        import torch, torch.distributed as dist
+        total = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(total)
+        return {"node": os.environ["SLURMD_NODENAME"], "rank": dist.get_rank(), "sum": total.item(),
+                "pid": os.getpid()}
+
+    def bump():
+        global counter
+        counter += 1
+
+    with Session(num_processes=2, cluster="slurm", display="text") as session:
+        first = session.run(where, return_all=True)
+        session.push(counter=41)
+        session.run(bump)
+        second = session.run(where, return_all=True)
+        counters = session.pull("counter")
+    steps = subprocess.run(["squeue", "-h", "-s", "-j", os.environ["SLURM_JOB_ID"], "-o", "%i"], capture_output=True,
+                           text=True).stdout.split()
+    print("REPORT " + json.dumps({"first": first, "second": second, "counters": counters,
+                                  "steps": [step for step in steps if step.split(".")[-1].isdigit()]}), flush=True)
+''')
+
+
+def test_a_warm_session_spans_the_allocations_nodes_with_push_and_pull(cluster, tmp_path):
+    """``Session(cluster="slurm")`` inside ``salloc -N2``: one step on both nodes, the same processes across runs,
+    state pushed, changed by a run, pulled back; nothing of the step left after ``close()``."""
+    script = tmp_path / "session.py"
+    script.write_text(SESSION)
+    env = dict(script_env(), SLURM_CONF=cluster.conf)
+    done = cluster.run(["salloc", "-N2", sys.executable, str(script)], env=env, timeout=400)
+    reports = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and reports, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    report = json.loads(reports[0][len("REPORT "):])
+    assert [(rank["node"], rank["rank"], rank["sum"]) for rank in report["first"]] == [
+        (cluster.nodes[0], 0, 3.0), (cluster.nodes[1], 1, 3.0)]
+    assert [rank["pid"] for rank in report["second"]] == [rank["pid"] for rank in report["first"]]   # warm
+    assert report["counters"] == [42, 42]
+    assert report["steps"] == []
+    assert cluster.wait_no_jobs() == []

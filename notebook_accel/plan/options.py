@@ -160,7 +160,7 @@ LAUNCHER_OPTIONS: Tuple[Option, ...] = (
             "``STRICT_`` a must); None: \"PACK\"."),
     Option("slurm", Optional[Mapping[str, Any]], None, "with ``cluster=\"slurm\"`` outside an allocation: the one "
            "to ask for, as sbatch's long options without dashes, e.g. ``{\"partition\": \"gpu\", \"time\": "
-           "\"01:00:00\", \"account\": \"lab\"}`` (a value ``True`` is a flag).", takers=LAUNCHES,
+           "\"01:00:00\", \"account\": \"lab\"}`` (a value ``True`` is a flag).",
            expects="a mapping of sbatch long option names to values, or None", valid=_str_keys),
     Option("num_nodes", int, 1, "several machines, one notebook (or ``notebook-accel launch``) per node; "
            "``num_processes`` is per node and global ranks follow the node order.", takers=LAUNCHES,

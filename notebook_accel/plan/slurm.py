@@ -63,6 +63,11 @@ def slurm_options(options: Mapping[str, Any], environ: Optional[Mapping[str, str
         raise LaunchConfigError(f"max_restarts={options['max_restarts']} is not supported with cluster='slurm' yet")
     num_nodes = int(options["num_nodes"])
     num_processes = options["num_processes"]
+    allocation = environ.get("SLURM_JOB_ID") or None
+    nodes_here = int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or 1)
+    if allocation is not None and num_nodes == OPTIONS["num_nodes"].default and nodes_here > 1 and \
+            (num_processes is None or num_processes % nodes_here == 0):
+        num_nodes = nodes_here   # inside an allocation, by default its every node (a Session takes no num_nodes)
     if num_processes is None:
         if device == Device.CUDA:
             raise LaunchConfigError("cluster='slurm' with device='cuda': give num_processes, the number of ranks "
@@ -72,12 +77,10 @@ def slurm_options(options: Mapping[str, Any], environ: Optional[Mapping[str, str
         raise LaunchConfigError(f"num_processes={num_processes} ranks cannot be spread evenly over "
                                 f"num_nodes={num_nodes} nodes: give a multiple of {num_nodes}")
     request = {str(key): _option_value(key, value) for key, value in (options["slurm"] or {}).items()}
-    allocation = environ.get("SLURM_JOB_ID") or None
     if allocation is not None:
         if request:
             raise LaunchConfigError(f"slurm={dict(options['slurm'])!r} asks for an allocation, but this kernel runs "
                                     f"inside one (SLURM_JOB_ID={allocation}): the ranks run as a step of it")
-        nodes_here = int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or num_nodes)
         if num_nodes > nodes_here:
             raise LaunchConfigError(f"num_nodes={num_nodes} is more than the {nodes_here} node(s) of this kernel's "
                                     f"Slurm allocation (job {allocation})")

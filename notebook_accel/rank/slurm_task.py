@@ -11,7 +11,8 @@ from Slurm — ``SLURM_PROCID`` is ``RANK``, ``SLURM_LOCALID`` ``LOCAL_RANK``, `
    ``("store", port)``;
 2. it waits for ``("run", setup)`` (the launch's environment, ``MASTER_ADDR``/``MASTER_PORT``, the function), then
    runs it as a Ray rank runs (``rank.actor.RankActor``: the same fd capture, events, result, failure), sending its
-   events as ``("events", events, last)`` while it runs;
+   events as ``("events", events, last)`` while it runs — or, for a warm ``Session``, serves its tasks (the
+   commands the kernel sends) until ``Shutdown``;
 3. ``("returned", exit code)``, and the process ends with that code.
 
 Meanwhile it reads the kernel's messages for it: a ``Command`` (``Interrupt``, a line typed at its prompt),
@@ -79,6 +80,7 @@ class SlurmTask:
         self.address, self.interface = node_network(os.environ.get("SLURM_LAUNCH_NODE_IPADDR"))
         self.actor = RankActor(self.rank, self.node)
         self.setups: "queue.Queue[Optional[Dict[str, Any]]]" = queue.Queue()
+        self._started = False   # the run (or a session's task loop) began: the end of stdin must end it
 
     def serve(self) -> int:
         self.writer.send(("hello", {
@@ -93,7 +95,13 @@ class SlurmTask:
             return 1
         pump = threading.Thread(target=self._pump, name="notebook_accel-slurm-events", daemon=True)
         pump.start()
-        code = self.actor.run(self._spec(setup), setup["payload"])
+        self._started = True
+        spec = self._spec(setup)
+        if setup.get("serve"):   # a warm session's rank: its task loop, until Shutdown
+            spec.group_backend, spec.group_generation = setup["group_backend"], setup["group_generation"]
+            code = self.actor.serve(spec)
+        else:
+            code = self.actor.run(spec, setup["payload"])
         pump.join()
         self.writer.send(("returned", code))
         return code
@@ -130,8 +138,8 @@ class SlurmTask:
                 self._handle(decoded[1])
         # stdin ended: the kernel or srun is gone. Nothing will read what this rank makes.
         self.setups.put(None)
-        if self.actor._busy:  # noqa: SLF001 -- the rank runs: end it, as a process rank dies with its kernel
-            os._exit(1)
+        if self._started:   # the rank runs (or waits for a session's tasks): end it, as a process rank dies with
+            os._exit(1)     # its kernel
 
     def _handle(self, message: Any) -> None:
         if isinstance(message, tuple) and message and message[0] == "run":

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections import defaultdict, deque
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 from ...errors import LaunchError
 from ...outcome.death import TAIL_LINES, quote_last_output
@@ -102,16 +102,22 @@ class SlurmBackend(Backend):
         self._checked = True
         return _NoStore()
 
-    def _allocate(self, sink: LaunchSink, policy: StopPolicy) -> Optional[str]:
+    def allocate(self, stopped: Callable[[], bool], tick: Callable[[], None],
+                 notice: Callable[[str], None]) -> Optional[str]:
         """The job the step runs in: the kernel's, else one asked for now and waited for (None: stopped first)."""
         slurm = self.plan.slurm
         if slurm.allocation is not None:
             return slurm.allocation
         name = f"notebook_accel:{self.plan.function_name}"[:100]
         self.allocation = Allocation(salloc_command(slurm.request, slurm.num_nodes, slurm.ranks_per_node, name))
-        granted = self.allocation.wait(lambda: policy.reason() is not None, sink.tick,
-                                       lambda text: sink.deliver(SessionNotice(rank=-1, text=text)))
+        granted = self.allocation.wait(stopped, tick, notice)
         return self.allocation.job_id if granted else None
+
+    def release(self) -> None:
+        """Give back the job asked for, if any."""
+        allocation, self.allocation = self.allocation, None
+        if allocation is not None:
+            allocation.release()
 
     def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
         tails: Dict[int, Deque[str]] = defaultdict(lambda: deque(maxlen=TAIL_LINES))
@@ -123,7 +129,8 @@ class SlurmBackend(Backend):
 
         if not self._checked:
             self.open_rendezvous()
-        job = self._allocate(sink, policy)
+        job = self.allocate(lambda: policy.reason() is not None, sink.tick,
+                            lambda text: sink.deliver(SessionNotice(rank=-1, text=text)))
         if job is None:
             return Outcome(policy.reason() or Status.STOPPED)
         self.step = step = SlurmStep(srun_command(self.plan, job), self.plan.world_size)
@@ -134,7 +141,7 @@ class SlurmBackend(Backend):
         if not ready:
             return Outcome(policy.reason() or Status.STOPPED)
         handles = step.attach()
-        step.send(("run", self._setup(step)))
+        step.send(("run", self.setup(step)))
         self._supervisor = Supervisor(handles, deliver, sink.tick, policy=policy,
                                       expect_results=self.plan.sends_result, asker=sink.asker)
         try:
@@ -143,7 +150,7 @@ class SlurmBackend(Backend):
             self._supervisor = None
         return self._named(outcome, step, tails)
 
-    def _setup(self, step: SlurmStep) -> Dict[str, Any]:
+    def setup(self, step: SlurmStep, **more: Any) -> Dict[str, Any]:
         """What every task needs to run: the launch's environment (its place is Slurm's), the rendezvous at rank 0's
         node, the function."""
         rank0 = step.hellos[0]
@@ -154,7 +161,7 @@ class SlurmBackend(Backend):
             env.pop(name, None)   # each task's own, from Slurm's variables (``rank.slurm_task``)
         return {"env": env, "ranks_per_node": self.plan.slurm.ranks_per_node, "return_all": self.plan.return_all,
                 "post_mortem": self.plan.post_mortem, "no_one_types": None,
-                "payload": self.plan.payload.portable()}
+                "payload": None if more.get("serve") else self.plan.payload.portable(), **more}
 
     def _named(self, outcome: Outcome, step: SlurmStep, tails: Dict[int, Deque[str]]) -> Outcome:
         """The outcome, its root cause raised naming the rank's node."""
@@ -185,9 +192,7 @@ class SlurmBackend(Backend):
             if running and (not step.handles or any(handle.process.is_alive() for handle in step.handles)):
                 step.cancel()   # stopped, timed out, failed or interrupted: nothing of the step may go on
             step.close()
-        allocation, self.allocation = self.allocation, None
-        if allocation is not None:
-            allocation.release()   # the job asked for is given back, whatever happened
+        self.release()   # the job asked for is given back, whatever happened
         self.plan.payload.close()
 
     def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
