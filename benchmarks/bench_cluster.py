@@ -31,7 +31,7 @@ torch 2.13 CPU, 2026-11-27 (second of two runs each; docs/benchmarks.md has both
     plain Ray actors            1.57 s            2.53 s      2.55 s      6 ms   40/40 lines, median 57 ms
     Ray Train TorchTrainer     18.04 s           18.04 s     20.94 s         —                           —
 
-Slurm, inside a 2-node allocation (the queue wait is Slurm's and not counted; no warm run: no Session on Slurm
+Slurm, inside a 2-node allocation (the queue wait is Slurm's and not counted; the warm run is not measured here
 yet), on tests/slurm_cluster.py's cluster (slurmctld here, a slurmd per network namespace) on this 2-core machine,
 heavily loaded by other test suites (load average 15-18), 2026-11-28, two runs:
 
