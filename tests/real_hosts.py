@@ -1,0 +1,229 @@
+"""Real hosts for the tests: network namespaces with distinct addresses on a bridge, as two machines on one LAN.
+
+Each "host" is a network namespace with one veth interface on a bridge of its own and an address in 10.77.0.0/24;
+the bridge's side in this (the root) namespace has one too, so a process here reaches the hosts as a laptop on the
+same network would (Ray Client, ``ray://``). Host names are not touched: the machine's name resolves to loopback in
+every namespace (``/etc/hosts``), as on Debian's default ``127.0.1.1 hostname`` and in many containers — which is
+what breaks gloo across hosts when no interface is named.
+
+Only addresses inside the namespaces made here are used; no traffic leaves them. Several test runs on one machine
+(xdist workers, two people's suites) each take one /28 slice of 10.77.0.0/24, held by an abstract Unix socket of this
+process (gone with it, no file left behind); the namespace, bridge and veth names carry the pid.
+
+Anything may be started in a host (``start``: a ``ray start --block``, a node's launch, later a ``slurmd``); ``close``
+ends every process of the namespaces (the ones started here by their process group, then whatever
+``ip netns pids`` still lists) and deletes the namespaces, the veths and the bridge, whatever happened before.
+
+Example::
+
+    with RealHosts(2) as hosts:
+        server = hosts.start(0, [sys.executable, "-m", "http.server", "--bind", hosts.address(0), "8000"])
+        hosts.run(1, [sys.executable, "-c", f"import urllib.request; urllib.request.urlopen('http://{hosts.address(0)}:8000')"])
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import psutil
+
+SUBNET = "10.77.0"            # the only addresses the harness uses: 10.77.0.0/24
+SLICE = 16                    # one run's slice: a /28 (13 hosts and the bridge's side)
+SLICES = 256 // SLICE
+# The pids at the top of the process trees a module's hosts keep up between its tests (``conftest.is_kept_helper``
+# looks them up here, as ``ray_cluster.KEPT_TREES``); ``close`` ends them.
+KEPT_TREES: set = set()
+
+
+def unavailable() -> Optional[str]:
+    """Why real hosts cannot be made here (for ``pytest.skip``), or None."""
+    if os.geteuid() != 0:
+        return "real hosts need root (network namespaces, a bridge, veth pairs)"
+    if shutil.which("ip") is None:
+        return "real hosts need iproute2's `ip` (apt-get install -y iproute2)"
+    return None
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+
+
+class RealHosts:
+    """``count`` hosts (network namespaces) on one bridge; see the module docstring."""
+
+    def __init__(self, count: int) -> None:
+        assert 1 <= count <= SLICE - 3
+        self.count = count
+        self.slice, self._lock = _take_slice()
+        base = self.slice * SLICE
+        self._addresses = [f"{SUBNET}.{base + 1 + index}" for index in range(count)]
+        self.outside_address = f"{SUBNET}.{base + SLICE - 2}"   # the bridge's side, in this namespace
+        self.prefix = 28
+        tag = f"{os.getpid() % 100000}"
+        self.bridge = f"nab{tag}"                                 # interface names: at most 15 characters
+        self.namespaces = [f"nahost{tag}-{index}" for index in range(count)]
+        self._veths = [f"nav{tag}-{index}" for index in range(count)]
+        self.interfaces = [f"nae{tag}-{index}" for index in range(count)]   # each host's own interface
+        self._started: List[subprocess.Popen] = []
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> "RealHosts":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def addresses(self) -> List[str]:
+        """Every host's address, by host."""
+        return list(self._addresses)
+
+    def address(self, host: int) -> str:
+        """Host ``host``'s address on the bridge."""
+        return self._addresses[host]
+
+    # ------------------------------------------------------------------------------------------------ build
+
+    def _build(self) -> None:
+        ip("link", "add", self.bridge, "type", "bridge")
+        ip("addr", "add", f"{self.outside_address}/{self.prefix}", "dev", self.bridge)
+        ip("link", "set", self.bridge, "up")
+        for namespace, veth, inside, address in zip(self.namespaces, self._veths, self.interfaces, self._addresses):
+            ip("netns", "add", namespace)
+            ip("link", "add", veth, "type", "veth", "peer", "name", inside)
+            ip("link", "set", inside, "netns", namespace)
+            ip("link", "set", veth, "master", self.bridge)
+            ip("link", "set", veth, "up")
+            ip("-n", namespace, "link", "set", "lo", "up")
+            ip("-n", namespace, "addr", "add", f"{address}/{self.prefix}", "dev", inside)
+            ip("-n", namespace, "link", "set", inside, "up")
+
+    # ------------------------------------------------------------------------------------------------ run
+
+    def command(self, host: int, argv: Sequence[str]) -> List[str]:
+        """``argv`` run in host ``host``'s namespace."""
+        return ["ip", "netns", "exec", self.namespaces[host], *argv]
+
+    def start(self, host: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None, keep: bool = False,
+              **popen_options) -> subprocess.Popen:
+        """Start ``argv`` in host ``host`` (its own process group); ``close`` ends it. ``keep``: it stays up between
+        tests (a node of the module's cluster), so the suite's per-test leftover check leaves its tree alone."""
+        process = subprocess.Popen(self.command(host, argv), env=env, start_new_session=True, **popen_options)
+        self._started.append(process)
+        if keep:
+            KEPT_TREES.add(process.pid)
+        return process
+
+    def run(self, host: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None, timeout: float = 120,
+            ) -> subprocess.CompletedProcess:
+        """Run ``argv`` in host ``host`` to its end; its output as text. A run past ``timeout`` is killed (its
+        process group) and raises ``subprocess.TimeoutExpired`` with what it wrote."""
+        process = self.start(host, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _end_group(process)
+            out, err = process.communicate()
+            raise subprocess.TimeoutExpired(process.args, timeout, output=out, stderr=err) from None
+        finally:
+            self._started.remove(process)
+        return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+    def pids(self) -> List[int]:
+        """Every process in the hosts' namespaces now."""
+        found: List[int] = []
+        for namespace in self.namespaces:
+            listed = ip("netns", "pids", namespace, check=False)
+            found += [int(pid) for pid in listed.stdout.split()]
+        return found
+
+    # ------------------------------------------------------------------------------------------------ end
+
+    def close(self) -> None:
+        """End every process in the hosts, delete the namespaces, the veths and the bridge (idempotent); an
+        ``AssertionError`` if a process of the namespaces outlived that."""
+        for process in self._started:
+            _end_group(process, grace=10.0)
+        self._started = []
+        stubborn = self._kill_namespace_processes()
+        KEPT_TREES.clear()
+        for namespace in self.namespaces:
+            ip("netns", "del", namespace, check=False)          # takes its veth end, and so the pair, with it
+        for veth in self._veths:
+            ip("link", "del", veth, check=False)
+        ip("link", "del", self.bridge, check=False)
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+        assert not stubborn, f"processes of the real hosts outlived their end: {stubborn}"
+
+    def _kill_namespace_processes(self) -> List[str]:
+        """SIGKILL whatever still runs in the namespaces (a daemon that left its process group); what survives."""
+        pids = [pid for pid in self.pids() if pid != os.getpid()]
+        processes = []
+        for pid in pids:
+            try:
+                processes.append(psutil.Process(pid))
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, psutil.Error):
+                pass
+        _, alive = psutil.wait_procs(processes, timeout=10)
+        return [f"{process.pid} {_command_line(process)}" for process in alive
+                if process.status() != psutil.STATUS_ZOMBIE]
+
+
+def _take_slice() -> Tuple[int, socket.socket]:
+    """One /28 of 10.77.0.0/24 for this run, held by binding an abstract Unix socket named after it (free again when
+    this process ends, however it ends)."""
+    for index in range(SLICES - 1, -1, -1):   # from the top: .224/28 first, away from people's hand-made .1, .2
+        lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            lock.bind(f"\0notebook_accel-real-hosts-{index}")
+            return index, lock
+        except OSError:
+            lock.close()
+    raise RuntimeError("every /28 of 10.77.0.0/24 is taken by another test run of this machine")
+
+
+def _end_group(process: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM to the process's group, SIGKILL after ``grace`` s; reaped."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            process.wait(wait)
+            deadline = time.monotonic() + wait   # the group's other members may outlive its leader
+            while time.monotonic() < deadline and _group_alive(process.pid):
+                time.sleep(0.1)
+            if not _group_alive(process.pid):
+                return
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _command_line(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())[:300]
+    except psutil.Error:
+        return "?"
