@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 import slurm_cluster
+import test_backend_contract
 from real_hosts import RealHosts
 from scripts import script_env
 from slurm_cluster import SlurmCluster
@@ -326,3 +327,25 @@ def test_a_warm_session_spans_the_allocations_nodes_with_push_and_pull(cluster, 
     assert report["counters"] == [42, 42]
     assert report["steps"] == []
     assert cluster.wait_no_jobs() == []
+
+
+CONTRACT = test_backend_contract.checks_with_a_case()
+
+
+@pytest.mark.parametrize("check", CONTRACT)
+def test_the_backend_contract_holds_for_a_slurm_step(cluster, monkeypatch, check):
+    """tests/test_backend_contract.py's checks on the table's "slurm" line, with pytest as the kernel on the login
+    node: each launch asks for a two-node job, runs its ranks as a step of it, and gives it back."""
+    import cloudpickle
+
+    for name, value in cluster.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    # The tasks import what pytest's process imports, but not a test module: its functions travel by value.
+    cloudpickle.register_pickle_by_value(test_backend_contract)
+    try:
+        getattr(test_backend_contract, check)("slurm")
+    finally:
+        cloudpickle.unregister_pickle_by_value(test_backend_contract)
+    assert cluster.wait_no_jobs() == []
+

@@ -1,8 +1,8 @@
 """A warm session's ranks on Slurm (``Session(cluster="slurm")``): one job step that stays up across runs and cells.
 
 ``SessionSlurmStep`` is ``base.WarmRanks`` on a Slurm allocation, as ``ray.session.SessionRayActors`` is on a Ray
-cluster, so ``Session`` and its rules (``backends.session``) apply unchanged. Underneath: the job (the kernel's allocation, or one asked for
-and held until ``kill``), one ``srun`` step whose tasks run ``RankActor.serve`` (``rank.slurm_task``), and the step's
+cluster, so ``Session`` and its rules (``backends.session``) apply unchanged. Underneath: the job (the kernel's
+allocation, or one asked for and held until ``kill``), one ``srun`` step whose tasks run ``RankActor.serve`` (``rank.slurm_task``), and the step's
 relay carrying their events into the pipes the supervisors read. A command (a run, an interrupt, a new group) goes to
 its rank through ``srun``'s stdin; a process group is cut by each rank closing the connections its own join made
 (its peers' pids are on other machines).
