@@ -349,3 +349,27 @@ def test_the_backend_contract_holds_for_a_slurm_step(cluster, monkeypatch, check
         cloudpickle.unregister_pickle_by_value(test_backend_contract)
     assert cluster.wait_no_jobs() == []
 
+
+def test_max_restarts_runs_a_new_step_of_the_same_job_after_a_failure(cluster, monkeypatch):
+    """Rank 1 fails in the first attempt: the launch runs a second step in the job it asked for, which finishes;
+    with no restart left, the first failure is the launch's."""
+    from notebook_accel import notebook_launcher
+
+    for name, value in cluster.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+
+    def fails_first():
+        import os
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        if attempt == 0 and os.environ["RANK"] == "1":
+            raise ValueError("the first attempt fails")
+        return {"attempt": attempt, "job": os.environ["SLURM_JOB_ID"], "step": os.environ["SLURM_STEP_ID"]}
+
+    ranks = notebook_launcher(fails_first, num_processes=2, num_nodes=2, cluster="slurm", display="none",
+                              max_restarts=1, return_all=True)
+    assert [rank["attempt"] for rank in ranks] == [1, 1]
+    assert len({(rank["job"], rank["step"]) for rank in ranks}) == 1 and ranks[0]["step"] != "0"  # a second step
+    with pytest.raises(ValueError, match="the first attempt fails"):
+        notebook_launcher(fails_first, num_processes=2, num_nodes=2, cluster="slurm", display="none")
+    assert cluster.wait_no_jobs() == []

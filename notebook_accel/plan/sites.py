@@ -9,7 +9,8 @@
 | ``RayCluster``     | Ray actors on a cluster, in one placement group                 | resources, placement,    |
 |                    |                                                                 | restarts                 |
 | ``SlurmAllocation``| the tasks of one Slurm job step (``srun``), in the kernel's job | nodes, ranks per node,   |
-|                    | or in one asked for                                             | the job, sbatch options  |
+|                    | or in one asked for                                             | the job, sbatch options, |
+|                    |                                                                 | restarts                 |
 
 Each site carries only its own options; what every launch has (world size, device, precision, timeout, display)
 is the plan's. ``backends.BACKENDS`` maps each site's type to the backend that runs it, for launches and
@@ -104,13 +105,15 @@ class SlurmAllocation(Site):
     """Every rank a task of one Slurm job step (``srun``): ``num_nodes`` nodes with ``ranks_per_node`` tasks each, in
     ``allocation`` (the kernel's own job id: a batchspawner notebook, ``salloc``) or, when None, in a job asked for
     with ``request`` (sbatch's long options without dashes, as (option, value) pairs; a value "" is a flag) and given
-    back when the launch ends. Made by ``plan.slurm.slurm_allocation`` only."""
+    back when the launch ends; ``max_restarts`` whole-world restarts, each a new step of the same job. Made by
+    ``plan.slurm.slurm_allocation`` only."""
 
     name: ClassVar[str] = "slurm"
     num_nodes: int
     ranks_per_node: int
     allocation: Optional[str]
     request: Tuple[Tuple[str, str], ...] = ()
+    max_restarts: int = 0
 
     @property
     def world_size(self) -> int:

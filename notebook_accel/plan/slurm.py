@@ -8,7 +8,7 @@ What the cluster itself allows (the partition, its time limit, its nodes) is ask
 >>> from .options import defaults
 >>> options = {**defaults(), "cluster": "slurm", "num_processes": 4, "num_nodes": 2}
 >>> slurm_allocation(options, environ={"SLURM_JOB_ID": "12", "SLURM_JOB_NUM_NODES": "2"})
-SlurmAllocation(num_nodes=2, ranks_per_node=2, allocation='12', request=())
+SlurmAllocation(num_nodes=2, ranks_per_node=2, allocation='12', request=(), max_restarts=0)
 >>> slurm_allocation({**options, "num_processes": 3}, environ={})
 Traceback (most recent call last):
 ...
@@ -44,8 +44,6 @@ def slurm_allocation(options: Mapping[str, Any], environ: Optional[Mapping[str, 
     device = options["device"]
     if device not in (None, Device.CPU, Device.CUDA):
         raise LaunchConfigError(f"device={device!r} is not supported with cluster='slurm' (cpu or cuda)")
-    if options["max_restarts"]:
-        raise LaunchConfigError(f"max_restarts={options['max_restarts']} is not supported with cluster='slurm' yet")
     num_nodes = int(options["num_nodes"])
     num_processes = options["num_processes"]
     allocation = environ.get("SLURM_JOB_ID") or None
@@ -70,7 +68,7 @@ def slurm_allocation(options: Mapping[str, Any], environ: Optional[Mapping[str, 
             raise LaunchConfigError(f"num_nodes={num_nodes} is more than the {nodes_here} node(s) of this kernel's "
                                     f"Slurm allocation (job {allocation})")
     return SlurmAllocation(num_nodes=num_nodes, ranks_per_node=num_processes // num_nodes, allocation=allocation,
-                           request=tuple(request.items()))
+                           request=tuple(request.items()), max_restarts=int(options["max_restarts"]))
 
 
 def check_slurm_option(options: Mapping[str, Any]) -> None:

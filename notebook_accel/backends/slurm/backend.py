@@ -26,7 +26,7 @@ from ...outcome.root_cause import Outcome, is_system_exit
 from ...plan.plan import LaunchPlan
 from ...plan.sites import SlurmAllocation
 from ...wire.events import OutputLine, OutputLines, RankEvent, SessionNotice, Status
-from ..base import Backend, LaunchSink, StopPolicy
+from ..base import Backend, LaunchSink, StopPolicy, restartable_failure, run_attempts
 from ..supervisor import Supervisor
 from .allocation import Allocation, check_request, salloc_command
 from .step import SlurmStep
@@ -126,6 +126,24 @@ class SlurmBackend(Backend):
             allocation.release()
 
     def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
+        if not self._checked:
+            self.open_rendezvous()
+        job = self.allocate(lambda: policy.reason() is not None, sink.tick,
+                            lambda text: sink.deliver(SessionNotice(rank=-1, text=text)))
+        if job is None:
+            return Outcome(policy.reason() or Status.STOPPED)
+        # With max_restarts, each attempt is a new step of the same job (base.run_attempts announces it).
+        outcome, history = run_attempts(self.site.max_restarts, sink.deliver,
+                                        lambda attempt: self._run_step(job, attempt, sink, policy),
+                                        restartable_failure)
+        if outcome.local_exception is not None and hasattr(outcome.local_exception, "add_note"):
+            for number, line in enumerate(history, start=1):
+                outcome.local_exception.add_note(f"(notebook_accel: attempt {number} failed first: {line})")
+        return outcome
+
+    def _run_step(self, job: str, attempt: int, sink: LaunchSink, policy: StopPolicy) -> Outcome:
+        """One attempt: a step of ``job`` with every rank, supervised to its end, then ended (nothing of it goes on
+        into the next attempt)."""
         tails: Dict[int, Deque[str]] = defaultdict(lambda: deque(maxlen=TAIL_LINES))
 
         def deliver(event: RankEvent) -> None:  # each rank's last lines, for a death's message
@@ -133,35 +151,33 @@ class SlurmBackend(Backend):
                 tails[event.rank].extend(event.texts)
             sink.deliver(event)
 
-        if not self._checked:
-            self.open_rendezvous()
-        job = self.allocate(lambda: policy.reason() is not None, sink.tick,
-                            lambda text: sink.deliver(SessionNotice(rank=-1, text=text)))
-        if job is None:
-            return Outcome(policy.reason() or Status.STOPPED)
         self.step = step = SlurmStep(srun_command(self.plan, job), self.plan.world_size)
         try:
-            ready = step.wait_ready(lambda: policy.reason() is not None, sink.tick)
-        except RuntimeError as error:
-            raise LaunchError(f"the Slurm job step did not start: {error}") from None
-        if not ready:
-            return Outcome(policy.reason() or Status.STOPPED)
-        handles = step.attach()
-        step.send(("run", self.setup(step)))
-        self._supervisor = Supervisor(handles, deliver, sink.tick, policy=policy,
-                                      expect_results=self.plan.sends_result, asker=sink.asker)
-        try:
-            outcome = self._supervisor.run()
+            try:
+                ready = step.wait_ready(lambda: policy.reason() is not None, sink.tick)
+            except RuntimeError as error:
+                raise LaunchError(f"the Slurm job step did not start: {error}") from None
+            if not ready:
+                return Outcome(policy.reason() or Status.STOPPED)
+            handles = step.attach()
+            step.send(("run", self.setup(step, attempt=attempt)))
+            self._supervisor = Supervisor(handles, deliver, sink.tick, policy=policy,
+                                          expect_results=self.plan.sends_result, asker=sink.asker)
+            try:
+                outcome = self._supervisor.run()
+            finally:
+                self._supervisor = None
+            return self._named(outcome, step, tails)
         finally:
-            self._supervisor = None
-        return self._named(outcome, step, tails)
+            self._end_step()
 
-    def setup(self, step: SlurmStep, **more: Any) -> Dict[str, Any]:
+    def setup(self, step: SlurmStep, attempt: int = 0, **more: Any) -> Dict[str, Any]:
         """What every task needs to run: the launch's environment (its place is Slurm's), the rendezvous at rank 0's
-        node, the function."""
+        node, the function; ``attempt``: which one this step is (``TORCHELASTIC_RESTART_COUNT``)."""
         rank0 = step.hellos[0]
         env = self.plan.rank_env(0, {"MASTER_ADDR": rank0.address, "MASTER_PORT": str(step.store_port),
-                                     "TORCHELASTIC_USE_AGENT_STORE": "True"})
+                                     "TORCHELASTIC_USE_AGENT_STORE": "True",
+                                     "TORCHELASTIC_RESTART_COUNT": str(attempt)})
         for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "ROLE_WORLD_SIZE",
                      "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
             env.pop(name, None)   # each task's own, from Slurm's variables (``rank.slurm_task``)
@@ -191,13 +207,16 @@ class SlurmBackend(Backend):
             pass
         return dataclasses.replace(outcome, local_exception=error)
 
-    def _close(self) -> None:
+    def _end_step(self) -> None:
         step, self.step = self.step, None
         if step is not None:
             running = step.srun.poll() is None
             if running and (not step.handles or any(handle.process.is_alive() for handle in step.handles)):
                 step.cancel()   # stopped, timed out, failed or interrupted: nothing of the step may go on
             step.close()
+
+    def _close(self) -> None:
+        self._end_step()
         self.release()   # the job asked for is given back, whatever happened
         self.plan.payload.close()
 
