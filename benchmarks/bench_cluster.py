@@ -1,8 +1,10 @@
-"""Ranks on a Ray cluster: notebook_accel's ``cluster="ray"`` vs plain Ray actors vs Ray Train's ``TorchTrainer``.
+"""Ranks on a Ray cluster: notebook_accel's ``cluster="ray"`` vs plain Ray actors vs Ray Train's ``TorchTrainer``;
+on Slurm, ``cluster="slurm"`` vs ``srun`` of a plain torch script.
 
     python benchmarks/bench_cluster.py                     # a fake 2-node cluster on this machine (2 CPUs a node)
     python benchmarks/bench_cluster.py --address auto      # the cluster of this machine (``ray start``)
     python benchmarks/bench_cluster.py --client            # the fake cluster through Ray Client (``ray://``)
+    salloc -N2 python benchmarks/bench_cluster.py --slurm  # inside a 2-node Slurm allocation
 
 For each tool, 2 ranks with ``SPREAD`` placement (one per node where Ray can):
 
@@ -28,6 +30,20 @@ torch 2.13 CPU, 2026-11-27 (second of two runs each; docs/benchmarks.md has both
     notebook_accel              3.40 s            4.02 s      4.09 s     18 ms    40/40 lines, median 9 ms
     plain Ray actors            1.57 s            2.53 s      2.55 s      6 ms   40/40 lines, median 57 ms
     Ray Train TorchTrainer     18.04 s           18.04 s     20.94 s         —                           —
+
+Slurm, inside a 2-node allocation (the queue wait is Slurm's and not counted; the warm run is not measured here
+yet), on tests/slurm_cluster.py's cluster (slurmctld here, a slurmd per network namespace) on this 2-core machine,
+heavily loaded by other test suites (load average 15-18), 2026-11-28, two runs:
+
+    --slurm                      start  first all-reduce  whole call
+    notebook_accel             22.91 s           23.01 s     23.41 s
+    plain srun + torch          671 ms           17.22 s     22.55 s
+    notebook_accel             18.03 s           18.08 s     18.38 s
+    plain srun + torch          636 ms           13.08 s     17.60 s
+
+"start" differs in meaning: a plain task stamps before it imports torch, ours once the function runs (torch imported
+in the task first, the store hosted by rank 0). The whole call is within a second of plain srun's (whose tasks then
+spend about 5 s leaving the group and exiting under this load); repeat on a quiet machine before quoting.
 
 Plain actors' other lines came after the 10 s window, folded by Ray into one "[repeated Nx across cluster]" line
 labelled by pid. Ours reached the first all-reduce at 3.6 s before each actor imported torch.distributed in a
@@ -249,14 +265,74 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+# ------------------------------------------------------------------------------------------------ Slurm
+
+PLAIN_SRUN_TASK = """
+import json, os, socket, sys, time
+entered = time.time()
+import torch, torch.distributed as dist
+master, port = sys.argv[1], sys.argv[2]
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:   # gloo's interface, as one must set it by hand here
+    probe.connect((master, 9)); mine = probe.getsockname()[0]
+import psutil
+os.environ.setdefault("GLOO_SOCKET_IFNAME", next(name for name, entries in psutil.net_if_addrs().items()
+                                                 if any(entry.address == mine for entry in entries)))
+dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=int(os.environ["SLURM_PROCID"]),
+                        world_size=int(os.environ["SLURM_NTASKS"]))
+value = torch.ones(1); dist.all_reduce(value)
+print(json.dumps([entered, time.time()]), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def bench_slurm_ours(nodes: int) -> Dict[str, Any]:
+    from notebook_accel import notebook_launcher
+
+    started = time.time()
+    stamps = notebook_launcher(first_all_reduce, num_processes=nodes, num_nodes=nodes, cluster="slurm",
+                               return_all=True, display="none")
+    return _start_figures(started, stamps)
+
+
+def bench_slurm_plain(nodes: int) -> Dict[str, Any]:
+    """``srun`` of a plain torch script, as one writes it by hand: MASTER_ADDR the first node's address (its
+    ``NodeAddr``: the node names need not resolve), a fixed port, gloo's interface found by the route to it."""
+    import json
+    import subprocess
+
+    first = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True,
+                           text=True, check=True).stdout.split()[0]
+    shown = subprocess.run(["scontrol", "show", "node", first], capture_output=True, text=True, check=True).stdout
+    master = shown.split("NodeAddr=", 1)[1].split()[0]
+    started = time.time()
+    done = subprocess.run(["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", sys.executable,
+                           "-c", PLAIN_SRUN_TASK, master, str(29500 + os.getpid() % 1000)],
+                          capture_output=True, text=True, check=True)
+    stamps = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
+    return _start_figures(started, stamps)
+
+
+def main_slurm(nodes: int) -> Dict[str, Dict[str, Any]]:
+    if not os.environ.get("SLURM_JOB_ID"):
+        raise SystemExit("--slurm runs inside an allocation: salloc -N2 python benchmarks/bench_cluster.py --slurm")
+    import torch.distributed  # noqa: F401  (warm, as a notebook kernel that already imported torch)
+
+    return {"notebook_accel": bench_slurm_ours(nodes), "plain srun + torch": bench_slurm_plain(nodes)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--address", help="a Ray cluster to use (default: a fake 2-node one on this machine)")
     parser.add_argument("--repeats", type=int, default=10, help="warm runs timed per tool")
     parser.add_argument("--client", action="store_true",
                         help="reach the fake cluster through Ray Client (ray://), as a notebook outside its network")
+    parser.add_argument("--slurm", action="store_true",
+                        help="inside a Slurm allocation of 2 nodes: cluster='slurm' vs srun of a plain torch script")
     options = parser.parse_args()
 
+    if options.slurm:
+        _print_table(main_slurm(2))
+        return
     import ray
 
     client_port = _free_port() if options.client and not options.address else None
@@ -278,7 +354,10 @@ def main() -> None:
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
+    _print_table(results)
 
+
+def _print_table(results: Dict[str, Dict[str, Any]]) -> None:
     columns = ["start", "first all-reduce", "whole call", "warm run", "output"]
     widths = [10, 18, 12, 10, 28]
     print(f"{'':24}" + "".join(f"{column:>{width}}" for column, width in zip(columns, widths)))

@@ -285,6 +285,7 @@ def launch_panel(function: Callable[..., Any], args: tuple = (), kwargs: Optiona
                  cluster: Optional[ClusterName] = None,
                  resources_per_rank: Optional[Mapping[str, float]] = None,
                  placement: Optional[PlacementName] = None,
+                 slurm: Optional[Mapping[str, Any]] = None,
                  num_nodes: int = 1,
                  node_rank: Optional[int] = None,
                  rdzv_backend: Union[RendezvousBackendName, str] = "static",
@@ -315,6 +316,7 @@ def launch_panel(function: Callable[..., Any], args: tuple = (), kwargs: Optiona
         num_processes=num_processes, device=device, mixed_precision=mixed_precision, start_method=start_method,
         master_addr=master_addr, use_port=use_port, timeout=timeout, return_all=return_all,
         compile_cache=compile_cache, fsdp_config=fsdp_config, deepspeed_config=deepspeed_config, cluster=cluster,
-        resources_per_rank=resources_per_rank, placement=placement, num_nodes=num_nodes, node_rank=node_rank,
+        resources_per_rank=resources_per_rank, placement=placement, slurm=slurm, num_nodes=num_nodes,
+        node_rank=node_rank,
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_conf=rdzv_conf,
         max_restarts=max_restarts, monitor_interval=monitor_interval))

@@ -85,10 +85,11 @@ class Session:
                  cluster: Optional[ClusterName] = None,
                  resources_per_rank: Optional[Mapping[str, float]] = None,
                  placement: Optional[PlacementName] = None,
+                 slurm: Optional[Mapping[str, Any]] = None,
                  recover_timeout: float = 5.0,
                  config: Union[bool, PathLike, None] = None) -> None:
-        """Start the ranks — on this machine, or with ``cluster="ray"`` as actors of a Ray cluster — and join them
-        in one process group.
+        """Start the ranks — on this machine, with ``cluster="ray"`` as actors of a Ray cluster, or with
+        ``cluster="slurm"`` as one Slurm job step — and join them in one process group.
 
         The launcher's options, less those of several nodes and restarts (``notebook_launcher`` has them) and
         ``return_all`` (chosen per run); ``timeout`` and ``display`` are the default of each run. On TPU
@@ -106,7 +107,7 @@ class Session:
             num_processes=num_processes, device=device, mixed_precision=mixed_precision, start_method=start_method,
             master_addr=master_addr, use_port=use_port, timeout=timeout, display=display, pdb=pdb,
             compile_cache=compile_cache, fsdp_config=fsdp_config, deepspeed_config=deepspeed_config, cluster=cluster,
-            resources_per_rank=resources_per_rank, placement=placement)
+            resources_per_rank=resources_per_rank, placement=placement, slurm=slurm)
         self._plan = make_plan(_nothing, (), None, options, allow_inline=False)
         self._pdb = pdb  # each run's post-mortem switch, unless the run says (None: IPython's %pdb, then)
         self.recover_timeout = float(recover_timeout)

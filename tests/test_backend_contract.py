@@ -4,7 +4,9 @@ Each case drives a backend directly (``backend_for(plan).run(env, sink)``) with 
 event, so what is checked is the backend itself, not the launcher around it. Every line of the backends' table
 (``backends.BACKENDS``) has a case here (a test fails for a line without one): a new backend adds its case and passes
 this file. The Ray case runs these same tests from ``tests/test_ray_cluster.py``, on its fake two-node cluster (a
-file whose tests make pytest's process a Ray driver, after which this file's fork cases would be refused).
+file whose tests make pytest's process a Ray driver, after which this file's fork cases would be refused); the Slurm
+case from ``tests/test_slurm_launch.py``, on its real Slurm cluster (root, network namespaces, a slurmd per node:
+made once for that file, and skipped where Slurm's packages are missing).
 """
 from __future__ import annotations
 
@@ -36,13 +38,25 @@ CASES: Dict[str, Tuple[Dict[str, Any], str]] = {
     "nodes": ({"num_processes": 2, "device": "cpu", "max_restarts": 1}, "nodes"),
     # Ray actors on tests/test_ray_cluster.py's fake cluster (run from there: see the module docstring).
     "ray": ({"num_processes": 2, "cluster": "ray"}, "ray"),
+    # A job step over tests/test_slurm_launch.py's two Slurm nodes, in a job each launch asks for and gives back.
+    "slurm": ({"num_processes": 2, "num_nodes": 2, "cluster": "slurm"}, "slurm"),
 }
-RUN_FROM_THE_RAY_CLUSTER_TESTS = {"ray"}
+# Cases run from the file that has their cluster (see the module docstring).
+RUN_FROM_THE_CLUSTER_TESTS = {"ray": "tests/test_ray_cluster.py", "slurm": "tests/test_slurm_launch.py"}
 # Seconds a case's ranks may take to start (Ray places and starts an actor per rank: over a minute on a busy 2-core
 # machine); added to the timeout, the ranks' sleep and the hang bounds. Such a case is stopped once every rank said
 # it is ready, not after a fixed delay.
-START_ALLOWANCE = {"ray": 120.0}
-HERE = [case for case in CASES if case not in RUN_FROM_THE_RAY_CLUSTER_TESTS]
+# A Slurm case waits for its job (salloc) and its step's tasks on both nodes: tens of seconds on this machine.
+START_ALLOWANCE = {"ray": 120.0, "slurm": 90.0}
+HERE = [case for case in CASES if case not in RUN_FROM_THE_CLUSTER_TESTS]
+
+
+def checks_with_a_case() -> list:
+    """The names of this file's tests that take a ``case`` (what a file running a cluster's case runs)."""
+    import inspect
+
+    return sorted(name for name, test in globals().items() if name.startswith("test_") and callable(test)
+                  and "case" in inspect.signature(test).parameters)
 
 
 @pytest.fixture(autouse=True)

@@ -217,7 +217,7 @@ def test_every_backend_in_the_table_imports_and_provides_its_contracts():
     assert {name: backend_class(name).name for name in BACKENDS} == {name: name for name in BACKENDS}
     assert all(issubclass(backend_class(name), Backend) for name in BACKENDS)
     warm = {name: warm_ranks_class(name) for name in BACKENDS}
-    assert {name for name, cls in warm.items() if cls is not None} == {"processes", "xla", "ray"}
+    assert {name for name, cls in warm.items() if cls is not None} == {"processes", "xla", "ray", "slurm"}
     for name, cls in warm.items():
         if cls is not None:
             assert issubclass(cls, WarmRanks) and not inspect.isabstract(cls), name
@@ -241,11 +241,13 @@ def _constructs(module: str, name: str) -> bool:
                for node in ast.walk(tree))
 
 
-def test_the_restart_loop_is_written_once_and_ray_is_decided_in_one_place():
+def test_the_restart_loop_is_written_once_and_each_cluster_is_decided_in_one_place():
     # Every backend that restarts the whole world runs base.run_attempts: only it announces an attempt.
     assert [module for module in MODULES if _constructs(module, "AttemptStarted")] == [f"{PACKAGE}.backends.base"]
     # cluster="ray" becomes the Ray site in plan/cluster.py, nowhere else.
     assert [module for module in MODULES if _constructs(module, "RayCluster")] == [f"{PACKAGE}.plan.cluster"]
+    # cluster="slurm" becomes the Slurm site in plan/slurm.py, nowhere else.
+    assert [module for module in MODULES if _constructs(module, "SlurmAllocation")] == [f"{PACKAGE}.plan.slurm"]
 
 
 def test_the_session_talks_to_its_ranks_through_the_contract_not_a_supervisor():
@@ -253,7 +255,8 @@ def test_the_session_talks_to_its_ranks_through_the_contract_not_a_supervisor():
     # TaskEnd says what a task left); it neither imports the supervisor nor makes one.
     session = f"{PACKAGE}.session"
     assert f"{PACKAGE}.backends.supervisor" not in GRAPH[session]
-    for name in ("Supervisor", "SessionSupervisor", "SessionProcesses", "SessionXlaHost", "SessionRayActors"):
+    for name in ("Supervisor", "SessionSupervisor", "SessionProcesses", "SessionXlaHost", "SessionRayActors",
+                 "SessionSlurmStep"):
         assert not _constructs(session, name), name
     source = open(MODULES[session], encoding="utf-8").read()
     assert ".supervisor" not in source and "SESSION_RANKS" not in source

@@ -9,6 +9,8 @@ launch there (a ``base.Backend``) and the one that keeps a ``Session``'s ranks w
 | ``nodes``     | ``SeveralNodes``             | this node's processes of a multi-node world, restarted as  | no       |
 |               |                              | a whole after a failure (torch elastic rendezvous)         |          |
 | ``ray``       | ``RayCluster``               | Ray actors on a cluster, in one placement group            | yes      |
+| ``slurm``     | ``SlurmAllocation``          | the tasks of one Slurm job step (``srun``), in the         | yes      |
+|               |                              | kernel's allocation or in one asked for                    |          |
 
 Planning (``plan.plan``) decides the site; nothing else asks which backend applies. A new backend is a folder here
 (kernel side), its site in ``plan.sites``, and one line in ``BACKENDS`` (see docs/architecture.md).
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, Optional, Tuple, Type
 
 from ..errors import LaunchConfigError
-from ..plan.sites import InKernel, LocalProcesses, RayCluster, SeveralNodes, Site, XlaHost
+from ..plan.sites import InKernel, LocalProcesses, RayCluster, SeveralNodes, Site, SlurmAllocation, XlaHost
 from .base import Backend, LaunchSink, WarmRanks
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,6 +50,7 @@ BACKENDS: Dict[str, BackendEntry] = {entry.name: entry for entry in (
     BackendEntry(XlaHost, (".xla", "XlaBackend"), (".session", "SessionXlaHost")),
     BackendEntry(SeveralNodes, (".nodes", "NodesBackend")),
     BackendEntry(RayCluster, (".ray", "RayBackend"), (".ray.session", "SessionRayActors")),
+    BackendEntry(SlurmAllocation, (".slurm", "SlurmBackend"), (".slurm.session", "SessionSlurmStep")),
 )}
 
 

@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Mapping, Optional, Tuple, TypeVar
 
+from ..errors import one_line
 from ..outcome.root_cause import Outcome
 from ..wire.commands import Command, RunFunction
 from ..wire.events import AttemptStarted, RankEvent, RankStarted, Status
@@ -194,6 +195,15 @@ def run_attempts(max_restarts: int, deliver: Callable[[RankEvent], None], attemp
         number += 1
 
 
+def restartable_failure(outcome: Outcome) -> Optional[str]:
+    """A failed world's root cause in one line, when a new world may run (not when the function cannot load): the
+    ``restartable`` of ``run_attempts`` for a backend whose attempts end as an ``Outcome`` (Ray, Slurm)."""
+    root = outcome.root
+    if outcome.status != Status.FAILED or root is None or (root.event is not None and root.event.loading):
+        return None
+    return one_line(outcome.local_exception) if outcome.local_exception is not None else f"rank {root.rank} failed"
+
+
 # ------------------------------------------------------------------------------------------- warm ranks
 
 class WarmRanks(ABC):
@@ -207,7 +217,8 @@ class WarmRanks(ABC):
     task) → tasks, each ``ranks.commands[rank].send(command, fds)`` → ``ranks.kill()``; a restart is a new object.
 
     Subclasses: ``backends.session.SessionProcesses`` (local processes), ``SessionXlaHost`` (a TPU host's device
-    threads), ``backends.ray.session.SessionRayActors`` (a cluster's actors).
+    threads), ``backends.ray.session.SessionRayActors`` (a cluster's actors),
+    ``backends.slurm.session.SessionSlurmStep`` (the tasks of a Slurm job step).
     """
 
     # Ranks that are threads (a TPU device thread, a Ray actor's) are interrupted by a command, not by SIGINT.

@@ -72,8 +72,12 @@ def add_launch_parser(commands) -> argparse.ArgumentParser:
         help="post-mortem: a rank that raises opens pdb in the failing frame, in this terminal (breakpoint() "
              "works in every rank without it)")
     add("--cluster", choices=Cluster.values(), default=None,
-        help="run the ranks on a Ray cluster (RAY_ADDRESS, else a local Ray): the script's text travels there; "
-             "what it imports must be installed on the nodes")
+        help="run the ranks on a Ray cluster (RAY_ADDRESS, else a local Ray), or as a Slurm job step (of this "
+             "job, or of one asked for with --slurm): the script's text travels there; what it imports must be "
+             "installed on the nodes. With slurm, --num-processes counts the ranks in all")
+    add("--slurm", type=parse_slurm_request, default=None, metavar="OPTION=VALUE,...",
+        help="with --cluster slurm outside an allocation: sbatch's long options for the one to ask for, e.g. "
+             "partition=gpu,time=01:00:00,account=lab (an OPTION alone is a flag)")
     add("--resources-per-rank", "--resources_per_rank", dest="resources_per_rank", type=parse_resources,
         default=None, metavar="NAME=AMOUNT,...", help="with --cluster: what Ray reserves per rank, e.g. CPU=4,GPU=1")
     add("--placement", choices=Placement.values(), default=None,
@@ -110,6 +114,19 @@ def launcher_options(options: argparse.Namespace) -> Dict[str, Any]:
         merged["rdzv_conf"] = parse_rdzv_conf(options.rdzv_conf)
     merged.update(sharding_from_flags(options, merged.get("fsdp_config"), merged.get("deepspeed_config")))
     return merged
+
+
+def parse_slurm_request(text: str) -> Dict[str, Any]:
+    """``"partition=gpu,time=01:00:00,exclusive"`` → sbatch's long options (``--slurm``); an option alone is a flag.
+
+    >>> parse_slurm_request("partition=gpu, time=01:00:00,exclusive")
+    {'partition': 'gpu', 'time': '01:00:00', 'exclusive': True}
+    """
+    request: Dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, equals, value = item.partition("=")
+        request[key.strip().lstrip("-")] = value.strip() if equals else True
+    return request
 
 
 def parse_resources(text: str) -> Dict[str, float]:

@@ -180,13 +180,18 @@ LAUNCHER_OPTIONS: Tuple[Option, ...] = (
            saved=True),
     _choice("cluster", Optional[ClusterName], Cluster, None, "run the ranks on a cluster instead of this machine: "
             "\"ray\" makes each rank a Ray actor, wherever Ray places it (the kernel's ``ray.init`` cluster, or "
-            "``RAY_ADDRESS``'s; without either, a local Ray). ``pip install \"notebook_accel[ray]\"``."),
+            "``RAY_ADDRESS``'s; without either, a local Ray). ``pip install \"notebook_accel[ray]\"``. \"slurm\" runs "
+            "the ranks as a job step (``srun``) of the kernel's Slurm allocation, or of one asked for with ``slurm``."),
     Option("resources_per_rank", Optional[Mapping[str, float]], None, "with ``cluster``: what Ray reserves for each "
            "rank, e.g. ``{\"GPU\": 1, \"CPU\": 4}`` (any resource the nodes declare); None: 1 CPU, and 1 GPU with "
            "device=\"cuda\".", expects="a mapping of resource names to numbers >= 0, or None", valid=_resources),
     _choice("placement", Optional[PlacementName], Placement, None, "with ``cluster``: how Ray spreads the ranks over "
             "its nodes (its placement group strategies: ``PACK`` as few nodes as possible, ``SPREAD`` as many, "
             "``STRICT_`` a must); None: \"PACK\"."),
+    Option("slurm", Optional[Mapping[str, Any]], None, "with ``cluster=\"slurm\"`` outside an allocation: the one "
+           "to ask for, as sbatch's long options without dashes, e.g. ``{\"partition\": \"gpu\", \"time\": "
+           "\"01:00:00\", \"account\": \"lab\"}`` (a value ``True`` is a flag).",
+           expects="a mapping of sbatch long option names to values, or None", valid=_str_keys),
     Option("num_nodes", int, 1, "several machines, one notebook (or ``notebook-accel launch``) per node; "
            "``num_processes`` is per node and global ranks follow the node order.", takers=LAUNCHES,
            expects="a positive int", valid=_positive, saved=True, nodes=True),
@@ -355,6 +360,7 @@ class LaunchOptions:
     cluster: Optional[ClusterName] = None
     resources_per_rank: Optional[Mapping[str, float]] = None
     placement: Optional[PlacementName] = None
+    slurm: Optional[Mapping[str, Any]] = None
     num_nodes: int = 1
     node_rank: Optional[int] = None
     rdzv_backend: Union[RendezvousBackendName, str] = "static"

@@ -18,7 +18,8 @@ from .cluster import check_cluster_options, cluster_device
 from .nodes import NodeOptions, check_node_options
 from .options import NODE_OPTION_NAMES, LaunchOptions, check_precision_for_device
 from .sharding import check_sharding_for_device, sharding_environment
-from .sites import InKernel, LocalProcesses, RayCluster, SeveralNodes, Site, StartsProcesses, XlaHost
+from .sites import InKernel, LocalProcesses, RayCluster, SeveralNodes, Site, SlurmAllocation, StartsProcesses, XlaHost
+from .slurm import check_slurm_option, slurm_allocation
 
 MIXED_PRECISIONS = MixedPrecision.values()  # kept for callers of the old names
 START_METHODS = StartMethod.values()
@@ -55,7 +56,8 @@ class LaunchPlan:
 
     @property
     def backend(self) -> str:
-        """The name of the backend that runs the plan (the site's: "inline", "processes", "xla", "nodes", "ray")."""
+        """The name of the backend that runs the plan (the site's: "inline", "processes", "xla", "nodes", "ray",
+        "slurm")."""
         return self.site.name
 
     @property
@@ -146,6 +148,9 @@ def make_plan(function: Callable, args: Any, kwargs: Any, options: LaunchOptions
         raise RuntimeError("notebook_launcher was called inside a launched rank; launches cannot be nested")
     check_call(function, args, kwargs)
     settings = options.as_dict()
+    check_slurm_option(settings)
+    if options.cluster == "slurm":
+        return _plan_on_slurm(function, args, kwargs, options, slurm_allocation(settings), post_mortem)
     cluster = check_cluster_options(settings)
     if cluster is not None:
         return _plan_on_cluster(function, args, kwargs, options, cluster, post_mortem)
@@ -226,6 +231,22 @@ def _plan_on_cluster(function: Callable, args: Any, kwargs: Any, options: Launch
         function_name=getattr(function, "__qualname__", type(function).__name__), payload=payload,
         world_size=int(num_processes or 1), device=device, site=cluster,
         mixed_precision=options.mixed_precision,
+        timeout=None if options.timeout is None else float(options.timeout), return_all=options.return_all,
+        display=options.display, sharding_env=sharding_environment(options.fsdp_config, options.deepspeed_config),
+        post_mortem=post_mortem)
+
+
+def _plan_on_slurm(function: Callable, args: Any, kwargs: Any, options: LaunchOptions, site: SlurmAllocation,
+                   post_mortem: bool) -> LaunchPlan:
+    """A launch whose ranks are the tasks of a Slurm job step (``backends.slurm``); the function is pickled now."""
+    device = options.device or "cpu"
+    check_sharding_for_device(options.fsdp_config, options.deepspeed_config, device)
+    check_precision_for_device(options.mixed_precision, device)
+    payload = Payload(function, args, kwargs or {})
+    payload.portable()
+    return LaunchPlan(
+        function_name=getattr(function, "__qualname__", type(function).__name__), payload=payload,
+        world_size=site.world_size, device=device, site=site, mixed_precision=options.mixed_precision,
         timeout=None if options.timeout is None else float(options.timeout), return_all=options.return_all,
         display=options.display, sharding_env=sharding_environment(options.fsdp_config, options.deepspeed_config),
         post_mortem=post_mortem)

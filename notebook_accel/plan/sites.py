@@ -8,10 +8,13 @@
 | ``SeveralNodes``   | this node's processes of a multi-node (or restarting) world     | start method, nodes      |
 | ``RayCluster``     | Ray actors on a cluster, in one placement group                 | resources, placement,    |
 |                    |                                                                 | restarts                 |
+| ``SlurmAllocation``| the tasks of one Slurm job step (``srun``), in the kernel's job | nodes, ranks per node,   |
+|                    | or in one asked for                                             | the job, sbatch options, |
+|                    |                                                                 | restarts                 |
 
 Each site carries only its own options; what every launch has (world size, device, precision, timeout, display)
 is the plan's. ``backends.BACKENDS`` maps each site's type to the backend that runs it, for launches and
-sessions. A new way of running ranks (Slurm) is one more class here, made by ``plan.plan``, and one line there.
+sessions. A new way of running ranks is one more class here, made by ``plan.plan``, and one line there.
 
 >>> LocalProcesses(start_method="fork", master_addr="127.0.0.1", use_port=None).name
 'processes'
@@ -19,7 +22,7 @@ sessions. A new way of running ranks (Slurm) is one more class here, made by ``p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Dict, Optional
+from typing import ClassVar, Dict, Optional, Tuple
 
 from .nodes import NodeOptions
 
@@ -95,3 +98,28 @@ class RayCluster(Site):
     @property
     def cpus_per_rank(self) -> Optional[float]:
         return self.resources_per_rank.get("CPU", 1)
+
+
+@dataclass(frozen=True)
+class SlurmAllocation(Site):
+    """Every rank a task of one Slurm job step (``srun``): ``num_nodes`` nodes with ``ranks_per_node`` tasks each, in
+    ``allocation`` (the kernel's own job id: a batchspawner notebook, ``salloc``) or, when None, in a job asked for
+    with ``request`` (sbatch's long options without dashes, as (option, value) pairs; a value "" is a flag) and given
+    back when the launch ends; ``max_restarts`` whole-world restarts, each a new step of the same job. Made by
+    ``plan.slurm.slurm_allocation`` only."""
+
+    name: ClassVar[str] = "slurm"
+    num_nodes: int
+    ranks_per_node: int
+    allocation: Optional[str]
+    request: Tuple[Tuple[str, str], ...] = ()
+    max_restarts: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.ranks_per_node
+
+    @property
+    def request_options(self) -> Dict[str, str]:
+        """``request`` as a mapping, in the order given."""
+        return dict(self.request)

@@ -76,9 +76,11 @@ class RendezvousBackend(Choice):
 
 
 class Cluster(Choice):
-    """Where the ranks run when not on this machine: ``ray``, a Ray cluster's actors."""
+    """Where the ranks run when not on this machine: ``ray``, a Ray cluster's actors; ``slurm``, a job step of a
+    Slurm allocation (the kernel's own, or one asked for)."""
 
     RAY = "ray"
+    SLURM = "slurm"
 
 
 class Placement(Choice):
@@ -96,5 +98,5 @@ MixedPrecisionName = Literal["no", "fp16", "bf16"]
 StartMethodName = Literal["auto", "fork", "forkserver", "spawn"]
 DisplayName = Literal["auto", "widgets", "text", "none"]
 RendezvousBackendName = Literal["static", "c10d", "etcd", "etcd-v2"]
-ClusterName = Literal["ray"]
+ClusterName = Literal["ray", "slurm"]
 PlacementName = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]

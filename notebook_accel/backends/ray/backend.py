@@ -17,14 +17,14 @@ from typing import Any, Deque, Dict, Optional
 import dataclasses
 from collections import defaultdict, deque
 
-from ...errors import LaunchError, one_line
+from ...errors import LaunchError
 from ...outcome.death import TAIL_LINES, quote_last_output
 from ...outcome.raising import root_cause_exception
 from ...outcome.root_cause import Outcome, is_system_exit
 from ...plan.plan import LaunchPlan
 from ...plan.sites import RayCluster
 from ...wire.events import OutputLine, OutputLines, RankEvent, Status
-from ..base import Backend, LaunchSink, StopPolicy, run_attempts
+from ..base import Backend, LaunchSink, StopPolicy, restartable_failure, run_attempts
 from ..supervisor import Supervisor
 from .connection import alive_nodes, connect
 from .placement import check_feasible, node_types_to_add
@@ -80,7 +80,7 @@ class RayBackend(Backend):
 
     def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
         outcome, history = run_attempts(self.cluster.max_restarts, sink.deliver,
-                                        lambda attempt: self._run_world(attempt, sink, policy), _restartable)
+                                        lambda attempt: self._run_world(attempt, sink, policy), restartable_failure)
         if outcome.local_exception is not None and hasattr(outcome.local_exception, "add_note"):
             for number, line in enumerate(history, start=1):
                 outcome.local_exception.add_note(f"(notebook_accel: attempt {number} failed first: {line})")
@@ -141,11 +141,3 @@ class RayBackend(Backend):
     def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
         supervisor = self._supervisor
         return supervisor.request_stacks(timeout) if supervisor is not None else {}
-
-
-def _restartable(outcome: Outcome) -> Optional[str]:
-    """A failed world's root cause in one line, when a new world may run (not when the function cannot load)."""
-    root = outcome.root
-    if outcome.status != Status.FAILED or root is None or (root.event is not None and root.event.loading):
-        return None
-    return one_line(outcome.local_exception) if outcome.local_exception is not None else f"rank {root.rank} failed"

@@ -30,41 +30,13 @@ from ...wire.channel import EventSender
 from ...wire.commands import Interrupt
 from ...wire.events import OutputLine, OutputLines, RankStarted
 from ...wire.fds import rank_pipes
+from ..relay import RelayedAnswers, RelayedProcess
 from ..supervisor import RankProcess
 from .actors import RayRank
 
 POLL_WAIT = 0.5      # s a rank's poll waits for its first event before answering with none
 DRAIN_WAIT = 2.0     # s a rank to be killed may take to hand over the events it made before it is killed anyway
 _TURN = 0.05         # s the relay waits for Ray before serving the supervisor's requests again
-
-
-class ActorProcess:
-    """Stands in for a rank's ``multiprocessing.Process``: ``sentinel`` becomes readable (EOF) when the relay
-    finds the rank gone; ``exitcode`` is what its ``run`` returned (None when its actor died)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.exitcode: Optional[int] = None
-        self._gone = threading.Event()
-        self.sentinel, self._write = os.pipe()
-
-    def gone(self, exitcode: Optional[int]) -> None:
-        if not self._gone.is_set():
-            self.exitcode = exitcode
-            os.close(self._write)
-            self._gone.set()
-
-    def join(self, timeout: Optional[float] = None) -> None:
-        self._gone.wait(timeout)
-
-    def is_alive(self) -> bool:
-        return not self._gone.is_set()
-
-    def close(self) -> None:
-        try:
-            os.close(self.sentinel)
-        except OSError:
-            pass
 
 
 @dataclass
@@ -84,23 +56,11 @@ class RayRankProcess(RankProcess):
 
 
 @dataclass
-class RelayedAnswers:
-    """Where the line typed at a Ray rank's prompt goes (a ``RankProcess.answers``): a ``PromptAnswer`` command to
-    the rank's command thread."""
-
-    relay: Any
-    rank: int
-
-    def send(self, answer: Any) -> None:
-        self.relay.command(self.rank, answer)
-
-
-@dataclass
 class _Relayed:
     """The relay's side of one rank: the write ends of its pipes, and where its calls stand."""
 
     rank: RayRank
-    process: ActorProcess
+    process: RelayedProcess
     stdout: int
     stderr: int
     events: EventSender
@@ -127,7 +87,7 @@ class ActorRelay:
         self.handles: List[RayRankProcess] = []
         for rank in ranks:
             pipes = rank_pipes()  # as a process rank's: the supervisor reads events from a socket pair
-            process = ActorProcess(rank.pid)
+            process = RelayedProcess(rank.pid)
             self._relayed[rank.rank] = _Relayed(rank, process, pipes["stdout"][1], pipes["stderr"][1],
                                                 EventSender(pipes["events"][1], rank.rank), pipes["stacks"][1])
             self.handles.append(RayRankProcess(rank.rank, process, pipes["stdout"][0], pipes["stderr"][0],

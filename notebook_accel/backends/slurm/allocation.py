@@ -1,0 +1,209 @@
+"""A Slurm allocation asked for by the launch (``cluster="slurm"`` outside one): checked, waited for, given back.
+
+``check_request`` asks the controller (``scontrol show partition``) before anything waits in the queue, and refuses
+what would pend for ever: an unknown partition, a time limit above the partition's, more nodes than it has — a
+``LaunchConfigError`` naming it. ``Allocation`` then asks for one with ``salloc`` (the ``slurm={...}`` options as its
+long options), says while it waits that the job is "pending in the queue (reason)" as ``squeue`` gives the reason,
+and ``release`` gives it back (``scancel``) when the launch ends, whatever happened.
+
+The allocation is held by ``salloc`` running a command that waits for the end of its stdin, a pipe only the kernel
+holds: if the kernel dies — even by SIGKILL, where no ``finally`` or ``atexit`` runs — the pipe ends, the command
+ends, and ``salloc`` gives the job back. (``salloc --no-shell`` would keep it until its time limit.)
+
+>>> minutes("1-02:03:04"), minutes("90"), minutes("01:30:00"), minutes("UNLIMITED")
+(1563.0666666666666, 90.0, 90.0, inf)
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from typing import Callable, Dict, List, Mapping, Optional
+
+from ...errors import LaunchConfigError, LaunchError
+from .tools import run_tool
+
+# Options the launch sets itself from num_nodes and num_processes: given in ``slurm``, they would contradict them.
+OWN_OPTIONS = ("nodes", "ntasks", "ntasks-per-node", "no-shell", "job-name")
+_GRANTED = re.compile(r"Granted job allocation (\d+)")
+_PENDING = re.compile(r"Pending job allocation (\d+)")
+REASON_EVERY = 1.0   # s between asks of the queue for the reason a job is pending
+
+
+def minutes(text: str) -> float:
+    """A Slurm time limit in minutes ("minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
+    "days-hours:minutes", "days-hours:minutes:seconds"); ``inf`` for UNLIMITED/INFINITE."""
+    text = text.strip()
+    if text.upper() in ("UNLIMITED", "INFINITE", "NONE", ""):
+        return math.inf
+    days = 0
+    if "-" in text:
+        day_text, text = text.split("-", 1)
+        days = int(day_text)
+        parts = [int(part) for part in text.split(":")]
+        hours, mins, secs = (parts + [0, 0, 0])[:3]
+    else:
+        parts = [int(part) for part in text.split(":")]
+        if len(parts) == 1:
+            hours, mins, secs = 0, parts[0], 0
+        elif len(parts) == 2:
+            hours, mins, secs = 0, parts[0], parts[1]
+        else:
+            hours, mins, secs = parts[:3]
+    return days * 1440 + hours * 60 + mins + secs / 60
+
+
+def partitions() -> Dict[str, Dict[str, str]]:
+    """Every partition the controller knows, by name: its ``scontrol show partition`` fields."""
+    listed = run_tool(["scontrol", "show", "partition", "--oneliner"])
+    if listed.returncode != 0:
+        raise LaunchError(f"cannot ask the Slurm controller for its partitions (scontrol: "
+                          f"{listed.stderr.strip() or listed.returncode}): is it reachable from here?")
+    found: Dict[str, Dict[str, str]] = {}
+    for line in listed.stdout.splitlines():
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        if "PartitionName" in fields:
+            found[fields["PartitionName"]] = fields
+    return found
+
+
+def check_request(request: Mapping[str, str], num_nodes: int,
+                  known: Optional[Dict[str, Dict[str, str]]] = None) -> str:
+    """Refuse, before anything waits, what the cluster can never grant; returns the partition asked for."""
+    for name in OWN_OPTIONS:
+        if name in request:
+            raise LaunchConfigError(f"slurm={{{name!r}: ...}} is set by the launch itself (num_nodes, num_processes): "
+                                    f"leave it out")
+    known = partitions() if known is None else known
+    asked = request.get("partition") or request.get("p")
+    if asked:
+        names = asked.split(",")
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise LaunchConfigError(f"slurm={{'partition': {asked!r}}}: no partition {unknown[0]!r} on this Slurm "
+                                    f"cluster (it has {', '.join(sorted(known)) or 'none'})")
+        partition = names[0]
+    else:
+        defaults = [name for name, fields in known.items() if fields.get("Default") == "YES"]
+        if not defaults:
+            raise LaunchConfigError(f"this Slurm cluster has no default partition: give slurm={{'partition': ...}} "
+                                    f"(one of {', '.join(sorted(known))})")
+        partition = defaults[0]
+    fields = known[partition]
+    limit = request.get("time") or request.get("t")
+    if limit:
+        try:
+            asked_minutes = minutes(limit)
+        except ValueError:
+            raise LaunchConfigError(f"slurm={{'time': {limit!r}}} is not a Slurm time limit (e.g. '01:00:00', "
+                                    f"'90', '1-00:00:00')") from None
+        if asked_minutes > minutes(fields.get("MaxTime", "UNLIMITED")):
+            raise LaunchConfigError(f"slurm={{'time': {limit!r}}} is above partition {partition!r}'s time limit "
+                                    f"({fields['MaxTime']}): the job would pend for ever")
+    total = fields.get("TotalNodes", "")
+    if total.isdigit() and num_nodes > int(total):
+        raise LaunchConfigError(f"num_nodes={num_nodes} is more than the {total} node(s) of partition {partition!r}")
+    most = fields.get("MaxNodes", "UNLIMITED")
+    if most.isdigit() and num_nodes > int(most):
+        raise LaunchConfigError(f"num_nodes={num_nodes} is more than partition {partition!r} gives one job "
+                                f"(MaxNodes={most})")
+    return partition
+
+
+HOLD = ["sh", "-c", "cat >/dev/null"]   # salloc's command: holds the allocation until its stdin (our pipe) ends
+
+
+def salloc_command(request: Mapping[str, str], num_nodes: int, ranks_per_node: int, name: str) -> List[str]:
+    """``salloc`` for the launch: its nodes and tasks, each ``slurm`` option as a long option, then the command that
+    holds the allocation while the kernel lives (see the module docstring).
+
+    >>> salloc_command({"partition": "gpu", "exclusive": ""}, 2, 4, "notebook_accel")[:7]
+    ['salloc', '--nodes=2', '--ntasks-per-node=4', '--job-name=notebook_accel', '--partition=gpu', '--exclusive', 'sh']
+    """
+    argv = ["salloc", f"--nodes={num_nodes}", f"--ntasks-per-node={ranks_per_node}", f"--job-name={name}"]
+    for key, value in request.items():
+        argv.append(f"--{key}={value}" if value != "" else f"--{key}")
+    return argv + HOLD
+
+
+class Allocation:
+    """A job asked for with ``salloc`` (see the module docstring); ``job_id`` once Slurm named it."""
+
+    def __init__(self, argv: List[str]) -> None:
+        self.argv = argv
+        self.name = next((arg.split("=", 1)[1] for arg in argv if arg.startswith("--job-name=")), None)
+        self.job_id: Optional[str] = None
+        self.granted = False
+        self.said: List[str] = []
+        self._lock = threading.Lock()
+        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self._reader = threading.Thread(target=self._read, name="notebook_accel-salloc", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            line = line.rstrip("\n")
+            with self._lock:
+                granted, pending = _GRANTED.search(line), _PENDING.search(line)
+                if granted:
+                    self.job_id, self.granted = granted.group(1), True
+                elif pending:
+                    self.job_id = pending.group(1)
+                elif line.strip():
+                    self.said.append(line)
+
+    def wait(self, stopped: Callable[[], bool], tick: Callable[[], None], notice: Callable[[str], None]) -> bool:
+        """Until the allocation is granted (True) or ``stopped()`` (False); ``notice`` gets "pending in the queue
+        (reason)" each time the reason changes. A refusal by Slurm is a ``LaunchConfigError`` with its words."""
+        reason: Optional[str] = None
+        asked_at = 0.0
+        while True:
+            with self._lock:
+                if self.granted:
+                    return True
+                job = self.job_id
+            if self.process.poll() is not None:
+                self._reader.join(5.0)
+                said = "\n".join(self.said[-10:]) or f"salloc ended with {self.process.returncode}"
+                raise LaunchConfigError(f"Slurm did not grant the allocation ({' '.join(self.argv[1:])}):\n{said}")
+            if stopped():
+                return False
+            now = time.monotonic()
+            if job is not None and now - asked_at >= REASON_EVERY:
+                asked_at = now
+                listed = run_tool(["squeue", "-h", "-j", job, "-o", "%r"], timeout=30)
+                current = listed.stdout.strip()
+                if current and current != reason and current != "None":
+                    reason = current
+                    notice(f"Slurm job {job} is pending in the queue ({reason}); Stop or a timeout ends the wait")
+            tick()
+            time.sleep(0.1)
+
+    def release(self) -> None:
+        """Give the allocation back (``scancel``), whatever state it is in; ``salloc`` gone too."""
+        try:
+            self.process.stdin.close()   # the holding command ends: salloc relinquishes the job
+        except OSError:
+            pass
+        if self.job_id is not None:
+            run_tool(["scancel", "--quiet", self.job_id], timeout=30)
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)   # a pending salloc withdraws its request
+            except ProcessLookupError:
+                pass
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self._reader.join(5.0)
+        if self.job_id is None and self.name is not None:   # salloc ended before naming the job: ours, by name
+            run_tool(["scancel", "--quiet", f"--name={self.name}", f"--user={os.getuid()}"], timeout=30)
+        if self.process.stdout is not None:
+            self.process.stdout.close()

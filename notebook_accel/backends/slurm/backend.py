@@ -1,0 +1,225 @@
+"""Ranks as the tasks of one Slurm job step (``cluster="slurm"``): Slurm places them, our events and rules supervise
+them.
+
+``SlurmBackend.run`` is the local sequence with Slurm underneath. Inside an allocation (the kernel's environment has
+``SLURM_JOB_ID``: a batchspawner notebook, ``salloc``), the ranks are a new step of it — no new job. Outside one, the
+launch asks for one with the ``slurm={...}`` options (``allocation``), checked first, waited for while the view says
+why it pends, and given back when the launch ends. ``srun`` starts
+one task per rank (``rank.slurm_task``) on ``num_nodes`` nodes; each says where it runs, rank 0 hosts the store every
+rank meets at, and the kernel then sends every task the launch: torchrun's variables come from Slurm's
+(``SLURM_PROCID``...), ``MASTER_ADDR`` is rank 0's node address and ``MASTER_PORT`` its store's port. Their events
+come back through ``srun``'s stdout (``step``) into the launch's own ``Supervisor``: the same root cause (named with
+its node), Stop, timeout and stack dumps as local ranks. At the end, whatever happened, the step is cancelled
+(``scancel``) if it still runs, and ``srun`` is gone.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections import defaultdict, deque
+from typing import Any, Callable, Deque, Dict, List, Optional
+
+from ...errors import LaunchError
+from ...outcome.death import TAIL_LINES, quote_last_output
+from ...outcome.raising import root_cause_exception
+from ...outcome.root_cause import Outcome, is_system_exit
+from ...plan.plan import LaunchPlan
+from ...plan.sites import SlurmAllocation
+from ...wire.events import OutputLine, OutputLines, RankEvent, SessionNotice, Status
+from ..base import Backend, LaunchSink, StopPolicy, restartable_failure, run_attempts
+from ..supervisor import Supervisor
+from .allocation import Allocation, check_request, salloc_command
+from .step import SlurmStep
+from .tools import require_tools
+
+TOOLS = ("srun", "scancel", "squeue")
+ALLOCATION_TOOLS = ("salloc", "scontrol")   # to ask for an allocation, outside one
+TASK_MODULE = "notebook_accel.rank.slurm_task"
+
+
+class _NoStore:
+    """The ranks meet at a store rank 0's task hosts on its node: the kernel hosts nothing."""
+
+    def env(self) -> Dict[str, str]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def say(text: str) -> None:
+    """A line for the user from the kernel side (the cell's stderr)."""
+    print(f"notebook_accel: {text}", file=sys.stderr)
+
+
+def site_of(plan: LaunchPlan) -> SlurmAllocation:
+    """The plan's Slurm site (``plan.slurm.slurm_allocation`` made it)."""
+    assert isinstance(plan.site, SlurmAllocation), plan.site
+    return plan.site
+
+
+def srun_command(plan: LaunchPlan, job: Optional[str], python: str = sys.executable) -> List[str]:
+    """The ``srun`` that starts the launch's ranks: one task per rank, spread evenly over the nodes, every task's
+    stdin from ``srun``'s (the kernel's messages), no task's failure ending the others (the supervisor decides).
+
+    >>> plan = LaunchPlan("f", None, 4, "cpu", SlurmAllocation(2, 2, "7"), "no", None, False, "none")
+    >>> srun_command(plan, "7", python="python3")[:6]
+    ['srun', '--nodes=2', '--ntasks=4', '--ntasks-per-node=2', '--input=all', '--kill-on-bad-exit=0']
+    """
+    slurm = site_of(plan)
+    argv = ["srun", f"--nodes={slurm.num_nodes}", f"--ntasks={slurm.world_size}",
+            f"--ntasks-per-node={slurm.ranks_per_node}", "--input=all", "--kill-on-bad-exit=0",
+            f"--job-name=notebook_accel:{plan.function_name}"[:120]]
+    if job is not None:
+        argv.append(f"--jobid={job}")
+    if plan.device == "cuda":   # every GPU of the node visible to each of its ranks: LOCAL_RANK picks its own
+        argv.append(f"--gpus-per-node={slurm.ranks_per_node}")
+    return argv + [python, "-u", "-m", TASK_MODULE]
+
+
+class SlurmBackend(Backend):
+    """Every rank a task of one Slurm job step (see the module docstring).
+
+    Example::
+
+        notebook_launcher(train, num_processes=4, num_nodes=2, cluster="slurm")   # inside an allocation
+    """
+
+    name = "slurm"
+
+    def __init__(self, plan: LaunchPlan) -> None:
+        super().__init__(plan)
+        self.site = site_of(plan)
+        self.step: Optional[SlurmStep] = None
+        self.allocation: Optional[Allocation] = None
+        self._supervisor: Optional[Supervisor] = None
+        self._checked = False
+
+    def open_rendezvous(self) -> _NoStore:  # type: ignore[override]
+        """Refuse, in the caller's cell, what cannot run: Slurm's commands missing here, and outside an allocation
+        a request the cluster could never grant (``allocation.check_request``)."""
+        slurm = self.site
+        if slurm.allocation is None:
+            require_tools(TOOLS + ALLOCATION_TOOLS)
+            check_request(slurm.request_options, slurm.num_nodes)
+        else:
+            require_tools(TOOLS)
+        self._checked = True
+        return _NoStore()
+
+    def allocate(self, stopped: Callable[[], bool], tick: Callable[[], None],
+                 notice: Callable[[str], None]) -> Optional[str]:
+        """The job the step runs in: the kernel's, else one asked for now and waited for (None: stopped first)."""
+        slurm = self.site
+        if slurm.allocation is not None:
+            return slurm.allocation
+        name = f"notebook_accel:{self.plan.function_name}"[:100]
+        self.allocation = Allocation(salloc_command(slurm.request_options, slurm.num_nodes, slurm.ranks_per_node,
+                                                    name))
+        granted = self.allocation.wait(stopped, tick, notice)
+        return self.allocation.job_id if granted else None
+
+    def release(self) -> None:
+        """Give back the job asked for, if any."""
+        allocation, self.allocation = self.allocation, None
+        if allocation is not None:
+            allocation.release()
+
+    def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
+        if not self._checked:
+            self.open_rendezvous()
+        job = self.allocate(lambda: policy.reason() is not None, sink.tick,
+                            lambda text: sink.deliver(SessionNotice(rank=-1, text=text)))
+        if job is None:
+            return Outcome(policy.reason() or Status.STOPPED)
+        # With max_restarts, each attempt is a new step of the same job (base.run_attempts announces it).
+        outcome, history = run_attempts(self.site.max_restarts, sink.deliver,
+                                        lambda attempt: self._run_step(job, attempt, sink, policy),
+                                        restartable_failure)
+        if outcome.local_exception is not None and hasattr(outcome.local_exception, "add_note"):
+            for number, line in enumerate(history, start=1):
+                outcome.local_exception.add_note(f"(notebook_accel: attempt {number} failed first: {line})")
+        return outcome
+
+    def _run_step(self, job: str, attempt: int, sink: LaunchSink, policy: StopPolicy) -> Outcome:
+        """One attempt: a step of ``job`` with every rank, supervised to its end, then ended (nothing of it goes on
+        into the next attempt)."""
+        tails: Dict[int, Deque[str]] = defaultdict(lambda: deque(maxlen=TAIL_LINES))
+
+        def deliver(event: RankEvent) -> None:  # each rank's last lines, for a death's message
+            if isinstance(event, (OutputLine, OutputLines)):
+                tails[event.rank].extend(event.texts)
+            sink.deliver(event)
+
+        self.step = step = SlurmStep(srun_command(self.plan, job), self.plan.world_size)
+        try:
+            try:
+                ready = step.wait_ready(lambda: policy.reason() is not None, sink.tick)
+            except RuntimeError as error:
+                raise LaunchError(f"the Slurm job step did not start: {error}") from None
+            if not ready:
+                return Outcome(policy.reason() or Status.STOPPED)
+            handles = step.attach()
+            step.send(("run", self.setup(step, attempt=attempt)))
+            self._supervisor = Supervisor(handles, deliver, sink.tick, policy=policy,
+                                          expect_results=self.plan.sends_result, asker=sink.asker)
+            try:
+                outcome = self._supervisor.run()
+            finally:
+                self._supervisor = None
+            return self._named(outcome, step, tails)
+        finally:
+            self._end_step()
+
+    def setup(self, step: SlurmStep, attempt: int = 0, **more: Any) -> Dict[str, Any]:
+        """What every task needs to run: the launch's environment (its place is Slurm's), the rendezvous at rank 0's
+        node, the function; ``attempt``: which one this step is (``TORCHELASTIC_RESTART_COUNT``)."""
+        rank0 = step.hellos[0]
+        env = self.plan.rank_env(0, {"MASTER_ADDR": rank0.address, "MASTER_PORT": str(step.store_port),
+                                     "TORCHELASTIC_USE_AGENT_STORE": "True",
+                                     "TORCHELASTIC_RESTART_COUNT": str(attempt)})
+        for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "ROLE_WORLD_SIZE",
+                     "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
+            env.pop(name, None)   # each task's own, from Slurm's variables (``rank.slurm_task``)
+        return {"env": env, "ranks_per_node": self.site.ranks_per_node, "return_all": self.plan.return_all,
+                "post_mortem": self.plan.post_mortem, "no_one_types": None,
+                "payload": None if more.get("serve") else self.plan.payload.portable(), **more}
+
+    def _named(self, outcome: Outcome, step: SlurmStep, tails: Dict[int, Deque[str]]) -> Outcome:
+        """The outcome, its root cause raised naming the rank's node."""
+        root = outcome.root
+        if root is None:
+            return outcome
+        hello = step.hellos.get(root.rank)
+        node = hello.node if hello is not None else "?"
+        if root.event is None:
+            how = step.ended.get(root.rank) or "it ended without a result"
+            error: BaseException = LaunchError(f"rank {root.rank} on node {node} died: {how}"
+                                               f"{quote_last_output(list(tails[root.rank]))}", rank=root.rank)
+        else:
+            error = root_cause_exception(root, self.plan.world_size, last_output=list(tails[root.rank]),
+                                         where=f" on node {node}")
+            if not is_system_exit(root.event) and hasattr(error, "add_note"):
+                error.add_note(f"(notebook_accel: rank {root.rank} ran on node {node}, Slurm step {step.step_id})")
+        try:
+            error.node = node  # type: ignore[attr-defined]
+        except Exception:
+            pass
+        return dataclasses.replace(outcome, local_exception=error)
+
+    def _end_step(self) -> None:
+        step, self.step = self.step, None
+        if step is not None:
+            running = step.srun.poll() is None
+            if running and (not step.handles or any(handle.process.is_alive() for handle in step.handles)):
+                step.cancel()   # stopped, timed out, failed or interrupted: nothing of the step may go on
+            step.close()
+
+    def _close(self) -> None:
+        self._end_step()
+        self.release()   # the job asked for is given back, whatever happened
+        self.plan.payload.close()
+
+    def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
+        supervisor = self._supervisor
+        return supervisor.request_stacks(timeout) if supervisor is not None else {}
