@@ -744,7 +744,9 @@ class Supervisor:
         self.status = status
         running = [watch for watch in self.watches.values()
                    if watch.phase in (RankPhase.STARTING, RankPhase.RUNNING)]
-        self.still_running = [watch.rank for watch in running]
+        # A rank that already raised is ending on its own (a loaded machine can take a while over its exit): it is
+        # stopped with the others should it linger, but it is not one of the ranks the stop ended.
+        self.still_running = [watch.rank for watch in running if watch.failed is None]
         self.stop_asked_at = time.monotonic()
         self.stopping.begin(self, running)
 

@@ -52,6 +52,9 @@ ENVIRONMENT_VARIABLES: Tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable("NOTEBOOK_ACCEL_MIXED_PRECISION", "",
                         "set in every rank: the launch's `mixed_precision` (as `ACCELERATE_MIXED_PRECISION`, which "
                         "HF accelerate reads too).", set_by_launcher=True),
+    EnvironmentVariable("NOTEBOOK_ACCEL_NETWORK", "",
+                        "set by a launcher that chose a rank's network interface (several nodes): what the rank's "
+                        "start-up info says of it.", internal=True),
     EnvironmentVariable("NOTEBOOK_ACCEL_SYSFS_ROOT", "/",
                         "where the TPU detection reads the PCI bus (the tests' fake sysfs).", internal=True),
     EnvironmentVariable("NOTEBOOK_ACCEL_FORKSERVER_OWNER", "",
