@@ -178,7 +178,7 @@ def test_cli_env_shows_the_tpu(tmp_path, name):
         assert re.search(rf"^not here:\s+{missing}$", out.stdout, re.MULTILINE), out.stdout
         assert "TPU" not in out.stdout
     else:
-        assert re.search(r"^xla:\s+up to 8 rank\(s\) - TPU v5e × 8$", out.stdout, re.MULTILINE), out.stdout
+        assert re.search(r"^xla:\s+up to 8 ranks - TPU v5e × 8$", out.stdout, re.MULTILINE), out.stdout
 
 
 def test_panel_lists_the_tpu(host):

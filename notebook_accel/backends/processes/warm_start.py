@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 SWITCH = "NOTEBOOK_ACCEL_WARM_START"
+IMPORT_THREAD = "notebook_accel-warm-start"   # the thread the package's import starts (notebook_accel/__init__.py)
 OWNER_VARIABLE = "NOTEBOOK_ACCEL_FORKSERVER_OWNER"  # rank.forkserver_preload's: set by a kernel for its server
 
 
@@ -143,8 +144,14 @@ def _start(warm: WarmStart) -> None:
 
 def wait(timeout: Optional[float] = None) -> Optional[WarmStart]:
     """The background start of this kernel (None if none began), once it ended or ``timeout`` passed."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    # The package's import starts a thread that imports this module before it begins the start: until it has,
+    # ``_warm`` is still None (a loaded machine can take over a second there), so wait for that thread first.
+    for thread in threading.enumerate():
+        if thread.name == IMPORT_THREAD and thread is not threading.current_thread():
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
     if _warm is not None:
-        _warm.done.wait(timeout)
+        _warm.done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
     return _warm
 
 
