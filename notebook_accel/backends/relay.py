@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 
 class RelayedProcess:
@@ -53,3 +53,14 @@ class RelayedAnswers:
 
     def send(self, answer: Any) -> None:
         self.relay.command(self.rank, answer)
+
+
+class NoKernelStore:
+    """A relayed launch's rendezvous: the ranks meet at a store rank 0 hosts on its own node (a Ray actor, a Slurm
+    task), so the kernel hosts nothing and adds no variable."""
+
+    def env(self) -> Dict[str, str]:
+        return {}
+
+    def close(self) -> None:
+        pass

@@ -25,20 +25,11 @@ from ...plan.plan import LaunchPlan
 from ...plan.sites import RayCluster
 from ...wire.events import OutputLine, OutputLines, RankEvent, Status
 from ..base import Backend, LaunchSink, StopPolicy, restartable_failure, run_attempts
+from ..relay import NoKernelStore
 from ..supervisor import Supervisor
 from .connection import alive_nodes, connect
 from .placement import check_feasible, node_types_to_add
 from .world import RayWorld
-
-
-class _NoStore:
-    """The ranks meet at a store rank 0's actor hosts on its node: the kernel hosts nothing."""
-
-    def env(self) -> Dict[str, str]:
-        return {}
-
-    def close(self) -> None:
-        pass
 
 
 def say(text: str) -> None:
@@ -65,13 +56,13 @@ class RayBackend(Backend):
         self._world: Optional[RayWorld] = None
         self._supervisor: Optional[Supervisor] = None
 
-    def open_rendezvous(self) -> _NoStore:  # type: ignore[override]
+    def open_rendezvous(self) -> NoKernelStore:  # type: ignore[override]
         """Connect, and refuse what the cluster's nodes cannot hold — in the caller's cell, before anything waits."""
         self.ray = connect()
         cluster, size = self.cluster, self.plan.world_size
         nodes = alive_nodes(self.ray) + node_types_to_add(self.ray, size)
         check_feasible(nodes, size, cluster.resources_per_rank, cluster.placement)
-        return _NoStore()
+        return NoKernelStore()
 
     def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
         if self.ray is None:

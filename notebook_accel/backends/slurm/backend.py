@@ -27,6 +27,7 @@ from ...plan.plan import LaunchPlan
 from ...plan.sites import SlurmAllocation
 from ...wire.events import OutputLine, OutputLines, RankEvent, SessionNotice, Status
 from ..base import Backend, LaunchSink, StopPolicy, restartable_failure, run_attempts
+from ..relay import NoKernelStore
 from ..supervisor import Supervisor
 from .allocation import Allocation, check_request, salloc_command
 from .step import SlurmStep
@@ -35,21 +36,6 @@ from .tools import require_tools
 TOOLS = ("srun", "scancel", "squeue")
 ALLOCATION_TOOLS = ("salloc", "scontrol")   # to ask for an allocation, outside one
 TASK_MODULE = "notebook_accel.rank.slurm_task"
-
-
-class _NoStore:
-    """The ranks meet at a store rank 0's task hosts on its node: the kernel hosts nothing."""
-
-    def env(self) -> Dict[str, str]:
-        return {}
-
-    def close(self) -> None:
-        pass
-
-
-def say(text: str) -> None:
-    """A line for the user from the kernel side (the cell's stderr)."""
-    print(f"notebook_accel: {text}", file=sys.stderr)
 
 
 def site_of(plan: LaunchPlan) -> SlurmAllocation:
@@ -95,7 +81,7 @@ class SlurmBackend(Backend):
         self._supervisor: Optional[Supervisor] = None
         self._checked = False
 
-    def open_rendezvous(self) -> _NoStore:  # type: ignore[override]
+    def open_rendezvous(self) -> NoKernelStore:  # type: ignore[override]
         """Refuse, in the caller's cell, what cannot run: Slurm's commands missing here, and outside an allocation
         a request the cluster could never grant (``allocation.check_request``)."""
         slurm = self.site
@@ -105,7 +91,7 @@ class SlurmBackend(Backend):
         else:
             require_tools(TOOLS)
         self._checked = True
-        return _NoStore()
+        return NoKernelStore()
 
     def allocate(self, stopped: Callable[[], bool], tick: Callable[[], None],
                  notice: Callable[[str], None]) -> Optional[str]:
