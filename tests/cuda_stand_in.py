@@ -68,6 +68,18 @@ const char *nvmlErrorString(int result) { return "NVML stand-in"; }
 """
 
 
+def built_or_skip(tmp_path_factory) -> str:
+    """A module fixture's stand-in driver, built in a fresh temp folder; the test skips where no C compiler is."""
+    import pytest
+
+    folder = str(tmp_path_factory.mktemp("cuda_stand_in"))
+    try:
+        build(folder)
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.skip(f"no C compiler to build the stand-in driver: {error}")
+    return folder
+
+
 def build(folder: str) -> Dict[str, str]:
     """Compile the two libraries into ``folder``; their paths by soname."""
     os.makedirs(folder, exist_ok=True)

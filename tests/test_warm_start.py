@@ -8,7 +8,6 @@ tests/test_cuda_machine.py does the same on a real GPU.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 
 import psutil
@@ -24,12 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 @pytest.fixture(scope="module")
 def stand_in(tmp_path_factory) -> str:
-    folder = str(tmp_path_factory.mktemp("cuda_stand_in"))
-    try:
-        cuda_stand_in.build(folder)
-    except (OSError, subprocess.CalledProcessError) as error:
-        pytest.skip(f"no C compiler to build the stand-in driver: {error}")
-    return folder
+    return cuda_stand_in.built_or_skip(tmp_path_factory)
 
 
 KERNEL = """
