@@ -285,39 +285,117 @@ dist.destroy_process_group()
 """
 
 
-def bench_slurm_ours(nodes: int) -> Dict[str, Any]:
-    from notebook_accel import notebook_launcher
+class _QueueWatch:
+    """When a job named ``name`` started RUNNING, as ``squeue`` says (asked every 50 ms from a thread): the same
+    measure of the queue wait for ours and for plain ``salloc``."""
 
+    def __init__(self, name: str) -> None:
+        import subprocess
+
+        self.running_at: Optional[float] = None
+        self._stop = threading.Event()
+
+        def watch() -> None:
+            while not self._stop.is_set() and self.running_at is None:
+                states = subprocess.run(["squeue", "-h", "-n", name, "-o", "%T"], capture_output=True,
+                                        text=True).stdout.split()
+                if "RUNNING" in states:
+                    self.running_at = time.time()
+                self._stop.wait(0.05)
+
+        self._thread = threading.Thread(target=watch, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _with_queue_wait(started: float, figures: Dict[str, Any], watch: Optional[_QueueWatch]) -> Dict[str, Any]:
+    """The figures with the queue wait apart: "start" and "first all-reduce" counted from the job's start."""
+    if watch is None:
+        return figures
+    watch.stop()
+    granted = watch.running_at if watch.running_at is not None else started
+    return {"queue wait": granted - started, **{name: value - (granted - started) if name != "whole call" else value
+                                                for name, value in figures.items()}}
+
+
+def slurm_all_reduce_noop() -> None:
+    import torch
+    import torch.distributed as dist
+
+    value = torch.ones(1)
+    dist.all_reduce(value)
+
+
+def bench_slurm_ours(nodes: int, repeats: int, request: Optional[Dict[str, str]]) -> Dict[str, Any]:
+    from notebook_accel import Session, notebook_launcher
+
+    watch = _QueueWatch("notebook_accel:first_all_reduce") if request else None
     started = time.time()
     stamps = notebook_launcher(first_all_reduce, num_processes=nodes, num_nodes=nodes, cluster="slurm",
-                               return_all=True, display="none")
-    return _start_figures(started, stamps)
+                               return_all=True, display="none", slurm=request)
+    figures = _with_queue_wait(started, _start_figures(started, stamps), watch)
+    with Session(num_processes=nodes, num_nodes=nodes, cluster="slurm", display="none", slurm=request) as session:
+        session.run(slurm_all_reduce_noop)
+        figures["warm run"] = _median_seconds(lambda: session.run(slurm_all_reduce_noop), repeats)
+    return figures
 
 
-def bench_slurm_plain(nodes: int) -> Dict[str, Any]:
+def bench_slurm_plain(nodes: int, request: Optional[Dict[str, str]]) -> Dict[str, Any]:
     """``srun`` of a plain torch script, as one writes it by hand: MASTER_ADDR the first node's address (its
-    ``NodeAddr``: the node names need not resolve), a fixed port, gloo's interface found by the route to it."""
+    ``NodeAddr``: the node names need not resolve), a fixed port, gloo's interface found by the route to it. Outside
+    an allocation, ``salloc`` around it (as our launch asks for its job)."""
     import json
     import subprocess
 
-    first = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True,
-                           text=True, check=True).stdout.split()[0]
-    shown = subprocess.run(["scontrol", "show", "node", first], capture_output=True, text=True, check=True).stdout
-    master = shown.split("NodeAddr=", 1)[1].split()[0]
+    srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", sys.executable, "-c",
+            PLAIN_SRUN_TASK, "$MASTER", str(29500 + os.getpid() % 1000)]
+    # The first node's address, looked up inside the job (its nodes are known only once it runs).
+    script = ('MASTER=$(scontrol show node "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)" '
+              '| grep -o "NodeAddr=[^ ]*" | cut -d= -f2) && exec ' + " ".join(_quoted(arg) for arg in srun))
+    argv = ["sh", "-c", script]
+    watch = None
+    if request:
+        argv = ["salloc", f"--nodes={nodes}", "--job-name=plain-salloc"] + [
+            f"--{key}={value}" for key, value in request.items()] + argv
+        watch = _QueueWatch("plain-salloc")
     started = time.time()
-    done = subprocess.run(["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", sys.executable,
-                           "-c", PLAIN_SRUN_TASK, master, str(29500 + os.getpid() % 1000)],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
     stamps = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
-    return _start_figures(started, stamps)
+    return _with_queue_wait(started, _start_figures(started, stamps), watch)
 
 
-def main_slurm(nodes: int) -> Dict[str, Dict[str, Any]]:
-    if not os.environ.get("SLURM_JOB_ID"):
-        raise SystemExit("--slurm runs inside an allocation: salloc -N2 python benchmarks/bench_cluster.py --slurm")
+def _quoted(arg: str) -> str:
+    import shlex
+
+    return arg if arg == "$MASTER" else shlex.quote(arg)
+
+
+def main_slurm(nodes: int, repeats: int) -> Dict[str, Dict[str, Any]]:
+    """Inside an allocation: a step of it; outside one (a login node): each tool asks for a job of its own."""
     import torch.distributed  # noqa: F401  (warm, as a notebook kernel that already imported torch)
 
-    return {"notebook_accel": bench_slurm_ours(nodes), "plain srun + torch": bench_slurm_plain(nodes)}
+    request = None if os.environ.get("SLURM_JOB_ID") else {"time": "00:10:00"}
+    return {"notebook_accel": bench_slurm_ours(nodes, repeats, request),
+            "plain srun + torch": bench_slurm_plain(nodes, request)}
+
+
+def on_the_tests_slurm_cluster(argv: List[str]) -> None:
+    """This benchmark's ``--slurm`` runs on tests/slurm_cluster.py's cluster (root; Debian's Slurm and munge): once
+    inside a 2-node allocation, once from the login node."""
+    import subprocess
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
+    from real_hosts import RealHosts
+    from slurm_cluster import SlurmCluster
+
+    here = [sys.executable, os.path.abspath(__file__), "--slurm"] + argv
+    with RealHosts(2) as hosts, SlurmCluster(hosts) as cluster:
+        for title, command in (("inside salloc -N2", ["salloc", "-N2"] + here), ("from the login node", here)):
+            print(f"--slurm, {title}", flush=True)
+            subprocess.run(command, env=cluster.env, check=True)
 
 
 def main() -> None:
@@ -327,11 +405,17 @@ def main() -> None:
     parser.add_argument("--client", action="store_true",
                         help="reach the fake cluster through Ray Client (ray://), as a notebook outside its network")
     parser.add_argument("--slurm", action="store_true",
-                        help="inside a Slurm allocation of 2 nodes: cluster='slurm' vs srun of a plain torch script")
+                        help="on Slurm, 2 nodes: cluster='slurm' vs srun of a plain torch script (inside an allocation "
+                             "as a step of it; outside one, each asks for a job)")
+    parser.add_argument("--slurm-test-cluster", action="store_true",
+                        help="--slurm on tests/slurm_cluster.py's cluster, inside and outside an allocation (root)")
     options = parser.parse_args()
 
+    if options.slurm_test_cluster:
+        on_the_tests_slurm_cluster([f"--repeats={options.repeats}"])
+        return
     if options.slurm:
-        _print_table(main_slurm(2))
+        _print_table(main_slurm(2, options.repeats))
         return
     import ray
 
@@ -360,6 +444,10 @@ def main() -> None:
 def _print_table(results: Dict[str, Dict[str, Any]]) -> None:
     columns = ["start", "first all-reduce", "whole call", "warm run", "output"]
     widths = [10, 18, 12, 10, 28]
+    if any("queue wait" in figures for figures in results.values()):
+        columns, widths = ["queue wait"] + columns[:-1], [12] + widths[:-1]
+    elif not any("output" in figures for figures in results.values()):
+        columns, widths = columns[:-1], widths[:-1]
     print(f"{'':24}" + "".join(f"{column:>{width}}" for column, width in zip(columns, widths)))
     for tool, figures in results.items():
         cells = []

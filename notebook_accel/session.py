@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 from .backends import warm_ranks_for
 from .backends.base import WarmRanks
 from .backends.session import SessionRunBackend, TaskEnd, close_gracefully, quiet_task
-from .errors import LaunchConfigTypeError
+from .errors import LaunchConfigError, LaunchConfigTypeError
 from .formatting import count
 from .launcher import Launch, leave_post_mortem_to_the_rank
 from .outcome.raising import root_cause_exception
@@ -86,6 +86,7 @@ class Session:
                  resources_per_rank: Optional[Mapping[str, float]] = None,
                  placement: Optional[PlacementName] = None,
                  slurm: Optional[Mapping[str, Any]] = None,
+                 num_nodes: int = 1,
                  recover_timeout: float = 5.0,
                  config: Union[bool, PathLike, None] = None) -> None:
         """Start the ranks — on this machine, with ``cluster="ray"`` as actors of a Ray cluster, or with
@@ -107,7 +108,11 @@ class Session:
             num_processes=num_processes, device=device, mixed_precision=mixed_precision, start_method=start_method,
             master_addr=master_addr, use_port=use_port, timeout=timeout, display=display, pdb=pdb,
             compile_cache=compile_cache, fsdp_config=fsdp_config, deepspeed_config=deepspeed_config, cluster=cluster,
-            resources_per_rank=resources_per_rank, placement=placement, slurm=slurm)
+            resources_per_rank=resources_per_rank, placement=placement, slurm=slurm, num_nodes=num_nodes)
+        if num_nodes != 1 and cluster != "slurm":
+            raise LaunchConfigError(f"Session(num_nodes={num_nodes}): a session's ranks span several nodes only with "
+                                    f"cluster='slurm' (on Ray the cluster places them; for torch elastic's nodes, "
+                                    f"notebook_launcher)")
         self._plan = make_plan(_nothing, (), None, options, allow_inline=False)
         self._pdb = pdb  # each run's post-mortem switch, unless the run says (None: IPython's %pdb, then)
         self.recover_timeout = float(recover_timeout)

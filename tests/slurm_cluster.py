@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -66,9 +67,10 @@ class SlurmCluster:
 
     _made = 0
 
-    def __init__(self, hosts: RealHosts, cpus: int = 2) -> None:
+    def __init__(self, hosts: RealHosts, cpus: int = 2, gpus: int = 0) -> None:
         self.hosts = hosts
         self.cpus = cpus
+        self.gpus = gpus
         # Short, in /tmp itself: slurmstepd's Unix sockets live in the spool directory, named after the node, job and
         # step (a batch step's id has 10 digits), and a socket's path may not exceed 107 bytes. The suite's temp dir
         # is too deep for that ("slurmstepd failed to send return code": the batch job never ran).
@@ -198,15 +200,31 @@ class SlurmCluster:
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
         ]
+        if self.gpus:
+            lines.append("GresTypes=gpu")
+            self._write_gres()
         for node, address in zip(self.nodes, self.hosts.addresses):
+            gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
             lines.append(f"NodeName={node} NodeAddr={address} NodeHostname={node} CPUs={self.cpus} "
-                         f"RealMemory=1000 State=UNKNOWN")
+                         f"RealMemory=1000{gres} State=UNKNOWN")
         lines.append(f"PartitionName={PARTITION} Nodes={','.join(self.nodes)} Default=YES MaxTime={MAX_TIME} "
                      f"State=UP")
         with open(self.conf, "w") as out:
             out.write("\n".join(lines) + "\n")
         with open(self.path("cgroup.conf"), "w") as out:   # read by slurmd even with no cgroup plugin in use
             out.write("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")
+
+    def _write_gres(self) -> None:
+        """``gpus`` stand-in GPUs per node, for Slurm's GPU binding (there is no GPU here): gres.conf's ``File`` of
+        each is a character device of the cluster's directory — /dev/null's numbers, so nothing can reach hardware
+        through it. Slurm only needs the file to be a device: it then binds GPUs to steps and tasks as on a real
+        cluster (``CUDA_VISIBLE_DEVICES``, ``SLURM_GPUS_ON_NODE``); a regular file gets no binding at all."""
+        null = os.stat("/dev/null").st_rdev
+        with open(self.path("gres.conf"), "w") as out:
+            for node in self.nodes:
+                for index in range(self.gpus):
+                    os.mknod(self.path(f"{node}-gpu{index}"), 0o600 | stat.S_IFCHR, null)
+                out.write(f"NodeName={node} Name=gpu File={self.path(node + '-gpu')}[0-{self.gpus - 1}]\n")
 
     def _wait_idle(self) -> None:
         """Until every node says it is idle (registered with the controller)."""

@@ -175,6 +175,7 @@ def test_outside_an_allocation_the_launch_asks_for_one_says_it_pends_and_gives_i
     assert [rank["SLURMD_NODENAME"] for rank in ranks] == cluster.nodes
     assert len({rank["SLURM_JOB_ID"] for rank in ranks}) == 1 and ranks[0]["SLURM_JOB_ID"] != blocker_id
     assert "pending in the queue (Resources)" in done.stdout + done.stderr
+    assert "s in the queue" in (done.stdout + done.stderr).split("pending in the queue (Resources)", 1)[1]
     assert cluster.wait_no_jobs(timeout=15) == []
 
 
@@ -372,4 +373,75 @@ def test_max_restarts_runs_a_new_step_of_the_same_job_after_a_failure(cluster, m
     assert len({(rank["job"], rank["step"]) for rank in ranks}) == 1 and ranks[0]["step"] != "0"  # a second step
     with pytest.raises(ValueError, match="the first attempt fails"):
         notebook_launcher(fails_first, num_processes=2, num_nodes=2, cluster="slurm", display="none")
+    assert cluster.wait_no_jobs() == []
+
+
+# ------------------------------------------------------------------------------------- stop, stacks, Ctrl-C
+
+CONTROL = textwrap.dedent('''
+    import json, os, signal, subprocess, sys, threading, time
+    import psutil
+
+    def listening():   # this process's listening sockets
+        return {f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process().net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN}
+
+    inherited = listening()   # salloc's own (its child inherits them), before anything of ours is imported
+    from notebook_accel import notebook_launcher, start_launch
+
+    def steps():
+        listed = subprocess.run(["squeue", "-h", "-s", "-j", os.environ["SLURM_JOB_ID"], "-o", "%%i"],
+                                capture_output=True, text=True).stdout.split()
+        return [step for step in listed if not step.endswith((".extern", ".interactive", ".batch"))]
+
+    def wait_here(ready):
+        open(f"{ready}.{os.environ['RANK']}", "w").close()
+        time.sleep(600)
+
+    def all_ready(ready):
+        deadline = time.monotonic() + 240
+        while not all(os.path.exists(f"{ready}.{rank}") for rank in (0, 1)):
+            assert time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.1)
+
+    report = {}
+    ready = "%(ready)s/stop"
+    job = start_launch(wait_here, args=(ready,), num_processes=2, num_nodes=2, cluster="slurm", display="none")
+    all_ready(ready)
+    report["listening"] = sorted(listening() - inherited)
+    report["stacks"] = job.dump_stacks()
+    job.stop()
+    try:
+        job.wait(120)
+    except KeyboardInterrupt:
+        report["stopped"] = True
+    report["steps_after_stop"] = steps()
+
+    ready = "%(ready)s/interrupt"
+    threading.Thread(target=lambda: (all_ready(ready), os.kill(os.getpid(), signal.SIGINT)), daemon=True).start()
+    try:
+        notebook_launcher(wait_here, args=(ready,), num_processes=2, num_nodes=2, cluster="slurm", display="text")
+    except KeyboardInterrupt as interrupted:
+        report["interrupted"] = str(interrupted)
+    report["steps_after_interrupt"] = steps()
+    print("REPORT " + json.dumps(report), flush=True)
+''')
+
+
+def test_stop_stacks_and_ctrl_c_of_a_launch_on_slurm_leave_no_step(cluster, tmp_path):
+    """From a kernel inside a two-node allocation: ``dump_stacks`` shows where each rank on its node is, Stop ends
+    the step (``wait`` raises KeyboardInterrupt), Jupyter's interrupt (SIGINT) does too — and the kernel listens on
+    no port meanwhile (events come through srun's stdio, Slurm's own munge-authenticated channel)."""
+    script = tmp_path / "control.py"
+    script.write_text(CONTROL % {"ready": str(tmp_path)})
+    env = dict(script_env(), SLURM_CONF=cluster.conf)
+    done = cluster.run(["salloc", "-N2", "-n2", sys.executable, str(script)], env=env, timeout=500)
+    reports = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and reports, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{cluster.logs()}"
+    report = json.loads(reports[0][len("REPORT "):])
+    assert sorted(report["stacks"]) == ["0", "1"], report["stacks"]
+    assert all("in wait_here" in text for text in report["stacks"].values()), report["stacks"]
+    assert report["listening"] == []
+    assert report.get("stopped") and report["steps_after_stop"] == []
+    assert "interrupted" in report and report["steps_after_interrupt"] == []
     assert cluster.wait_no_jobs() == []

@@ -62,6 +62,7 @@ FILES: Dict[str, str] = {
     "test_real_hosts.py": "ranks",       # network namespaces on a bridge: Ray nodes and torch-elastic nodes per host
     "test_slurm_cluster.py": "ranks",    # a real Slurm cluster: slurmctld here, a slurmd per network namespace
     "test_slurm_launch.py": "ranks",     # cluster="slurm" on that cluster: a step of the kernel's allocation
+    "test_slurm_session.py": "ranks",    # a Session in a job of its own; pdb in a rank on another node
     "test_ray_local.py": "ranks",        # a script whose launch starts a local Ray (no ray.init() of its own)
     "test_ray_client.py": "ranks",       # a script reaching the fake cluster only through ray:// (Ray Client)
     "test_rank_imports.py": "ranks",

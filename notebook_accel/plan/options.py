@@ -193,7 +193,9 @@ LAUNCHER_OPTIONS: Tuple[Option, ...] = (
            "\"01:00:00\", \"account\": \"lab\"}`` (a value ``True`` is a flag).",
            expects="a mapping of sbatch long option names to values, or None", valid=_str_keys),
     Option("num_nodes", int, 1, "several machines, one notebook (or ``notebook-accel launch``) per node; "
-           "``num_processes`` is per node and global ranks follow the node order.", takers=LAUNCHES,
+           "``num_processes`` is per node and global ranks follow the node order. With ``cluster=\"slurm\"``: the "
+           "job's nodes (inside an allocation, all of its nodes by default), and ``num_processes`` counts the ranks "
+           "in all. A ``Session`` takes it with ``cluster=\"slurm\"`` only.", takers=LAUNCHES | {SESSION},
            expects="a positive int", valid=_positive, saved=True, nodes=True),
     Option("node_rank", Optional[int], None, "this node's place: 0 on the first machine, 1 on the second, ... Global "
            "ranks follow it with every rendezvous backend. None: 0 with \"static\"; the order the nodes joined in "
@@ -385,8 +387,8 @@ def unexpected_keyword(entry: str, name: str, accepted: Sequence[str]) -> str:
 
     >>> unexpected_keyword("Session", "timout", ["num_processes", "timeout", "display"])
     "unexpected keyword argument 'timout'; did you mean 'timeout'?"
-    >>> unexpected_keyword("Session", "num_nodes", ["num_processes", "timeout"])
-    "unexpected keyword argument 'num_nodes': notebook_launcher, start_launch and launch_panel take it, Session does not"
+    >>> unexpected_keyword("Session", "node_rank", ["num_processes", "timeout"])
+    "unexpected keyword argument 'node_rank': notebook_launcher, start_launch and launch_panel take it, Session does not"
     """
     said = f"unexpected keyword argument {name!r}"
     option = _BY_NAME.get(name)

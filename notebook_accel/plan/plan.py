@@ -19,7 +19,7 @@ from .nodes import NodeOptions, check_node_options
 from .options import NODE_OPTION_NAMES, LaunchOptions, check_precision_for_device
 from .sharding import check_sharding_for_device, sharding_environment
 from .sites import InKernel, LocalProcesses, RayCluster, SeveralNodes, Site, SlurmAllocation, StartsProcesses, XlaHost
-from .slurm import check_slurm_option, slurm_allocation
+from .slurm import check_slurm_option, slurm_allocation, slurm_device
 
 MIXED_PRECISIONS = MixedPrecision.values()  # kept for callers of the old names
 START_METHODS = StartMethod.values()
@@ -239,7 +239,7 @@ def _plan_on_cluster(function: Callable, args: Any, kwargs: Any, options: Launch
 def _plan_on_slurm(function: Callable, args: Any, kwargs: Any, options: LaunchOptions, site: SlurmAllocation,
                    post_mortem: bool) -> LaunchPlan:
     """A launch whose ranks are the tasks of a Slurm job step (``backends.slurm``); the function is pickled now."""
-    device = options.device or "cpu"
+    device, _ = slurm_device(options.as_dict())
     check_sharding_for_device(options.fsdp_config, options.deepspeed_config, device)
     check_precision_for_device(options.mixed_precision, device)
     payload = Payload(function, args, kwargs or {})

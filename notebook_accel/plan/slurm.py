@@ -13,11 +13,22 @@ SlurmAllocation(num_nodes=2, ranks_per_node=2, allocation='12', request=(), max_
 Traceback (most recent call last):
 ...
 notebook_accel.errors.LaunchConfigError: num_processes=3 ranks cannot be spread evenly over num_nodes=2 nodes: give a multiple of 2
+
+Where the job has GPUs (or the ``slurm`` options ask for them) the device is CUDA unless ``device`` says otherwise, and
+``num_processes`` defaults to one rank per GPU: the login node, where the kernel often runs, has none to look at.
+
+>>> slurm_device({"device": None, "slurm": None}, {"SLURM_JOB_ID": "12", "SLURM_GPUS_ON_NODE": "4"})
+('cuda', 4)
+>>> slurm_device({"device": None, "slurm": {"gres": "gpu:a100:2"}}, {})
+('cuda', 2)
+>>> slurm_device({"device": "cpu", "slurm": None}, {"SLURM_JOB_ID": "12", "SLURM_GPUS_ON_NODE": "4"})
+('cpu', None)
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional
+import re
+from typing import Any, Mapping, Optional, Tuple
 
 from ..errors import LaunchConfigError
 from ..wire.choices import Device, StartMethod
@@ -41,21 +52,22 @@ def slurm_allocation(options: Mapping[str, Any], environ: Optional[Mapping[str, 
     if options["start_method"] != StartMethod.AUTO:
         raise LaunchConfigError(f"start_method={options['start_method']!r} does not apply with cluster='slurm': "
                                 f"every rank is a task of a Slurm job step (a process srun starts)")
-    device = options["device"]
-    if device not in (None, Device.CPU, Device.CUDA):
-        raise LaunchConfigError(f"device={device!r} is not supported with cluster='slurm' (cpu or cuda)")
+    device, gpus_per_node = slurm_device(options, environ)
     num_nodes = int(options["num_nodes"])
     num_processes = options["num_processes"]
     allocation = environ.get("SLURM_JOB_ID") or None
     nodes_here = int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or 1)
     if allocation is not None and num_nodes == OPTIONS["num_nodes"].default and nodes_here > 1 and \
             (num_processes is None or num_processes % nodes_here == 0):
-        num_nodes = nodes_here   # inside an allocation, by default its every node (a Session takes no num_nodes)
+        num_nodes = nodes_here   # inside an allocation, by default its every node
     if num_processes is None:
         if device == Device.CUDA:
-            raise LaunchConfigError("cluster='slurm' with device='cuda': give num_processes, the number of ranks "
-                                    "in all (one GPU each)")
-        num_processes = num_nodes
+            if gpus_per_node is None:
+                raise LaunchConfigError("cluster='slurm' with device='cuda': give num_processes, the number of ranks "
+                                        "in all (one GPU each)")
+            num_processes = gpus_per_node * num_nodes
+        else:
+            num_processes = num_nodes
     if num_processes % num_nodes:
         raise LaunchConfigError(f"num_processes={num_processes} ranks cannot be spread evenly over "
                                 f"num_nodes={num_nodes} nodes: give a multiple of {num_nodes}")
@@ -69,6 +81,41 @@ def slurm_allocation(options: Mapping[str, Any], environ: Optional[Mapping[str, 
                                     f"Slurm allocation (job {allocation})")
     return SlurmAllocation(num_nodes=num_nodes, ranks_per_node=num_processes // num_nodes, allocation=allocation,
                            request=tuple(request.items()), max_restarts=int(options["max_restarts"]))
+
+
+# Where a job's GPUs per node are said: inside it (the kernel's environment, first found wins), or in the request.
+_GPUS_HERE = ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_PER_TASK",
+              "SLURM_GPUS")
+_GPU_REQUEST = ("gpus-per-node", "gres", "gpus", "G", "gpus-per-task")
+_NOT_PER_NODE = ("gpus", "G", "gpus-per-task", "SLURM_GPUS_PER_TASK", "SLURM_GPUS")   # per job or per task
+
+
+def slurm_device(options: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> Tuple[str, Optional[int]]:
+    """The ranks' device and the GPUs per node when known (see the module docstring)."""
+    environ = os.environ if environ is None else environ
+    device = options["device"]
+    if device not in (None, Device.CPU, Device.CUDA):
+        raise LaunchConfigError(f"device={device!r} is not supported with cluster='slurm' (cpu or cuda)")
+    request = {str(key): str(value) for key, value in (options["slurm"] or {}).items()}
+    if environ.get("SLURM_JOB_ID"):
+        said = [(name, environ[name]) for name in _GPUS_HERE if environ.get(name)]
+    else:
+        said = [(name, request[name]) for name in _GPU_REQUEST if name in request]
+    said = [(name, text) for name, text in said if name != "gres" or "gpu" in text]
+    gpus = _gpu_count(*said[0]) if said else None
+    if device is None:
+        device = Device.CUDA if said and gpus != 0 else Device.CPU
+    if device != Device.CUDA or gpus == 0 or (said and said[0][0] in _NOT_PER_NODE):
+        gpus = None   # a count per job or per task is not one per node
+    return str(device), gpus
+
+
+def _gpu_count(name: str, text: str) -> Optional[int]:
+    """GPUs per node in one of Slurm's ways of saying it: "4", "a100:4", "gpu:a100:4", "0,1,2,3" (indexes)."""
+    if name in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS"):
+        return len([index for index in text.split(",") if index.strip()])
+    found = re.search(r"(\d+)\s*$", text.split(",")[0])
+    return int(found.group(1)) if found else None
 
 
 def check_slurm_option(options: Mapping[str, Any]) -> None:

@@ -115,16 +115,33 @@ def check_request(request: Mapping[str, str], num_nodes: int,
 
 
 HOLD = ["sh", "-c", "cat >/dev/null"]   # salloc's command: holds the allocation until its stdin (our pipe) ends
+# sbatch/salloc options that ask for GPUs: given one, the user said how many; else a CUDA launch asks for one per rank.
+GPU_OPTIONS = ("gpus", "G", "gpus-per-node", "gpus-per-task", "gpus-per-socket")
 
 
-def salloc_command(request: Mapping[str, str], num_nodes: int, ranks_per_node: int, name: str) -> List[str]:
-    """``salloc`` for the launch: its nodes and tasks, each ``slurm`` option as a long option, then the command that
-    holds the allocation while the kernel lives (see the module docstring).
+def asks_for_gpus(request: Mapping[str, str]) -> bool:
+    """Whether the ``slurm`` options ask for GPUs themselves.
+
+    >>> asks_for_gpus({"gres": "gpu:a100:4"}), asks_for_gpus({"gpus-per-node": "2"}), asks_for_gpus({"time": "1"})
+    (True, True, False)
+    """
+    return any(key in request for key in GPU_OPTIONS) or "gpu" in request.get("gres", "")
+
+
+def salloc_command(request: Mapping[str, str], num_nodes: int, ranks_per_node: int, name: str,
+                   gpus: bool = False) -> List[str]:
+    """``salloc`` for the launch: its nodes and tasks (and with ``gpus``, one GPU per rank unless the options ask
+    for GPUs themselves), each ``slurm`` option as a long option, then the command that holds the allocation while
+    the kernel lives (see the module docstring).
 
     >>> salloc_command({"partition": "gpu", "exclusive": ""}, 2, 4, "notebook_accel")[:7]
     ['salloc', '--nodes=2', '--ntasks-per-node=4', '--job-name=notebook_accel', '--partition=gpu', '--exclusive', 'sh']
+    >>> salloc_command({}, 2, 4, "notebook_accel", gpus=True)[4]
+    '--gpus-per-node=4'
     """
     argv = ["salloc", f"--nodes={num_nodes}", f"--ntasks-per-node={ranks_per_node}", f"--job-name={name}"]
+    if gpus and not asks_for_gpus(request):
+        argv.append(f"--gpus-per-node={ranks_per_node}")
     for key, value in request.items():
         argv.append(f"--{key}={value}" if value != "" else f"--{key}")
     return argv + HOLD
@@ -157,14 +174,19 @@ class Allocation:
                 elif line.strip():
                     self.said.append(line)
 
-    def wait(self, stopped: Callable[[], bool], tick: Callable[[], None], notice: Callable[[str], None]) -> bool:
+    def wait(self, stopped: Callable[[], bool], tick: Callable[[], None], notice: Callable[[str], None],
+             how_to_stop: str = "Stop or a timeout ends the wait") -> bool:
         """Until the allocation is granted (True) or ``stopped()`` (False); ``notice`` gets "pending in the queue
-        (reason)" each time the reason changes. A refusal by Slurm is a ``LaunchConfigError`` with its words."""
+        (reason)" each time the reason changes, and ``how_to_stop``. A refusal by Slurm is a ``LaunchConfigError``
+        with its words."""
         reason: Optional[str] = None
         asked_at = 0.0
+        began = time.monotonic()
         while True:
             with self._lock:
                 if self.granted:
+                    if reason is not None:   # it was said to pend: say how long it did
+                        notice(f"Slurm job {self.job_id} started after {time.monotonic() - began:.0f} s in the queue")
                     return True
                 job = self.job_id
             if self.process.poll() is not None:
@@ -180,7 +202,7 @@ class Allocation:
                 current = listed.stdout.strip()
                 if current and current != reason and current != "None":
                     reason = current
-                    notice(f"Slurm job {job} is pending in the queue ({reason}); Stop or a timeout ends the wait")
+                    notice(f"Slurm job {job} is pending in the queue ({reason}); {how_to_stop}")
             tick()
             time.sleep(0.1)
 

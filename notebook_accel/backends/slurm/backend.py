@@ -15,6 +15,7 @@ its node), Stop, timeout and stack dumps as local ranks. At the end, whatever ha
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections import defaultdict, deque
 from typing import Any, Callable, Deque, Dict, List, Optional
@@ -44,7 +45,16 @@ def site_of(plan: LaunchPlan) -> SlurmAllocation:
     return plan.site
 
 
-def srun_command(plan: LaunchPlan, job: Optional[str], python: str = sys.executable) -> List[str]:
+def job_name(plan: LaunchPlan, session: bool = False) -> str:
+    """What ``squeue`` shows for the launch's job and step: ours, and the function's name (or "session").
+
+    >>> job_name(LaunchPlan("train", None, 2, "cpu", SlurmAllocation(2, 1, "7"), "no", None, False, "none"))
+    'notebook_accel:train'
+    """
+    return f"notebook_accel:{'session' if session else plan.function_name}"[:100]
+
+
+def srun_command(plan: LaunchPlan, job: Optional[str], python: str = sys.executable, session: bool = False) -> List[str]:
     """The ``srun`` that starts the launch's ranks: one task per rank, spread evenly over the nodes, every task's
     stdin from ``srun``'s (the kernel's messages), no task's failure ending the others (the supervisor decides).
 
@@ -55,12 +65,35 @@ def srun_command(plan: LaunchPlan, job: Optional[str], python: str = sys.executa
     slurm = site_of(plan)
     argv = ["srun", f"--nodes={slurm.num_nodes}", f"--ntasks={slurm.world_size}",
             f"--ntasks-per-node={slurm.ranks_per_node}", "--input=all", "--kill-on-bad-exit=0",
-            f"--job-name=notebook_accel:{plan.function_name}"[:120]]
+            f"--job-name={job_name(plan, session)}"]
     if job is not None:
         argv.append(f"--jobid={job}")
     if plan.device == "cuda":   # every GPU of the node visible to each of its ranks: LOCAL_RANK picks its own
         argv.append(f"--gpus-per-node={slurm.ranks_per_node}")
     return argv + [python, "-u", "-m", TASK_MODULE]
+
+
+# What salloc/sbatch put in the kernel's environment to bind GPUs per task (``--gpus-per-task``) or per socket, which
+# srun takes as its own defaults. A rank then sees only its GPU, as index 0, while ``LOCAL_RANK`` (torchrun's rule,
+# ``cuda:LOCAL_RANK``) points past it: "invalid device ordinal". The step asks per node instead (``srun_command``).
+PER_TASK_GPU_VARIABLES = ("SLURM_GPUS_PER_TASK", "SLURM_GPUS_PER_SOCKET", "SLURM_TRES_PER_TASK", "SLURM_GPU_BIND",
+                          "SLURM_CPUS_PER_GPU", "SLURM_MEM_PER_GPU", "SLURM_GPUS", "SLURM_GPUS_PER_NODE")
+
+
+def srun_environment(plan: LaunchPlan, environ: Optional[Dict[str, str]] = None) -> Optional[Dict[str, str]]:
+    """The environment ``srun`` runs in: the kernel's, less the per-task GPU binding it would otherwise inherit for a
+    CUDA launch (None: the kernel's, unchanged).
+
+    >>> plan = LaunchPlan("f", None, 2, "cuda", SlurmAllocation(1, 2, "7"), "no", None, False, "none")
+    >>> sorted(srun_environment(plan, {"SLURM_JOB_ID": "7", "SLURM_GPUS_PER_TASK": "1"}))
+    ['SLURM_JOB_ID']
+    """
+    if plan.device != "cuda":
+        return None
+    environ = dict(os.environ if environ is None else environ)
+    for name in PER_TASK_GPU_VARIABLES:
+        environ.pop(name, None)
+    return environ
 
 
 class SlurmBackend(Backend):
@@ -94,15 +127,16 @@ class SlurmBackend(Backend):
         return NoKernelStore()
 
     def allocate(self, stopped: Callable[[], bool], tick: Callable[[], None],
-                 notice: Callable[[str], None]) -> Optional[str]:
+                 notice: Callable[[str], None], session: bool = False) -> Optional[str]:
         """The job the step runs in: the kernel's, else one asked for now and waited for (None: stopped first)."""
         slurm = self.site
         if slurm.allocation is not None:
             return slurm.allocation
-        name = f"notebook_accel:{self.plan.function_name}"[:100]
+        name = job_name(self.plan, session)
         self.allocation = Allocation(salloc_command(slurm.request_options, slurm.num_nodes, slurm.ranks_per_node,
-                                                    name))
-        granted = self.allocation.wait(stopped, tick, notice)
+                                                    name, gpus=self.plan.device == "cuda"))
+        granted = self.allocation.wait(stopped, tick, notice, how_to_stop="interrupting the kernel (Ctrl-C) ends the "
+                                       "wait" if session else "Stop or a timeout ends the wait")
         return self.allocation.job_id if granted else None
 
     def release(self) -> None:
@@ -137,7 +171,8 @@ class SlurmBackend(Backend):
                 tails[event.rank].extend(event.texts)
             sink.deliver(event)
 
-        self.step = step = SlurmStep(srun_command(self.plan, job), self.plan.world_size)
+        self.step = step = SlurmStep(srun_command(self.plan, job), self.plan.world_size,
+                                     env=srun_environment(self.plan))
         try:
             try:
                 ready = step.wait_ready(lambda: policy.reason() is not None, sink.tick)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ...errors import LaunchError
 from ...plan.plan import LaunchPlan
 from ...wire.commands import BreakGroup, Command, RunFunction
 from ...wire.events import RankStarted
 from ...wire.payload import PortablePayload
 from ..base import WarmRanks
-from .backend import SlurmBackend, srun_command
+from .backend import SlurmBackend, srun_command, srun_environment
 from .step import SlurmRankProcess, SlurmStep
 
 
@@ -69,13 +70,27 @@ class SessionSlurmStep(WarmRanks):
         return command, [], lambda: None
 
     def start(self, rendezvous_env: Dict[str, str]) -> List[SlurmRankProcess]:
-        """The job (waited for), the step, every task serving (joining the group is the session's first task)."""
-        never = lambda: False  # noqa: E731  (Session bounds the start by its own first task's timeout)
+        """The job (waited for), the step, every task serving (joining the group is the session's first task).
+        Whatever ends the start early — Ctrl-C while the job pends in the queue, a step that cannot start — gives
+        back what was asked of Slurm before it is raised."""
+        try:
+            return self._start()
+        except BaseException:
+            self.kill()
+            raise
+
+    def _start(self) -> List[SlurmRankProcess]:
+        never = lambda: False  # noqa: E731  (Ctrl-C ends the wait; Session bounds the rest by its first task's timeout)
         self.backend.open_rendezvous()
         job = self.backend.allocate(never, lambda: None,
-                                    lambda text: print(f"notebook_accel: {text}", file=sys.stderr))
-        self.step = step = SlurmStep(srun_command(self.plan, job), self.plan.world_size)
-        step.wait_ready(never, lambda: None)
+                                    lambda text: print(f"notebook_accel: {text}", file=sys.stderr, flush=True),
+                                    session=True)
+        self.step = step = SlurmStep(srun_command(self.plan, job, session=True), self.plan.world_size,
+                                     env=srun_environment(self.plan))
+        try:
+            step.wait_ready(never, lambda: None)
+        except RuntimeError as error:
+            raise LaunchError(f"the session's Slurm job step did not start: {error}") from None
         self.handles = step.attach()
         step.send(("run", self.backend.setup(step, serve=True, group_backend=self.group_backend,
                                              group_generation=self.group_generation)))

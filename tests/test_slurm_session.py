@@ -1,0 +1,221 @@
+"""``cluster="slurm"`` beyond one launch, on a real Slurm cluster (``slurm_cluster``): a warm ``Session`` in a job of
+its own (asked for, waited for, given back at ``close()``, at the kernel's exit, and on Ctrl-C while it pends), and
+pdb in a rank on another node, for a launch and for a session; and GPUs as Slurm binds them (the nodes declare two
+stand-in GPUs each: ``SlurmCluster(gpus=2)``), which is where Slurm and torchrun's ``cuda:LOCAL_RANK`` can disagree.
+
+Each "kernel" is a script run from the login node (here, outside the namespaces), as a notebook on a login node runs;
+the pdb one under ``salloc -N2``, as a batchspawner notebook runs inside its job.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+import slurm_cluster
+from real_hosts import RealHosts
+from scripts import script_env
+from slurm_cluster import SlurmCluster
+
+pytestmark = [pytest.mark.skipif(slurm_cluster.unavailable() is not None, reason=slurm_cluster.unavailable() or ""),
+              pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with RealHosts(2) as hosts, SlurmCluster(hosts, gpus=2) as made:   # stand-in GPUs: Slurm's binding, no CUDA
+        yield made
+
+
+OWN_JOB = textwrap.dedent('''
+    import json, os, signal, subprocess, sys, threading, time
+    from notebook_accel import Session
+
+    BLOCKER = sys.argv[1]
+
+    def ours():   # our jobs that wait for or hold nodes; one given back may still be COMPLETING a moment
+        listed = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True).stdout
+        return [line for line in listed.splitlines()
+                if "notebook_accel" in line and line.endswith(("PENDING", "CONFIGURING", "RUNNING"))]
+
+    def where():
+        import torch, torch.distributed as dist
+        total = torch.tensor([1.0])
+        dist.all_reduce(total)
+        return {"node": os.environ["SLURMD_NODENAME"], "job": os.environ["SLURM_JOB_ID"], "sum": total.item()}
+
+    def interrupt_once_pending():   # Jupyter's interrupt is a SIGINT to the kernel
+        deadline = time.monotonic() + 120
+        while not any(line.endswith("PENDING") for line in ours()):
+            assert time.monotonic() < deadline, "the session's job never pended"
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    report = {}
+    threading.Thread(target=interrupt_once_pending, daemon=True).start()
+    try:   # a job of BLOCKER's holds every CPU: the session's own pends behind it
+        Session(num_processes=2, num_nodes=2, cluster="slurm", display="text", slurm={"time": "00:05:00"})
+    except KeyboardInterrupt:
+        report["interrupted"] = True
+    report["after_interrupt"] = ours()
+    subprocess.run(["scancel", BLOCKER], check=True)
+
+    with Session(num_processes=2, num_nodes=2, cluster="slurm", display="text", slurm={"time": "00:05:00"}) as session:
+        report["open"] = ours()
+        report["ranks"] = session.run(where, return_all=True)
+    report["after_close"] = ours()
+
+    left_open = Session(num_processes=2, num_nodes=2, cluster="slurm", display="none", slurm={"time": "00:05:00"})
+    report["left_open"] = left_open.run(where, return_all=True)
+    print("REPORT " + json.dumps(report), flush=True)
+    # no close(): the kernel's exit gives the job back
+''')
+
+
+def test_a_session_asks_for_its_own_job_and_gives_it_back_on_ctrl_c_close_and_exit(cluster, tmp_path):
+    """Outside an allocation, ``Session(num_nodes=2, cluster="slurm", slurm={...})`` asks Slurm for a two-node job.
+    Interrupted while that job pends, it withdraws it; opened, it runs on both nodes of one job named after it;
+    ``close()`` gives the job back, and so does the kernel's exit for a session never closed."""
+    blocker = cluster.run(["sbatch", "--parsable", "-N2", "-n4", "-o", "/dev/null", "--wrap", "sleep 300"])
+    assert blocker.returncode == 0, blocker.stderr
+    script = tmp_path / "own_job.py"
+    script.write_text(OWN_JOB)
+    env = dict(script_env(), SLURM_CONF=cluster.conf)
+    done = cluster.run([sys.executable, str(script), blocker.stdout.strip()], env=env, timeout=500)
+    reports = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and reports, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{cluster.logs()}"
+    report = json.loads(reports[0][len("REPORT "):])
+    assert report.get("interrupted") and report["after_interrupt"] == []
+    assert "pending in the queue (" in done.stderr and "interrupting the kernel (Ctrl-C) ends the wait" in done.stderr
+    assert len(report["open"]) == 1 and report["open"][0].split()[1:] == ["notebook_accel:session", "RUNNING"]
+    job = report["open"][0].split()[0]
+    assert [(rank["node"], rank["job"], rank["sum"]) for rank in report["ranks"]] == [
+        (cluster.nodes[0], job, 2.0), (cluster.nodes[1], job, 2.0)]
+    assert report["after_close"] == []
+    assert [rank["node"] for rank in report["left_open"]] == cluster.nodes
+    assert cluster.wait_no_jobs() == [], cluster.jobs()
+
+
+PDB = textwrap.dedent('''
+    import os
+    from notebook_accel import Session, notebook_launcher
+
+    def train():
+        rank = int(os.environ["RANK"])
+        x = 40 + rank
+        if rank == 1:
+            breakpoint()
+        return x
+
+    def fails():
+        if os.environ["RANK"] == "1":
+            marker = "failing frame of rank 1"
+            raise ValueError("rank 1 breaks")
+
+    print("RESULT", notebook_launcher(train, num_processes=2, cluster="slurm", display="text", return_all=True),
+          flush=True)
+    with Session(num_processes=2, cluster="slurm", display="text") as session:
+        print("WARM", session.run(train, return_all=True), flush=True)
+        try:
+            session.run(fails)
+        except ValueError as error:
+            print("SESSION RAISED", error, flush=True)
+        session.debug()  # pdb in the failed run's frame, in the task that raised
+        print("DEBUGGED", flush=True)
+    try:
+        notebook_launcher(fails, num_processes=2, cluster="slurm", display="text", pdb=True)
+    except ValueError as error:
+        print("RAISED", error, flush=True)
+''')
+
+
+def test_pdb_in_a_rank_on_another_node_for_a_launch_and_a_session(cluster, tmp_path):
+    """Inside ``salloc -N2``: rank 1 (on the second node) stops at ``breakpoint()``; pdb's lines come back labelled,
+    what is typed in the terminal reaches the task through srun's stdin and changes its frame (x comes back as 100);
+    a failed Session run's ``Session.debug()`` and a launch's ``pdb=True`` post-mortem open in the failing frame."""
+    import pexpect
+
+    script = tmp_path / "pdb_kernel.py"
+    script.write_text(PDB)
+    env = dict(script_env(), SLURM_CONF=cluster.conf)
+    child = pexpect.spawn("salloc", ["-N2", sys.executable, str(script)], env=env, cwd=str(tmp_path),
+                          encoding="utf-8", timeout=180, dimensions=(40, 200))
+    try:
+        for done in ("RESULT", "WARM"):
+            child.expect(r"\[rank 1\] \(Pdb\) ")
+            child.sendline("p x")
+            child.expect(r"\[rank 1\] 41")
+            child.expect(r"\[rank 1\] \(Pdb\) ")
+            child.sendline("x = 100")
+            child.expect(r"\[rank 1\] \(Pdb\) ")
+            child.sendline("c")
+            child.expect(rf"{done} \[40, 100\]")
+        child.expect("SESSION RAISED rank 1 breaks")
+        for done in ("DEBUGGED", "RAISED rank 1 breaks"):
+            child.expect(r"\[rank 1\] \(Pdb\) ")
+            child.sendline("p marker")
+            child.expect(r"\[rank 1\] 'failing frame of rank 1'")
+            child.expect(r"\[rank 1\] \(Pdb\) ")
+            child.sendline("q")
+            child.expect(done)
+        child.expect(pexpect.EOF, timeout=120)
+        child.close()
+        assert child.exitstatus == 0, child.before
+    finally:
+        child.close(force=True)
+    assert cluster.wait_no_jobs() == [], cluster.jobs()
+
+
+GPUS = textwrap.dedent('''
+    import json, os, sys
+    from notebook_accel import notebook_launcher
+    from notebook_accel.plan.plan import plan_launch
+
+    def where():
+        return {name: os.environ.get(name) for name in ("RANK", "LOCAL_RANK", "SLURMD_NODENAME",
+                                                       "CUDA_VISIBLE_DEVICES")}
+
+    report = {}
+    if os.environ.get("SLURM_JOB_ID"):   # inside salloc --gpus-per-task=1
+        report["device"] = plan_launch(where, num_processes=4, num_nodes=2, cluster="slurm").device
+        report["ranks"] = notebook_launcher(where, num_processes=4, num_nodes=2, cluster="slurm", display="none",
+                                            return_all=True)
+    else:                                # from the login node: the launch asks for the GPUs
+        report["device"] = plan_launch(where, num_nodes=2, cluster="slurm", slurm={"gpus-per-node": 2}).device
+        report["ranks"] = notebook_launcher(where, num_processes=4, num_nodes=2, cluster="slurm", device="cuda",
+                                            display="none", return_all=True, slurm={"time": "00:05:00"})
+        report["defaulted"] = notebook_launcher(where, num_nodes=2, cluster="slurm", display="none",
+                                                return_all=True, slurm={"gpus-per-node": 2, "time": "00:05:00"})
+    print("REPORT " + json.dumps(report), flush=True)
+''')
+
+
+def _every_rank_sees_its_nodes_gpus(ranks, nodes):
+    """torchrun's rule on a GPU node: every rank sees the node's GPUs, and ``cuda:LOCAL_RANK`` is its own."""
+    assert [(rank["RANK"], rank["LOCAL_RANK"], rank["SLURMD_NODENAME"]) for rank in ranks] == [
+        ("0", "0", nodes[0]), ("1", "1", nodes[0]), ("2", "0", nodes[1]), ("3", "1", nodes[1])]
+    assert [rank["CUDA_VISIBLE_DEVICES"] for rank in ranks] == ["0,1"] * 4
+
+
+@pytest.mark.parametrize("where", ["inside a job that binds one GPU per task", "outside a job"])
+def test_gpus_as_slurm_binds_them_every_rank_sees_its_nodes_gpus(cluster, tmp_path, where):
+    """Inside ``salloc --gpus-per-task=1`` (whose binding srun would inherit: each rank would see one GPU, as index
+    0, and ``cuda:1`` would be no device) the step asks for the node's GPUs instead; outside a job, the launch asks
+    for one GPU per rank (without that, srun refuses the step: the job has no GPUs). A job with GPUs makes "cuda"
+    the default device, and one rank per GPU the default count."""
+    script = tmp_path / "gpus.py"
+    script.write_text(GPUS)
+    env = dict(script_env(), SLURM_CONF=cluster.conf)
+    inside = where.startswith("inside")
+    argv = ["salloc", "-N2", "-n4", "--gpus-per-task=1"] if inside else []
+    done = cluster.run(argv + [sys.executable, str(script)], env=env, timeout=300)
+    reports = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and reports, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{cluster.logs()}"
+    report = json.loads(reports[0][len("REPORT "):])
+    assert report["device"] == "cuda"
+    _every_rank_sees_its_nodes_gpus(report["ranks"], cluster.nodes)
+    if not inside:
+        _every_rank_sees_its_nodes_gpus(report["defaulted"], cluster.nodes)
+    assert cluster.wait_no_jobs() == [], cluster.jobs()
