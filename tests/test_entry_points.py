@@ -125,7 +125,7 @@ def _add(name):
     ("Session", _swap("timeout", "display")),
     ("Session.run", _set("timeout", default=5.0)),
     ("launch_panel", _add("spot_instances")),  # a new option written in a def but not in the table
-    ("Session", _add("num_nodes")),      # in the table, but not for sessions
+    ("Session", _add("node_rank")),      # in the table, but not for sessions
 ])
 def test_a_def_that_drifts_from_the_table_is_caught(entry, change):
     from notebook_accel.plan.entry_points import signature_drift
@@ -203,7 +203,7 @@ notebook_launcher(train, timout=5)                     # error: did you mean "ti
 notebook_launcher(train, display="bogus")              # error: not one of the Literal
 start_launch(train, mixed_precision="fp64")            # error
 launch_panel(train, return_all="yes")                  # error: not a bool
-Session(num_nodes=2)                                   # error: not an option of Session
+Session(node_rank=1)                                   # error: not an option of Session
 session.run(train, display="html")                     # error
 session.execute("1", timeout="10")                     # error: not a float
 """
@@ -339,9 +339,9 @@ def test_a_misspelled_option_names_the_option_meant(entry, session):
 def test_an_option_of_another_entry_point_says_who_takes_it():
     from notebook_accel import LaunchConfigError
 
-    with pytest.raises(LaunchConfigError, match="^Session: unexpected keyword argument 'num_nodes': "
+    with pytest.raises(LaunchConfigError, match="^Session: unexpected keyword argument 'node_rank': "
                                                 "notebook_launcher, start_launch and launch_panel take it"):
-        Session(num_nodes=2)
+        Session(node_rank=1)
     with pytest.raises(LaunchConfigError, match="'return_all': .*Session.run take it, Session does not"):
         Session(return_all=True)
     with pytest.raises(LaunchConfigError, match="^launch_panel: unexpected keyword argument 'display'"):
@@ -376,7 +376,8 @@ def test_what_the_caller_wrote_wins_over_the_saved_config_even_a_default(tmp_pat
     saved.write_text("num_processes: 2\nmixed_precision: bf16\nnum_nodes: 3\nrdzv_endpoint: 'node0:29500'\n")
     values = resolve_options("notebook_launcher", {"config": str(saved), "mixed_precision": "no"})
     assert (values["num_processes"], values["mixed_precision"], values["num_nodes"]) == (2, "no", 3)
-    session = resolve_options("Session", {"config": str(saved)})  # a session takes no node options
-    assert session["num_processes"] == 2 and "num_nodes" not in session
+    session = resolve_options("Session", {"config": str(saved)})  # a saved config's nodes are torch elastic's:
+    assert session["num_processes"] == 2 and session["num_nodes"] == 1   # a session takes num_nodes (Slurm's) as given
+    assert "rdzv_endpoint" not in session
     assert resolve_options("Session.run", {}) == {"timeout": None, "return_all": False, "display": None,
                                                   "pdb": None}
