@@ -4,7 +4,8 @@ on Slurm, ``cluster="slurm"`` vs ``srun`` of a plain torch script.
     python benchmarks/bench_cluster.py                     # a fake 2-node cluster on this machine (2 CPUs a node)
     python benchmarks/bench_cluster.py --address auto      # the cluster of this machine (``ray start``)
     python benchmarks/bench_cluster.py --client            # the fake cluster through Ray Client (``ray://``)
-    salloc -N2 python benchmarks/bench_cluster.py --slurm  # inside a 2-node Slurm allocation
+    salloc -N2 python benchmarks/bench_cluster.py --slurm  # inside a 2-node Slurm allocation (outside: asks for one)
+    python benchmarks/bench_cluster.py --slurm-test-cluster  # both, on the tests' Slurm cluster (root)
 
 For each tool, 2 ranks with ``SPREAD`` placement (one per node where Ray can):
 
@@ -31,19 +32,21 @@ torch 2.13 CPU, 2026-11-27 (second of two runs each; docs/benchmarks.md has both
     plain Ray actors            1.57 s            2.53 s      2.55 s      6 ms   40/40 lines, median 57 ms
     Ray Train TorchTrainer     18.04 s           18.04 s     20.94 s         —                           —
 
-Slurm, inside a 2-node allocation (the queue wait is Slurm's and not counted; the warm run is not measured here
-yet), on tests/slurm_cluster.py's cluster (slurmctld here, a slurmd per network namespace) on this 2-core machine,
-heavily loaded by other test suites (load average 15-18), 2026-11-28, two runs:
+Slurm (``--slurm-test-cluster``: tests/slurm_cluster.py's cluster, slurmctld here and a slurmd per network namespace;
+inside ``salloc -N2``, then from the login node where each tool asks for a job), quiet (load average 0.8-1.2),
+2026-11-28; docs/benchmarks.md has both runs:
 
-    --slurm                      start  first all-reduce  whole call
-    notebook_accel             22.91 s           23.01 s     23.41 s
-    plain srun + torch          671 ms           17.22 s     22.55 s
-    notebook_accel             18.03 s           18.08 s     18.38 s
-    plain srun + torch          636 ms           13.08 s     17.60 s
+    --slurm, inside salloc -N2   start  first all-reduce  whole call  warm run
+    notebook_accel              2.43 s            2.44 s      2.52 s     46 ms
+    plain srun + torch          114 ms            2.38 s      3.31 s         —
+
+    --slurm, from the login node   queue wait     start  first all-reduce  whole call  warm run
+    notebook_accel                     77 ms    2.47 s            2.47 s      2.66 s      9 ms
+    plain srun + torch                 78 ms     49 ms            2.68 s      3.79 s         —
 
 "start" differs in meaning: a plain task stamps before it imports torch, ours once the function runs (torch imported
-in the task first, the store hosted by rank 0). The whole call is within a second of plain srun's (whose tasks then
-spend about 5 s leaving the group and exiting under this load); repeat on a quiet machine before quoting.
+in the task first, the store hosted by rank 0). The queue wait is measured alike for both (``squeue`` every 50 ms);
+the other columns count from the job's start.
 
 Plain actors' other lines came after the 10 s window, folded by Ray into one "[repeated Nx across cluster]" line
 labelled by pid. Ours reached the first all-reduce at 3.6 s before each actor imported torch.distributed in a
