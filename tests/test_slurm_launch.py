@@ -404,10 +404,28 @@ CONTROL = textwrap.dedent('''
             assert time.monotonic() < deadline, "the ranks did not start"
             time.sleep(0.1)
 
+    class Keep:   # a view that keeps every event
+        events = []
+
+        def handle(self, event):
+            self.events.append(event)
+
+        def tick(self):
+            pass
+
+    def sampled():   # the ranks whose own memory sample (taken on their node) reached the kernel
+        return sorted({event.rank for event in Keep.events if type(event).__name__ == "ResourceSample" and event.rss})
+
     report = {}
     ready = "%(ready)s/stop"
-    job = start_launch(wait_here, args=(ready,), num_processes=2, num_nodes=2, cluster="slurm", display="none")
+    job = start_launch(wait_here, args=(ready,), num_processes=2, num_nodes=2, cluster="slurm", display="none",
+                       view=Keep())
     all_ready(ready)
+    deadline = time.monotonic() + 60
+    while sampled() != [0, 1] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    report["sampled"] = sampled()
+    report["hosts"] = {event.rank: event.host for event in Keep.events if type(event).__name__ == "RankStarted"}
     report["listening"] = sorted(listening() - inherited)
     report["stacks"] = job.dump_stacks()
     job.stop()
@@ -429,7 +447,8 @@ CONTROL = textwrap.dedent('''
 
 
 def test_stop_stacks_and_ctrl_c_of_a_launch_on_slurm_leave_no_step(cluster, tmp_path):
-    """From a kernel inside a two-node allocation: ``dump_stacks`` shows where each rank on its node is, Stop ends
+    """From a kernel inside a two-node allocation: each rank's row has its node and its memory (sampled on the node),
+    ``dump_stacks`` shows where each rank on its node is, Stop ends
     the step (``wait`` raises KeyboardInterrupt), Jupyter's interrupt (SIGINT) does too — and the kernel listens on
     no port meanwhile (events come through srun's stdio, Slurm's own munge-authenticated channel)."""
     script = tmp_path / "control.py"
@@ -442,6 +461,8 @@ def test_stop_stacks_and_ctrl_c_of_a_launch_on_slurm_leave_no_step(cluster, tmp_
     assert sorted(report["stacks"]) == ["0", "1"], report["stacks"]
     assert all("in wait_here" in text for text in report["stacks"].values()), report["stacks"]
     assert report["listening"] == []
+    assert report["hosts"] == {"0": cluster.nodes[0], "1": cluster.nodes[1]}   # the rows' node names
+    assert report["sampled"] == [0, 1]                                           # and their memory
     assert report.get("stopped") and report["steps_after_stop"] == []
     assert "interrupted" in report and report["steps_after_interrupt"] == []
     assert cluster.wait_no_jobs() == []
