@@ -22,6 +22,7 @@ import pytest
 from notebook_accel import Session, notebook_launcher, start_launch
 from notebook_accel.errors import LaunchConfigError, LaunchError, LaunchTimeout
 from notebook_accel.wire.events import AttemptStarted, OutputLine, RankStarted, ResourceSample
+import pdb_dialogue
 from ray_cluster import FakeCluster, leftovers
 from scripts import Recorder, script_env
 from waiting import wait_until
@@ -369,43 +370,9 @@ def test_a_breakpoint_in_a_rank_on_the_cluster_with_no_one_to_type_is_skipped_wi
                in line for line in notices), notices
 
 
-PDB_SCRIPT = """
-import os
-import ray
-from notebook_accel import Session, notebook_launcher
-
-ray.init(address=os.environ["RAY_ADDRESS"])
-
-
-def train():
-    rank = int(os.environ["RANK"])
-    x = 40 + rank
-    if rank == 1:
-        breakpoint()
-    return x
-
-
-def fails():
-    if os.environ["RANK"] == "1":
-        marker = "failing frame of rank 1"
-        raise ValueError("rank 1 breaks")
-
-
-print("RESULT", notebook_launcher(train, num_processes=2, cluster="ray", placement="STRICT_SPREAD", display="text",
-                                  return_all=True), flush=True)
-with Session(num_processes=2, cluster="ray", display="text") as session:
-    print("WARM", session.run(train, return_all=True), flush=True)
-    try:
-        session.run(fails)
-    except ValueError as error:
-        print("SESSION RAISED", error, flush=True)
-    session.debug()  # pdb in the failed run's frame, on the actor that raised
-    print("DEBUGGED", flush=True)
-try:
-    notebook_launcher(fails, num_processes=2, cluster="ray", display="text", pdb=True)
-except ValueError as error:
-    print("RAISED", error, flush=True)
-"""
+PDB_SCRIPT = pdb_dialogue.kernel_script(
+    "import os\nimport ray\nray.init(address=os.environ['RAY_ADDRESS'])\n",
+    launch='num_processes=2, cluster="ray", placement="STRICT_SPREAD"', session='num_processes=2, cluster="ray"')
 
 
 def test_pdb_in_a_rank_on_the_cluster_asks_in_the_terminal_for_a_launch_and_a_session(ray, cluster, tmp_path):
@@ -419,26 +386,7 @@ def test_pdb_in_a_rank_on_the_cluster_asks_in_the_terminal_for_a_launch_and_a_se
     child = pexpect.spawn(sys.executable, [str(script)], env=dict(script_env(), RAY_ADDRESS=cluster.cluster.address),
                           cwd=str(tmp_path), encoding="utf-8", timeout=180, dimensions=(40, 200))
     try:
-        for done in ("RESULT", "WARM"):
-            child.expect(r"\[rank 1\] \(Pdb\) ")
-            child.sendline("p x")
-            child.expect(r"\[rank 1\] 41")
-            child.expect(r"\[rank 1\] \(Pdb\) ")
-            child.sendline("x = 100")
-            child.expect(r"\[rank 1\] \(Pdb\) ")
-            child.sendline("c")
-            child.expect(rf"{done} \[40, 100\]")
-        child.expect("SESSION RAISED rank 1 breaks")
-        for done in ("DEBUGGED", "RAISED rank 1 breaks"):  # Session.debug(), then pdb=True's post-mortem
-            child.expect(r"\[rank 1\] \(Pdb\) ")
-            child.sendline("p marker")
-            child.expect(r"\[rank 1\] 'failing frame of rank 1'")
-            child.expect(r"\[rank 1\] \(Pdb\) ")
-            child.sendline("q")
-            child.expect(done)
-        child.expect(pexpect.EOF, timeout=120)
-        child.close()
-        assert child.exitstatus == 0, child.before
+        pdb_dialogue.talk_to_rank_1(child)
     finally:
         child.close(force=True)
 

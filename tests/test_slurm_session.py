@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 
+import pdb_dialogue
 import slurm_cluster
 from real_hosts import RealHosts
 from scripts import script_env
@@ -98,37 +99,8 @@ def test_a_session_asks_for_its_own_job_and_gives_it_back_on_ctrl_c_close_and_ex
     assert cluster.wait_no_jobs() == [], cluster.jobs()
 
 
-PDB = textwrap.dedent('''
-    import os
-    from notebook_accel import Session, notebook_launcher
-
-    def train():
-        rank = int(os.environ["RANK"])
-        x = 40 + rank
-        if rank == 1:
-            breakpoint()
-        return x
-
-    def fails():
-        if os.environ["RANK"] == "1":
-            marker = "failing frame of rank 1"
-            raise ValueError("rank 1 breaks")
-
-    print("RESULT", notebook_launcher(train, num_processes=2, cluster="slurm", display="text", return_all=True),
-          flush=True)
-    with Session(num_processes=2, cluster="slurm", display="text") as session:
-        print("WARM", session.run(train, return_all=True), flush=True)
-        try:
-            session.run(fails)
-        except ValueError as error:
-            print("SESSION RAISED", error, flush=True)
-        session.debug()  # pdb in the failed run's frame, in the task that raised
-        print("DEBUGGED", flush=True)
-    try:
-        notebook_launcher(fails, num_processes=2, cluster="slurm", display="text", pdb=True)
-    except ValueError as error:
-        print("RAISED", error, flush=True)
-''')
+PDB = pdb_dialogue.kernel_script("", launch='num_processes=2, cluster="slurm"',
+                                 session='num_processes=2, cluster="slurm"')
 
 
 def test_pdb_in_a_rank_on_another_node_for_a_launch_and_a_session(cluster, tmp_path):
@@ -143,26 +115,7 @@ def test_pdb_in_a_rank_on_another_node_for_a_launch_and_a_session(cluster, tmp_p
     child = pexpect.spawn("salloc", ["-N2", sys.executable, str(script)], env=env, cwd=str(tmp_path),
                           encoding="utf-8", timeout=180, dimensions=(40, 200))
     try:
-        for done in ("RESULT", "WARM"):
-            child.expect(r"\[rank 1\] \(Pdb\) ")
-            child.sendline("p x")
-            child.expect(r"\[rank 1\] 41")
-            child.expect(r"\[rank 1\] \(Pdb\) ")
-            child.sendline("x = 100")
-            child.expect(r"\[rank 1\] \(Pdb\) ")
-            child.sendline("c")
-            child.expect(rf"{done} \[40, 100\]")
-        child.expect("SESSION RAISED rank 1 breaks")
-        for done in ("DEBUGGED", "RAISED rank 1 breaks"):
-            child.expect(r"\[rank 1\] \(Pdb\) ")
-            child.sendline("p marker")
-            child.expect(r"\[rank 1\] 'failing frame of rank 1'")
-            child.expect(r"\[rank 1\] \(Pdb\) ")
-            child.sendline("q")
-            child.expect(done)
-        child.expect(pexpect.EOF, timeout=120)
-        child.close()
-        assert child.exitstatus == 0, child.before
+        pdb_dialogue.talk_to_rank_1(child)
     finally:
         child.close(force=True)
     assert cluster.wait_no_jobs() == [], cluster.jobs()
