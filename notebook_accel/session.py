@@ -92,10 +92,11 @@ class Session:
         """Start the ranks — on this machine, with ``cluster="ray"`` as actors of a Ray cluster, or with
         ``cluster="slurm"`` as one Slurm job step — and join them in one process group.
 
-        The launcher's options, less those of several nodes and restarts (``notebook_launcher`` has them) and
-        ``return_all`` (chosen per run); ``timeout`` and ``display`` are the default of each run. On TPU
-        (``device="xla"``) the XLA host's device threads are the warm ranks, each with a namespace of its own. On a
-        Ray cluster the actors stay up, placed as ``resources_per_rank`` and ``placement`` say, until ``close()``.
+        The launcher's options, less those of torch elastic's nodes and restarts (``notebook_launcher`` has them;
+        ``num_nodes`` is a session's with ``cluster="slurm"`` only) and ``return_all`` (chosen per run); ``timeout``
+        and ``display`` are the default of each run. On TPU (``device="xla"``) the XLA host's device threads are the
+        warm ranks, each with a namespace of its own. On a Ray cluster the actors stay up, placed as
+        ``resources_per_rank`` and ``placement`` say, until ``close()``.
         ``display="none"`` turns the session's row and the runs' dashboards off; a ``%%ranks`` cell still shows
         what the ranks printed, labelled.
 

@@ -54,7 +54,8 @@ def job_name(plan: LaunchPlan, session: bool = False) -> str:
     return f"notebook_accel:{'session' if session else plan.function_name}"[:100]
 
 
-def srun_command(plan: LaunchPlan, job: Optional[str], python: str = sys.executable, session: bool = False) -> List[str]:
+def srun_command(plan: LaunchPlan, job: Optional[str], python: str = sys.executable,
+                 session: bool = False) -> List[str]:
     """The ``srun`` that starts the launch's ranks: one task per rank, spread evenly over the nodes, every task's
     stdin from ``srun``'s (the kernel's messages), no task's failure ending the others (the supervisor decides).
 

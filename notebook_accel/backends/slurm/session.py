@@ -2,8 +2,9 @@
 
 ``SessionSlurmStep`` is ``base.WarmRanks`` on a Slurm allocation, as ``ray.session.SessionRayActors`` is on a Ray
 cluster, so ``Session`` and its rules (``backends.session``) apply unchanged. Underneath: the job (the kernel's
-allocation, or one asked for and held until ``kill``), one ``srun`` step whose tasks run ``RankActor.serve`` (``rank.slurm_task``), and the step's
-relay carrying their events into the pipes the supervisors read. A command (a run, an interrupt, a new group) goes to
+allocation, or one asked for — named ``notebook_accel:session`` — and held until ``kill``: at ``close()``, at the
+kernel's exit, or when the start is interrupted), one ``srun`` step whose tasks run ``RankActor.serve``
+(``rank.slurm_task``), and the step's relay carrying their events into the pipes the supervisors read. A command (a run, an interrupt, a new group) goes to
 its rank through ``srun``'s stdin; a process group is cut by each rank closing the connections its own join made
 (its peers' pids are on other machines).
 """
