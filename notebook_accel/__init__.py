@@ -68,17 +68,11 @@ def _warm_start_where_cuda_is_live() -> None:
     background now, so the first launch finds it warm (``backends.processes.warm_start``, which checks again and
     says why). Here only what costs nothing: the environment, ``sys.modules``, and whether a CUDA driver library
     is mapped; elsewhere (a CPU machine, a rank, the fork server itself) nothing is imported or started."""
-    import os
     import sys
 
-    if os.environ.get("NOTEBOOK_ACCEL_WARM_START", "1").strip().lower() in ("0", "false", "no", "off") \
-            or "RANK" in os.environ or "LOCAL_RANK" in os.environ:
-        return
-    multiprocessing = sys.modules.get("multiprocessing")
-    if multiprocessing is not None and multiprocessing.parent_process() is not None:  # a spawned rank
-        return
-    owner = os.environ.get("NOTEBOOK_ACCEL_FORKSERVER_OWNER", "").partition(":")[0]
-    if owner.isdigit() and int(owner) != os.getpid():  # the fork server, preloading the rank side
+    from .process_role import is_kernel_process, warm_start_switched_off
+
+    if warm_start_switched_off() or not is_kernel_process():   # a rank, a spawned child, the fork server itself
         return
     torch = sys.modules.get("torch")
     cuda_build = torch is not None and bool(getattr(getattr(torch, "backends", None), "cuda", None)

@@ -106,11 +106,3 @@ def test_every_environment_variable_the_package_reads_is_in_the_table():
     assert found and found <= {variable.name for variable in ENVIRONMENT_VARIABLES}, \
         f"not in plan/variables.py (the docs' reference): {sorted(found - {v.name for v in ENVIRONMENT_VARIABLES})}"
 
-
-def test_a_session_spans_several_nodes_only_on_slurm():
-    """``Session(num_nodes=...)`` is Slurm's (a job's nodes); anywhere else it is refused before anything starts."""
-    from notebook_accel import Session
-    from notebook_accel.errors import LaunchConfigError
-
-    with pytest.raises(LaunchConfigError, match=r"Session\(num_nodes=2\): .* only with cluster='slurm'"):
-        Session(num_processes=2, num_nodes=2, display="none")

@@ -542,7 +542,10 @@ def test_a_killed_kernel_takes_its_ranks_along():
 # ------------------------------------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("options, message", [
-    ({"num_nodes": 2}, "^Session: unexpected keyword argument 'num_nodes': notebook_launcher, start_launch and "
+    ({"num_nodes": 2}, r"^Session: Session\(num_nodes=2\): a session's ranks span several nodes only with "
+                       r"cluster='slurm' \(on Ray the cluster places them; for torch elastic's nodes, "
+                       r"notebook_launcher\)$"),
+    ({"node_rank": 1}, "^Session: unexpected keyword argument 'node_rank': notebook_launcher, start_launch and "
                        "launch_panel take it, Session does not$"),
     ({"max_restarts": 1}, "^Session: unexpected keyword argument 'max_restarts': .* take it, Session does not$"),
     ({"return_all": True}, "^Session: unexpected keyword argument 'return_all': .*Session.run take it"),

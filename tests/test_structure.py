@@ -21,8 +21,9 @@ from notebook_accel import notebook_launcher
 PACKAGE = "notebook_accel"
 ROOT = os.path.dirname(os.path.abspath(notebook_accel.__file__))
 
-# Imported by both sides and importing nothing of ours: exception classes and text formatting.
-LEAVES = {f"{PACKAGE}.errors", f"{PACKAGE}.formatting"}
+# Imported by both sides and importing nothing of ours: exception classes, text formatting, and which kind of process
+# this is (the package's import asks it in every process, ranks included).
+LEAVES = {f"{PACKAGE}.errors", f"{PACKAGE}.formatting", f"{PACKAGE}.process_role"}
 # Code that runs inside a rank: it may import only these packages (and the leaves).
 RANK_SIDE = (f"{PACKAGE}.rank", f"{PACKAGE}.wire")
 # What each folder may import of ours, beyond itself and the leaves (the arrows of the flow).

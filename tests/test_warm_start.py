@@ -113,3 +113,13 @@ def test_without_cuda_the_import_starts_nothing(stand_in):
     out = run_kernel(stand_in, cuda_live=False)
     assert out["WARM"] == "None" and out["SERVER BEFORE"] == "None", out  # torch's CPU build: not even a thread
     assert out["START METHOD"] == "fork", out
+
+
+def test_a_child_of_a_kernel_that_has_a_fork_server_still_warms_its_own(stand_in):
+    """A kernel that started a fork server leaves its mark in its environment (the server's owner), which every
+    child of it inherits: a script run from a cell, a test's subprocess. Such a child is not that fork server — it
+    is a kernel in its own right, and where CUDA is live its import starts its own warm fork server."""
+    out = run_kernel(stand_in, cuda_live=True, PYTORCH_NVML_BASED_CUDA_CHECK="",
+                     NOTEBOOK_ACCEL_FORKSERVER_OWNER=f"{os.getpid()}:/tmp/pymp-of-another-kernel")
+    assert out["WARM"] == "(True, None, None)", out
+    assert server_gone(int(out["SERVER BEFORE"]))

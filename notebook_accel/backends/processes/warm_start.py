@@ -28,16 +28,15 @@ Example::
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-SWITCH = "NOTEBOOK_ACCEL_WARM_START"
+from ...process_role import is_kernel_process, warm_start_switched_off
+
 IMPORT_THREAD = "notebook_accel-warm-start"   # the thread the package's import starts (notebook_accel/__init__.py)
-OWNER_VARIABLE = "NOTEBOOK_ACCEL_FORKSERVER_OWNER"  # rank.forkserver_preload's: set by a kernel for its server
 
 
 @dataclass
@@ -60,16 +59,8 @@ _lock = threading.Lock()
 
 
 def in_a_kernel_process() -> bool:
-    """Not a rank, not a multiprocessing child, not the fork server: a process that may start one."""
-    if os.environ.get(SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    if "RANK" in os.environ or "LOCAL_RANK" in os.environ:
-        return False
-    multiprocessing = sys.modules.get("multiprocessing")  # a child of multiprocessing imported it first
-    if multiprocessing is not None and multiprocessing.parent_process() is not None:
-        return False
-    owner = os.environ.get(OWNER_VARIABLE, "").partition(":")[0]
-    return not (owner.isdigit() and int(owner) != os.getpid())  # the fork server: its kernel's pid is set
+    """Not switched off, and a process that may start ranks (``process_role``)."""
+    return not warm_start_switched_off() and is_kernel_process()
 
 
 def maybe_start(in_this_thread: bool = False) -> Optional[WarmStart]:
