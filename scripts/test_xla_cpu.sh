@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The TPU backend on the real torch_xla, on its CPU client (no TPU needed): tests marked `xla`.
 #
-# Set-up, once (7.2 GB: torch 2.9 from PyPI is a CUDA build; 25 minutes on a loaded 2-core machine), in a venv of
-# its own:
-#   python -m venv /work/venvs/xla
-#   /work/venvs/xla/bin/pip install "torch==2.9.*" "torch_xla==2.9.*" cloudpickle ipywidgets ipykernel \
-#       tqdm psutil pytest pytest-timeout
+# Set-up, once (7.2 GB: torch 2.9 from PyPI is a CUDA build; with uv half a minute from a cold cache, with pip
+# about 25 minutes on a 2-core machine), in a venv of its own (.ci/run does this when the venv is missing):
+#   pip install uv && uv venv /work/venvs/xla
+#   VIRTUAL_ENV=/work/venvs/xla uv pip install "torch==2.9.*" "torch_xla==2.9.*" cloudpickle ipywidgets \
+#       ipykernel tqdm psutil pytest pytest-timeout
 # Then:   scripts/test_xla_cpu.sh            (XLA_VENV=/path/to/venv to use another one)
 #
 # Fails when a test fails or is skipped (torch_xla missing from the venv, say): this job exists to run them.
