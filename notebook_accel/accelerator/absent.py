@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, NoReturn
 
-__all__ = ["ABSENT_MEMBERS", "ABSENT_PARAMETERS", "AbsentMembers", "refuse"]
+__all__ = ["ABSENT_MEMBERS", "ABSENT_PARAMETERS", "AbsentMembers", "refuse", "refuse_name"]
 
 _NO_MODEL_PARALLEL = ("tensor, context and pipeline parallelism (and HF's ParallelismConfig device meshes) are not "
                       "offered: shard the model with FSDP2 (fsdp_plugin=FullyShardedDataParallelPlugin()) or DeepSpeed "
@@ -44,6 +44,12 @@ ABSENT_PARAMETERS: Dict[str, str] = {
 def refuse(name: str, why: str) -> NoReturn:
     raise NotImplementedError(f"Accelerator.{name} is not offered by notebook_accel's Accelerator: {why}. "
                               "(HF accelerate's own Accelerator also runs under notebook_launcher.)")
+
+
+def refuse_name(name: str, why: str) -> NoReturn:
+    """:func:`refuse` for a name outside the Accelerator (a function, a class, a parameter of one)."""
+    raise NotImplementedError(f"{name} is not offered by notebook_accel: {why}. (HF accelerate's own also runs "
+                              "under notebook_launcher.)")
 
 
 def _absent_property(name: str) -> property:

@@ -149,6 +149,21 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if callback is not None:
             callback()
 
+    def train(self) -> None:
+        """Put the wrapped optimizer in "train" mode (schedule-free optimizers have one; others: nothing)."""
+        self._call_mode("train")
+
+    def eval(self) -> None:
+        """Put the wrapped optimizer in "eval" mode (schedule-free optimizers have one; others: nothing)."""
+        self._call_mode("eval")
+
+    def _call_mode(self, mode: str) -> None:
+        inner = self.optimizer
+        for candidate in (inner, getattr(inner, "optimizer", None)):  # DeepSpeed's wraps the user's one more time
+            if callable(getattr(candidate, mode, None)):
+                getattr(candidate, mode)()
+                return
+
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
         """Update the weights, unless this is an accumulation step or fp16 gradients overflowed."""
         if not self.gradient_state.sync_gradients:

@@ -34,9 +34,7 @@ class ProcessControl:
     _flag_tensor: Optional[torch.Tensor] = None
 
     def _partial_state(self) -> PartialState:
-        partial = PartialState.__new__(PartialState)
-        partial.state = self.state
-        return partial
+        return self.state  # an AcceleratorState: a PartialState
 
     @property
     def is_last_process(self) -> bool:
