@@ -135,17 +135,17 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
 
     def __init__(
         self,
-        cpu: bool = False,
-        mixed_precision: Optional[str] = None,
-        gradient_accumulation_steps: int = 1,
+        # HF's parameters, in HF's order (positional use lands on the same parameter); ours keyword-only after them
         device_placement: bool = True,
         split_batches: bool = False,
-        seed: Optional[int] = None,
-        *,
-        ddp_kwargs: Optional[Dict[str, Any]] = None,
-        fsdp_plugin: Optional[FullyShardedDataParallelPlugin] = None,
-        deepspeed_plugin: Optional[DeepSpeedPlugin] = None,
+        mixed_precision: Optional[str] = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
         dataloader_config: Optional[DataLoaderConfiguration] = None,
+        deepspeed_plugin: Optional[DeepSpeedPlugin] = None,
+        fsdp_plugin: Optional[FullyShardedDataParallelPlugin] = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
         rng_types: Optional[List[str]] = None,
         log_with: Any = None,
         project_dir: Optional[str] = None,
@@ -156,9 +156,10 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         dynamo_backend: Optional[str] = None,
         dynamo_plugin: Optional[TorchDynamoPlugin] = None,
         deepspeed_plugins: Any = None,
-        torch_tp_plugin: Any = None,
-        megatron_lm_plugin: Any = None,
         parallelism_config: Any = None,
+        *,
+        seed: Optional[int] = None,
+        ddp_kwargs: Optional[Dict[str, Any]] = None,
     ) -> None:
         if fsdp_plugin is not None and deepspeed_plugin is not None:
             raise ValueError("fsdp_plugin and deepspeed_plugin both shard the model: give one of them")
@@ -484,7 +485,8 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         """
         if self.fsdp_plugin is not None:
             return self._recording(empty_init)
-        if self.deepspeed_plugin is not None and self.deepspeed_plugin.zero_stage == 3:
+        if (self.deepspeed_plugin is not None and self.deepspeed_plugin.zero_stage == 3
+                and self.deepspeed_plugin.zero3_init_flag is not False):  # HF's switch for zero.Init
             partitioned = zero_init(self.deepspeed_plugin, accumulation=self.gradient_accumulation_steps,
                                     world=self.num_processes, mixed_precision=self._mixed_precision)  # fmt: skip
             return _then_trimmed(partitioned, SkippedInit() if empty_init else contextlib.nullcontext())
@@ -874,7 +876,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         self._reduce_xla_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
-    def autocast(self, autocast_handler: Optional[AutocastKwargs] = None, enabled: bool = True) -> ContextManager[Any]:
+    def autocast(self, autocast_handler: Optional[AutocastKwargs] = None, *, enabled: bool = True) -> ContextManager[Any]:
         """Autocast for code outside a prepared model's forward (fp16 on CUDA, bf16 on CPU/CUDA/TPU).
 
         Prepared models already run their forward under it; this is for extra computations.

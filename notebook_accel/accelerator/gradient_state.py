@@ -17,9 +17,10 @@ class GradientState:
     ``end_of_dataloader`` and ``current_layout`` refer to the batch the user is holding now.
     """
 
-    def __init__(self, accumulation_steps: Any = 1) -> None:
-        if hasattr(accumulation_steps, "num_steps"):  # HF's GradientState(gradient_accumulation_plugin)
-            accumulation_steps = accumulation_steps.num_steps or 1
+    def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
+        """``gradient_accumulation_plugin``: HF's ``GradientAccumulationPlugin``, or the number of steps (ours)."""
+        accumulation_steps = getattr(gradient_accumulation_plugin, "num_steps", gradient_accumulation_plugin)
+        accumulation_steps = 1 if accumulation_steps is None else accumulation_steps
         if accumulation_steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be >= 1, got {accumulation_steps}")
         self.accumulation_steps = accumulation_steps

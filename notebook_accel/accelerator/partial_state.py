@@ -179,11 +179,15 @@ class PartialState:
             if leads:
                 self.wait_for_everyone()
 
-    def on_main_process(self, function: F) -> F:
+    def on_main_process(self, function: Optional[F] = None) -> Any:
         """``function`` runs on the main process; elsewhere the call does nothing and returns None."""
+        if function is None:
+            return self.on_main_process
         return self._only_if(self.is_main_process, function)
 
-    def on_local_main_process(self, function: F) -> F:
+    def on_local_main_process(self, function: Optional[F] = None) -> Any:
+        if function is None:
+            return self.on_local_main_process
         return self._only_if(self.is_local_main_process, function)
 
     def on_last_process(self, function: F) -> F:
@@ -271,13 +275,11 @@ class AcceleratorState(PartialState):
     def is_fsdp2(self) -> bool:
         return self.fsdp_plugin is not None
 
-    def get_deepspeed_plugin(self, name: Optional[str] = None) -> Any:
-        """The DeepSpeed plugin (one only here: ``name`` must be None)."""
-        if name is not None:
-            from .absent import ABSENT_PARAMETERS, refuse_name
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """HF's lookup among several named DeepSpeed plugins: refused (one plugin here: ``deepspeed_plugin``)."""
+        from .absent import ABSENT_PARAMETERS, refuse_name
 
-            refuse_name("AcceleratorState.get_deepspeed_plugin(name)", ABSENT_PARAMETERS["deepspeed_plugins"])
-        return self.deepspeed_plugin
+        refuse_name("AcceleratorState.get_deepspeed_plugin(name)", ABSENT_PARAMETERS["deepspeed_plugins"])
 
     def select_deepspeed_plugin(self, name: Optional[str] = None) -> None:
         from .absent import ABSENT_PARAMETERS, refuse_name

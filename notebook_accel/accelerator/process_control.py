@@ -56,7 +56,7 @@ class ProcessControl:
         with self._partial_state().split_between_processes(inputs, apply_padding=apply_padding) as mine:
             yield mine
 
-    def on_main_process(self, function: F) -> F:
+    def on_main_process(self, function: Optional[F] = None) -> Any:
         """Decorator: ``function`` runs on the main process only (elsewhere the call returns None).
 
         Example::
@@ -66,7 +66,7 @@ class ProcessControl:
         """
         return self._partial_state().on_main_process(function)
 
-    def on_local_main_process(self, function: F) -> F:
+    def on_local_main_process(self, function: Optional[F] = None) -> Any:
         """Decorator: ``function`` runs on the first rank of each node only."""
         return self._partial_state().on_local_main_process(function)
 
