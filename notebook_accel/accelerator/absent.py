@@ -24,8 +24,6 @@ ABSENT_MEMBERS: Dict[str, str] = {
     "maybe_context_parallel": _NO_MODEL_PARALLEL,
     "deepspeed_ulysses_dl_adapter": "DeepSpeed-Ulysses sequence parallelism is not offered: " + _NO_MODEL_PARALLEL,
     "lomo_backward": "LOMO optimizers are not offered: use accelerator.backward(loss) and a torch.optim optimizer",
-    "trigger_sync_in_backward": "not offered: put each micro-batch in `with accelerator.accumulate(model):`, which "
-                                "syncs the gradients on the step that ends the cycle",
 }
 
 # constructor parameter -> why (each refused when given, and only then)
@@ -80,4 +78,3 @@ class AbsentMembers:
     maybe_context_parallel = _absent_method("maybe_context_parallel")
     deepspeed_ulysses_dl_adapter = _absent_method("deepspeed_ulysses_dl_adapter")
     lomo_backward = _absent_method("lomo_backward")
-    trigger_sync_in_backward = _absent_method("trigger_sync_in_backward")

@@ -104,8 +104,17 @@ class PartialState:
     @staticmethod
     def _reset_state() -> None:
         """Forget the shared state (HF's tests and notebooks call it before building a second Accelerator): the
-        next ``PartialState()`` reads the launch again. The process group stays: it is made once per process."""
-        PartialState._shared_state = {}
+        next ``PartialState()`` reads the launch again. As HF's, the instances made before are emptied (reading
+        them raises :meth:`__getattr__`'s message). The process group stays: it is made once per process."""
+        PartialState._shared_state.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for a name the (shared) instance dict lacks: after _reset_state, say so as HF does
+        if name in _FIELDS:
+            raise AttributeError(f"`{type(self).__name__}` object has no attribute `{name}`. This happens if "
+                                 f"`{type(self).__name__}._reset_state()` was called and an `Accelerator` or "
+                                 "`PartialState` was not reinitialized.")  # fmt: skip
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     # -------------------------------------------------------------------------------------------- where am I
     @property
@@ -218,6 +227,12 @@ class PartialState:
                 f"Device: {self.device}\n")
 
 
+# the attributes every state has once resolved (a read of one after _reset_state gets HF's message)
+_FIELDS = frozenset({"_process", "process_index", "local_process_index", "num_processes", "local_num_processes",
+                     "device", "distributed_type", "backend", "debug", "fork_launched", "_mixed_precision",
+                     "deepspeed_plugin", "fsdp_plugin", "dynamo_plugin"})  # fmt: skip
+
+
 def _fields_of(process: ProcessState) -> Dict[str, Any]:
     """The shared dict of a state: the resolved process's fields as plain (assignable) attributes, and HF's
     ``debug`` (``ACCELERATE_DEBUG_MODE``: collectives first check that the ranks' shapes agree)."""
@@ -262,8 +277,9 @@ class AcceleratorState(PartialState):
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
-        """Forget the shared state (and with ``reset_partial_state`` PartialState's too), as HF's does."""
-        AcceleratorState._shared_state = {}
+        """Forget the shared state (and with ``reset_partial_state`` PartialState's too), as HF's does: the
+        Accelerator that held it must not be used any more (a new ``Accelerator()`` makes a new state)."""
+        AcceleratorState._shared_state.clear()
         if reset_partial_state:
             PartialState._reset_state()
 

@@ -120,6 +120,30 @@ class ProcessControl:
             yield
 
     @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """The backward inside the block all-reduces the gradients even after forwards run under :meth:`no_sync`
+        (HF's: several forwards, one synced backward). Models that are not DDP-wrapped: a plain block.
+
+        Example::
+
+            with accelerator.no_sync(model):
+                loss_a = loss_fn(model(input_a)); loss_b = loss_fn(model(input_b))
+            accelerator.backward(loss_a)                      # local only
+            with accelerator.trigger_sync_in_backward(model):
+                accelerator.backward(loss_b)                  # all-reduces the sum of both
+        """
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        saved = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])  # DDP's reducer expects this backward (torch's own no_sync exit)
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+
+    @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: Sequence[Any], even_batches: Optional[bool] = None) -> Iterator[None]:
         """Let ranks run different numbers of steps: torch's ``Join`` shadows the collectives of the ranks that ran
         out of batches (DDP models, ``ZeroRedundancyOptimizer``...). ``even_batches=False`` makes the prepared loaders
