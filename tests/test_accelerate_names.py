@@ -21,6 +21,7 @@ import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
+import torch
 
 accelerate = pytest.importorskip("accelerate")
 
@@ -288,3 +289,136 @@ def test_every_signature_takes_hf_accelerates_parameters_or_is_a_listed_exceptio
         "\n".join(f"{name}: {why}" for name, why in new.items())
     gone = sorted(set(SIGNATURE_EXCEPTIONS) - set(found))
     assert not gone, f"listed as exceptions but now the same as HF's (remove them from the list): {gone}"
+
+
+# ------------------------------------------------------------------------------- behaviours behind the names
+def test_accelerator_state_is_an_accelerator_state_that_hf_code_can_use_assign_and_reset():
+    from notebook_accel.state import AcceleratorState, PartialState
+
+    accelerator = notebook_accel.Accelerator(cpu=True)
+    state = accelerator.state
+    assert isinstance(state, AcceleratorState) and AcceleratorState().__dict__ is state.__dict__
+    state.wait_for_everyone()
+    assert state.deepspeed_plugin is None and state.mixed_precision == "no" and state.num_processes == 1
+    state.distributed_type = notebook_accel.DistributedType.FSDP  # HF's test_distributed_data_loop does this
+    assert accelerator.distributed_type == notebook_accel.DistributedType.FSDP
+    AcceleratorState._reset_state()
+    with pytest.raises(AttributeError, match=r"This happens if `AcceleratorState._reset_state\(\)`"):
+        accelerator.prepare(torch.nn.Linear(1, 1))
+    second = notebook_accel.Accelerator(cpu=True)  # a second one, after the reset, works
+    assert second.distributed_type == notebook_accel.DistributedType.NO and second.prepare(torch.nn.Linear(1, 1))
+    PartialState().debug = True
+    assert PartialState().debug  # one state shared by every instance (HF's test_ops sets it so)
+    PartialState().debug = False
+
+
+def test_gradient_state_names_the_active_dataloader_and_resets():
+    from notebook_accel.state import GradientState
+
+    accelerator = notebook_accel.Accelerator(cpu=True)
+    loader = accelerator.prepare(torch.utils.data.DataLoader(list(range(4)), batch_size=2))
+    assert accelerator.gradient_state.active_dataloader is None
+    seen = [accelerator.gradient_state.active_dataloader is loader for _ in loader]
+    assert seen == [True, True] and accelerator.gradient_state.active_dataloader is None
+    GradientState._reset_state()
+    plugin = notebook_accel.utils.GradientAccumulationPlugin(num_steps=3)
+    assert GradientState(plugin).num_steps == 3 and GradientState().num_steps == 1
+
+
+class ScheduleFree(torch.optim.SGD):
+    """A schedule-free optimizer's API: train() / eval() modes."""
+
+    mode = "train"
+
+    def train(self):
+        self.mode = "train"
+
+    def eval(self):
+        self.mode = "eval"
+
+
+def test_a_prepared_optimizer_passes_train_and_eval_to_a_schedule_free_one():
+    accelerator = notebook_accel.Accelerator(cpu=True)
+    model = torch.nn.Linear(1, 1)
+    inner = ScheduleFree(model.parameters(), lr=0.1)
+    optimizer = accelerator.prepare(inner)
+    optimizer.eval()
+    assert inner.mode == "eval"
+    optimizer.train()
+    assert inner.mode == "train"
+    accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1)).eval()  # no modes: nothing happens
+
+
+def test_init_empty_weights_and_init_on_device_as_hf_documents():
+    with notebook_accel.init_empty_weights():
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert model[1].running_mean.device.type == "cpu"  # buffers stay real unless include_buffers
+    with notebook_accel.init_empty_weights(include_buffers=True):
+        model = torch.nn.BatchNorm1d(4)
+    assert model.running_mean.device.type == "meta" and model.weight.device.type == "meta"
+    with notebook_accel.init_on_device(torch.device("cpu")):
+        assert torch.nn.Linear(2, 2).weight.device.type == "cpu"
+    assert torch.nn.Linear(2, 2).weight.device.type == "cpu"  # the patch is gone after the block
+
+
+def test_hf_parameters_of_utils_work_by_keyword():
+    from notebook_accel import utils
+
+    batch = {"x": torch.ones(1), "meta": torch.ones(1)}
+    moved = utils.send_to_device(batch, "meta", skip_keys="meta")
+    assert moved["x"].device.type == "meta" and moved["meta"].device.type == "cpu"
+    assert utils.gather(tensor=torch.tensor([1])).tolist() == [1]
+    assert utils.pad_across_processes(tensor=torch.ones(2), dim=0).tolist() == [1.0, 1.0]
+    assert utils.broadcast(torch.ones(1), from_process=0).tolist() == [1.0]
+    assert utils.gather_object(object=["a"]) == ["a"]
+    try:
+        utils.set_seed(3, deterministic=True)
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert utils.is_torch_version(">=", "2.0") and utils.WEIGHTS_NAME == "pytorch_model.bin"
+    accelerator = notebook_accel.Accelerator(cpu=True)
+    model = accelerator.prepare_model(torch.nn.Linear(1, 1), device_placement=False, evaluation_mode=True)
+    assert accelerator.gather(tensor=torch.tensor([2])).tolist() == [2]
+    assert accelerator.gather_for_metrics(input_data=torch.tensor([3])).tolist() == [3]
+    assert accelerator.unwrap_model(model) is model
+    with pytest.raises(NotImplementedError, match="slice_fn_for_dispatch"):
+        accelerator.prepare_data_loader(torch.utils.data.DataLoader([1]), slice_fn_for_dispatch=lambda x: x)
+
+
+def test_prepare_data_loader_of_the_data_loader_module_takes_hf_positional_forms():
+    from notebook_accel.data_loader import SeedableRandomSampler, prepare_data_loader, skip_first_batches
+
+    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2)
+    shard = prepare_data_loader(loader, torch.device("cpu"), 2, 1, put_on_device=True)  # rank 1 of 2
+    batches = [batch.tolist() for batch in shard]
+    assert len(batches) == 2 and sorted(sum(batches, [])) != list(range(8))
+    assert [b.tolist() for b in skip_first_batches(prepare_data_loader(loader), num_batches=3)] == [[6, 7]]
+    sampler = SeedableRandomSampler(list(range(6)), data_seed=4)
+    assert list(sampler) != list(sampler)  # the next epoch's order
+    sampler.set_epoch(0)
+    first = list(sampler)
+    sampler.set_epoch(0)
+    assert list(sampler) == first
+
+
+def test_deepspeed_and_fsdp_plugins_take_hf_fields_and_refuse_by_name_what_they_cannot_honour():
+    from notebook_accel.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+
+    plugin = DeepSpeedPlugin(None, 2, 1.0, 3, offload_param_device="nvme", offload_param_nvme_path="/nvme",
+                             zero3_save_16bit_model=True)  # HF's positional order
+    assert plugin.gradient_accumulation_steps == 2 and plugin.zero_stage == 3
+    assert plugin.deepspeed_config["zero_optimization"]["offload_param"] == {"device": "nvme", "nvme_path": "/nvme"}
+    for given in (dict(transformer_moe_cls_names="Moe"), dict(enable_msamp=True), dict(is_train_batch_min=False)):
+        with pytest.raises(NotImplementedError, match=next(iter(given))):
+            DeepSpeedPlugin(**given)
+    from torch.distributed.fsdp import FullStateDictConfig
+
+    fsdp = FullyShardedDataParallelPlugin(sharding_strategy="SHARD_GRAD_OP",
+                                          state_dict_config=FullStateDictConfig(offload_to_cpu=False))
+    assert fsdp.reshard_after_forward is False and fsdp.fsdp_version == 2 and not fsdp.cpu_offload
+    for given in (dict(backward_prefetch="BACKWARD_PRE"), dict(sharding_strategy="NO_SHARD"),
+                  dict(ignored_modules=[torch.nn.Linear(1, 1)])):
+        with pytest.raises(NotImplementedError, match=next(iter(given))):
+            FullyShardedDataParallelPlugin(**given)
