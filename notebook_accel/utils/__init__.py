@@ -31,26 +31,8 @@ from ..big_modeling import (
     load_checkpoint_in_model,
 )
 from ..plan.config import write_basic_config
-from .dataclasses import (
-    AutocastKwargs,
-    DataLoaderConfiguration,
-    DDPCommunicationHookType,
-    DeepSpeedPlugin,
-    DistributedDataParallelKwargs,
-    DistributedType,
-    DynamoBackend,
-    FullyShardedDataParallelPlugin,
-    GradientAccumulationPlugin,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    KwargsHandler,
-    LoggerType,
-    PrecisionType,
-    ProfileKwargs,
-    ProjectConfiguration,
-    RNGType,
-    TorchDynamoPlugin,
-)
+from .dataclasses import *  # noqa: F401,F403 - the configuration classes, plugins and enums
+from .dataclasses import __all__ as _dataclasses_all
 from .deepspeed import DummyOptim, DummyScheduler
 from .imports import *  # noqa: F401,F403 - the is_*_available table
 from .imports import __all__ as _imports_all
@@ -84,18 +66,14 @@ from .random import set_seed, synchronize_rng_state, synchronize_rng_states
 from .tqdm import tqdm  # the function, over the submodule of the same name (as HF's)
 
 __all__ = [
-    "AcceleratorState", "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType",
-    "DeepSpeedPlugin", "DistributedDataParallelKwargs", "DistributedOperationException", "DistributedType",
-    "DummyOptim", "DummyScheduler", "DynamoBackend", "FullyShardedDataParallelPlugin", "GradientAccumulationPlugin",
-    "GradScalerKwargs", "InitProcessGroupKwargs", "KwargsHandler", "LoggerType", "PartialState", "PrecisionType",
-    "ProfileKwargs", "ProjectConfiguration", "RNGType", "SAFE_WEIGHTS_INDEX_NAME", "SAFE_WEIGHTS_NAME",
-    "TorchDynamoPlugin", "WEIGHTS_INDEX_NAME", "WEIGHTS_NAME", "broadcast", "broadcast_object_list",
-    "clear_device_cache", "concatenate", "convert_file_size_to_int", "copy_tensor_to_devices", "cpu_offload",
-    "cpu_offload_with_hook", "disk_offload", "dispatch_model", "extract_model_from_parallel", "find_batch_size",
-    "find_device", "find_executable_batch_size", "gather", "gather_object", "get_max_memory",
+    "AcceleratorState", "DistributedOperationException", "DummyOptim", "DummyScheduler", "PartialState",
+    "SAFE_WEIGHTS_INDEX_NAME", "SAFE_WEIGHTS_NAME", "WEIGHTS_INDEX_NAME", "WEIGHTS_NAME", "broadcast",
+    "broadcast_object_list", "clear_device_cache", "concatenate", "convert_file_size_to_int", "copy_tensor_to_devices",
+    "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model", "extract_model_from_parallel",
+    "find_batch_size", "find_device", "find_executable_batch_size", "gather", "gather_object", "get_max_memory",
     "infer_auto_device_map", "is_torch_tensor", "listify", "load_checkpoint_and_dispatch",
     "load_checkpoint_in_model", "merge_fsdp_weights", "pad_across_processes", "patch_environment",
     "recursively_apply", "reduce", "release_memory", "send_to_device", "set_seed", "should_reduce_batch_size",
     "synchronize_rng_state", "synchronize_rng_states", "tqdm", "wait_for_everyone", "write_basic_config",
-    *_imports_all,
+    *_dataclasses_all, *_imports_all,
 ]  # fmt: skip
