@@ -424,6 +424,7 @@ def test_deepspeed_and_fsdp_plugins_take_hf_fields_and_refuse_by_name_what_they_
             FullyShardedDataParallelPlugin(**given)
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # dcp.save in one process, as meant here
 def test_merge_fsdp_weights_makes_one_weights_file_of_a_sharded_checkpoint(tmp_path):
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import load_file
@@ -431,8 +432,7 @@ def test_merge_fsdp_weights_makes_one_weights_file_of_a_sharded_checkpoint(tmp_p
     from notebook_accel.utils import SAFE_WEIGHTS_NAME, WEIGHTS_NAME, merge_fsdp_weights
 
     weights = {"layer.weight": torch.arange(6.0).reshape(2, 3), "layer.bias": torch.ones(2)}
-    dcp.save({"model": weights}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "pytorch_model_fsdp_0")),
-             no_dist=True)  # fmt: skip
+    dcp.save({"model": weights}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "pytorch_model_fsdp_0")))
     merge_fsdp_weights(str(tmp_path / "pytorch_model_fsdp_0"), str(tmp_path / "merged"))
     merged = load_file(str(tmp_path / "merged" / SAFE_WEIGHTS_NAME))
     assert merged.keys() == weights.keys() and all(torch.equal(merged[k], weights[k]) for k in weights)
