@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, TypeVar
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import IterableDataset
 
 from . import operations
 from .fsdp import is_sharded
@@ -162,8 +163,18 @@ class ProcessControl:
                               "here do not use; it has no effect", stacklevel=3)  # fmt: skip
             yield
             return
+        if self.state.distributed_type not in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+            warnings.warn(f"Joining uneven inputs is only supported for multi-GPU (and, here, multi-CPU) DDP training, "
+                          f"not {self.state.distributed_type.value}: join_uneven_inputs has no effect",
+                          stacklevel=3)  # fmt: skip
+            yield
+            return
         from torch.distributed.algorithms.join import Join
 
+        if even_batches is not None and any(isinstance(getattr(loader, "dataset", None), IterableDataset)
+                                            for loader in self._data_loaders):  # fmt: skip
+            warnings.warn("Overriding even_batches is only supported for map-style datasets, yet some dataloaders "
+                          "given were iterable: their ends are not changed", stacklevel=3)  # fmt: skip
         shards = [shard for loader in self._data_loaders for shard in (loader.batch_sampler, loader.sampler)
                   if isinstance(shard, BatchSamplerShard)]  # fmt: skip
         before = [shard.even_batches for shard in shards]
