@@ -549,3 +549,86 @@ def test_init_module_is_a_plain_block_under_ddp_and_in_one_process(tmp_path):
         assert_init_module_is_a_plain_block(result, f"DDP, rank {rank}")
     assert_same_weights(ranks[1]["inside=True"]["trained"], ranks[0]["inside=True"]["trained"], "DDP ranks agree")
     assert_init_module_is_a_plain_block(init_module_plain_rank(str(tmp_path / "one")), "one process")
+
+
+# ------------------------------------------------------------------- 6. HF's names behind them, on 2 ranks
+def hf_names_on_ranks() -> Dict[str, Any]:
+    """LocalSGD, the debug-mode op checker, PowerSGD's DDP hook on gloo, get_logger's main_process_only /
+    in_order, trigger_sync_in_backward — as HF code calls them (``notebook_accel.*`` for ``accelerate.*``)."""
+    import logging
+
+    from notebook_accel.local_sgd import LocalSGD
+    from notebook_accel.logging import get_logger
+    from notebook_accel.state import PartialState
+    from notebook_accel.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, gather, reduce
+    from notebook_accel.utils.operations import DistributedOperationException
+
+    out: Dict[str, Any] = {}
+    # LocalSGD: no gradient sync between averages; every 2nd step the ranks' weights become their mean
+    accelerator = Accelerator()
+    rank = accelerator.process_index
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1, bias=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    weights = []
+    with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=2) as local_sgd:
+        for step in range(3):
+            x = torch.full((1, 2), float(rank + 1))  # each rank its own data: the weights drift apart
+            accelerator.backward(model(x).sum())
+            optimizer.step()
+            optimizer.zero_grad()
+            local_sgd.step()
+            weights.append(accelerator.unwrap_model(model).weight.detach().clone())
+    out["local_sgd_weights"] = [w.tolist() for w in weights]
+    out["after_block"] = accelerator.unwrap_model(model).weight.detach().tolist()
+    # debug mode: ranks gathering tensors of different shapes raise DistributedOperationException on every rank
+    state = PartialState()
+    state.debug = True
+    try:
+        gather(torch.zeros(1, 2 + rank))
+        out["op_checker"] = "ran on"
+    except DistributedOperationException as error:
+        out["op_checker"] = str(error)
+    try:
+        accelerator.reduce(torch.zeros(2 + rank))
+        out["op_checker_reduce"] = "ran on"
+    except DistributedOperationException:
+        out["op_checker_reduce"] = "raised"
+    state.debug = False
+    out["gather_by_keyword"] = gather(tensor=torch.tensor([rank])).tolist()
+    out["reduce_mean"] = reduce(tensor=torch.tensor([float(rank)])).tolist()
+    # PowerSGD (torch's hook) on gloo
+    hooked = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(
+        comm_hook=DDPCommunicationHookType.POWER_SGD, comm_state_option={"matrix_approximation_rank": 1})])
+    model = hooked.prepare(torch.nn.Linear(4, 4))
+    hooked.backward(model(torch.full((2, 4), float(rank))).sum())
+    grad = hooked.unwrap_model(model).weight.grad
+    out["power_sgd_grads_equal"] = bool(torch.allclose(*hooked.gather(grad[None])))
+    # get_logger: main_process_only (default) and in_order
+    records: List[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logger = get_logger("hf_names_test", log_level="INFO")
+    logger.logger.addHandler(handler)
+    logger.info("main only")
+    logger.info(f"rank {rank}", main_process_only=False)
+    logger.info(f"in order {rank}", main_process_only=False, in_order=True)
+    logger.logger.removeHandler(handler)
+    out["logged"] = records
+    return out
+
+
+def test_hf_names_behave_as_hf_documents_on_two_ranks():
+    first, second = launch(hf_names_on_ranks)
+    # LocalSGD: step 1 differs between ranks (no sync), step 2 averaged (equal), the block's end averages again
+    assert first["local_sgd_weights"][0] != second["local_sgd_weights"][0]
+    assert first["local_sgd_weights"][1] == second["local_sgd_weights"][1]
+    assert first["after_block"] == second["after_block"]
+    assert "Cannot apply desired operation due to shape mismatches" in first["op_checker"]
+    assert "Process 0: [('', [1, 2])]" in second["op_checker"] and "Process 1: [('', [1, 3])]" in second["op_checker"]
+    assert first["op_checker_reduce"] == second["op_checker_reduce"] == "raised"
+    assert first["gather_by_keyword"] == [0, 1] and first["reduce_mean"] == [0.5]
+    assert first["power_sgd_grads_equal"] and second["power_sgd_grads_equal"]
+    assert first["logged"] == ["main only", "rank 0", "in order 0"]
+    assert second["logged"] == ["rank 1", "in order 1"]

@@ -24,6 +24,7 @@ RAY_DRIVER_FILES = frozenset({"test_ray_cluster.py", "test_ray_client.py"})
 
 FILES: Dict[str, str] = {
     "test_accelerator_units.py": "unit",
+    "test_accelerate_names.py": "unit",     # HF accelerate's import paths and signatures vs ours (inspect)
     "test_dashboard.py": "unit",
     "test_dashboard_debug.py": "unit",
     "test_docs.py": "unit",          # and one mkdocs build, a subprocess of some seconds

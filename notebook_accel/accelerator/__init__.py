@@ -18,11 +18,22 @@ One module per job:
 - :mod:`.process_control` split_between_processes, the on_* decorators, triggers, no_sync, join_uneven_inputs
 - :mod:`.project`       project_dir, automatic checkpoint naming, registered objects, save/load hooks
 - :mod:`.tracking`      log_with: TensorBoard, W&B, MLflow, GeneralTracker; ``log`` also feeds the dashboard
+- :mod:`.op_checker`    debug mode (``ACCELERATE_DEBUG_MODE``): collectives check the ranks' shapes first
 - :mod:`.absent`        HF members we do not offer, each raising NotImplementedError with what to use instead
 - :mod:`.utilities`     the rest of what HF code imports from ``accelerate.utils`` (see :mod:`notebook_accel.utils`)
 - :mod:`.accelerator`   the :class:`Accelerator` that ties them together
 """
 from .accelerator import Accelerator
+from .configs import (  # HF code imports these from accelerate.accelerator too
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProfileKwargs,
+    ProjectConfiguration,
+)
 from .data_loader import PreparedDataLoader
 from .fsdp import FullyShardedDataParallelPlugin
 from .optimizer import AcceleratedOptimizer
@@ -38,11 +49,19 @@ __all__ = [
     "AcceleratedOptimizer",
     "AcceleratedScheduler",
     "AcceleratorState",
+    "AutocastKwargs",
+    "DataLoaderConfiguration",
     "DeepSpeedPlugin",
+    "DistributedDataParallelKwargs",
     "DistributedType",
     "FullyShardedDataParallelPlugin",
     "GeneralTracker",
+    "GradientAccumulationPlugin",
+    "GradScalerKwargs",
+    "InitProcessGroupKwargs",
     "PartialState",
     "PreparedDataLoader",
+    "ProfileKwargs",
+    "ProjectConfiguration",
     "set_seed",
 ]

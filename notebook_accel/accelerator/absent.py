@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, NoReturn
 
-__all__ = ["ABSENT_MEMBERS", "ABSENT_PARAMETERS", "AbsentMembers", "refuse"]
+__all__ = ["ABSENT_MEMBERS", "ABSENT_PARAMETERS", "AbsentMembers", "refuse", "refuse_name"]
 
 _NO_MODEL_PARALLEL = ("tensor, context and pipeline parallelism (and HF's ParallelismConfig device meshes) are not "
                       "offered: shard the model with FSDP2 (fsdp_plugin=FullyShardedDataParallelPlugin()) or DeepSpeed "
@@ -24,8 +24,6 @@ ABSENT_MEMBERS: Dict[str, str] = {
     "maybe_context_parallel": _NO_MODEL_PARALLEL,
     "deepspeed_ulysses_dl_adapter": "DeepSpeed-Ulysses sequence parallelism is not offered: " + _NO_MODEL_PARALLEL,
     "lomo_backward": "LOMO optimizers are not offered: use accelerator.backward(loss) and a torch.optim optimizer",
-    "trigger_sync_in_backward": "not offered: put each micro-batch in `with accelerator.accumulate(model):`, which "
-                                "syncs the gradients on the step that ends the cycle",
 }
 
 # constructor parameter -> why (each refused when given, and only then)
@@ -44,6 +42,12 @@ ABSENT_PARAMETERS: Dict[str, str] = {
 def refuse(name: str, why: str) -> NoReturn:
     raise NotImplementedError(f"Accelerator.{name} is not offered by notebook_accel's Accelerator: {why}. "
                               "(HF accelerate's own Accelerator also runs under notebook_launcher.)")
+
+
+def refuse_name(name: str, why: str) -> NoReturn:
+    """:func:`refuse` for a name outside the Accelerator (a function, a class, a parameter of one)."""
+    raise NotImplementedError(f"{name} is not offered by notebook_accel: {why}. (HF accelerate's own also runs "
+                              "under notebook_launcher.)")
 
 
 def _absent_property(name: str) -> property:
@@ -74,4 +78,3 @@ class AbsentMembers:
     maybe_context_parallel = _absent_method("maybe_context_parallel")
     deepspeed_ulysses_dl_adapter = _absent_method("deepspeed_ulysses_dl_adapter")
     lomo_backward = _absent_method("lomo_backward")
-    trigger_sync_in_backward = _absent_method("trigger_sync_in_backward")

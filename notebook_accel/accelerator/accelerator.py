@@ -12,7 +12,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from . import operations
+from . import op_checker, operations
 from .absent import ABSENT_PARAMETERS, AbsentMembers, refuse
 from .checkpointing import load_checkpoint, load_model_weights, save_checkpoint
 from .data_loader import PreparedDataLoader, SkippedLoader, XlaDeviceLoader, prepare_data_loader
@@ -32,7 +32,7 @@ from .configs import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from .partial_state import remember_state
+from .partial_state import AcceleratorState, remember_state
 from .placement import check_model_placement
 from .process_control import ProcessControl
 from .project import ProjectMembers
@@ -49,7 +49,7 @@ from .rng import set_seed as _set_seed
 from .rng import torch_random_state
 from .sharded_init import ShardedInit, SkippedInit
 from .scheduler import AcceleratedScheduler
-from .state import DistributedType, ProcessState, destroy_process_group, one_rank_group, resolve_process_state
+from .state import DistributedType, destroy_process_group, one_rank_group, resolve_process_state
 from .tracking import GeneralTracker, TrackingMembers, filter_trackers
 from .zero import DeepSpeedOptimizer, DeepSpeedPlugin, build_engine, engine_state_dict, filled_config, import_deepspeed
 from .zero import is_engine, zero_init
@@ -135,17 +135,17 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
 
     def __init__(
         self,
-        cpu: bool = False,
-        mixed_precision: Optional[str] = None,
-        gradient_accumulation_steps: int = 1,
+        # HF's parameters, in HF's order (positional use lands on the same parameter); ours keyword-only after them
         device_placement: bool = True,
         split_batches: bool = False,
-        seed: Optional[int] = None,
-        *,
-        ddp_kwargs: Optional[Dict[str, Any]] = None,
-        fsdp_plugin: Optional[FullyShardedDataParallelPlugin] = None,
-        deepspeed_plugin: Optional[DeepSpeedPlugin] = None,
+        mixed_precision: Optional[str] = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
         dataloader_config: Optional[DataLoaderConfiguration] = None,
+        deepspeed_plugin: Optional[DeepSpeedPlugin] = None,
+        fsdp_plugin: Optional[FullyShardedDataParallelPlugin] = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
         rng_types: Optional[List[str]] = None,
         log_with: Any = None,
         project_dir: Optional[str] = None,
@@ -156,9 +156,10 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         dynamo_backend: Optional[str] = None,
         dynamo_plugin: Optional[TorchDynamoPlugin] = None,
         deepspeed_plugins: Any = None,
-        torch_tp_plugin: Any = None,
-        megatron_lm_plugin: Any = None,
         parallelism_config: Any = None,
+        *,
+        seed: Optional[int] = None,
+        ddp_kwargs: Optional[Dict[str, Any]] = None,
     ) -> None:
         if fsdp_plugin is not None and deepspeed_plugin is not None:
             raise ValueError("fsdp_plugin and deepspeed_plugin both shard the model: give one of them")
@@ -167,9 +168,10 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
         # init_kwargs only when there are some: tests stand in for resolve_process_state(cpu) on fake TPU hosts
         extra = {"init_kwargs": init_kwargs} if init_kwargs else {}
-        self.state: ProcessState = resolve_process_state(cpu=cpu, **extra)
-        remember_state(self.state)  # PartialState() is this state from now on
+        remember_state(resolve_process_state(cpu=cpu, **extra))  # PartialState() is this state from now on
         self._mixed_precision = resolve_mixed_precision(mixed_precision)
+        # HF's AcceleratorState: what the rest of the process shares (AcceleratorState(), accelerator.state)
+        self.state = AcceleratorState(self._mixed_precision, _from_accelerator=True)
         check_precision_supported(self._mixed_precision, self.state.device)
         if deepspeed_plugin is None and fsdp_plugin is None:
             deepspeed_plugin = DeepSpeedPlugin.from_environment()
@@ -177,6 +179,10 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
             fsdp_plugin = fsdp_plugin or FullyShardedDataParallelPlugin.from_environment()
         self.fsdp_plugin = self._check_fsdp_plugin(fsdp_plugin)
         self.deepspeed_plugin = self._check_deepspeed_plugin(deepspeed_plugin)
+        self.state.fsdp_plugin, self.state.deepspeed_plugin = self.fsdp_plugin, self.deepspeed_plugin
+        if self.deepspeed_plugin is not None or self.fsdp_plugin is not None:
+            self.state.distributed_type = (DistributedType.DEEPSPEED if self.deepspeed_plugin is not None
+                                           else DistributedType.FSDP)  # fmt: skip
         if self.deepspeed_plugin is not None:
             gradient_accumulation_steps = self._accumulation_with(self.deepspeed_plugin, gradient_accumulation_steps)
         sharded = (self.fsdp_plugin or self.deepspeed_plugin) and self.num_processes > 1
@@ -208,7 +214,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         self.rng_types = self._check_rng_types(rng_types)
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError("You cannot pass in both `dynamo_plugin` and `dynamo_backend`, please only pass in one.")
-        self.dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
+        self.dynamo_plugin = self.state.dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
         self._init_project(project_dir, project_config)
         self.log_with = filter_trackers(log_with, self.logging_dir)
         self.trackers: List[GeneralTracker] = []
@@ -359,11 +365,8 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
 
     @property
     def distributed_type(self) -> DistributedType:
-        """NO, MULTI_CPU, MULTI_GPU or XLA; DEEPSPEED or FSDP when a plugin shards over several processes (as HF)."""
-        if getattr(self, "deepspeed_plugin", None) is not None:
-            return DistributedType.DEEPSPEED
-        if getattr(self, "fsdp_plugin", None) is not None:
-            return DistributedType.FSDP
+        """NO, MULTI_CPU, MULTI_GPU or XLA; DEEPSPEED or FSDP with a sharding plugin (as HF): ``state``'s, which
+        HF code may assign (``accelerator.state.distributed_type = ...``)."""
         return self.state.distributed_type
 
     @property
@@ -482,7 +485,8 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         """
         if self.fsdp_plugin is not None:
             return self._recording(empty_init)
-        if self.deepspeed_plugin is not None and self.deepspeed_plugin.zero_stage == 3:
+        if (self.deepspeed_plugin is not None and self.deepspeed_plugin.zero_stage == 3
+                and self.deepspeed_plugin.zero3_init_flag is not False):  # HF's switch for zero.Init
             partitioned = zero_init(self.deepspeed_plugin, accumulation=self.gradient_accumulation_steps,
                                     world=self.num_processes, mixed_precision=self._mixed_precision)  # fmt: skip
             return _then_trimmed(partitioned, SkippedInit() if empty_init else contextlib.nullcontext())
@@ -527,17 +531,23 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         if self.deepspeed_plugin is not None and "model" in kinds:
             return self._prepare_deepspeed(objects, kinds)
         prepared = list(objects)
-        default_placement = self.device_placement
-        try:
-            for kind in _PREPARE_ORDER:
-                for position, obj in enumerate(objects):
-                    if kinds[position] == kind:
-                        if device_placement is not None:
-                            self.device_placement = device_placement[position]
+        for kind in _PREPARE_ORDER:
+            for position, obj in enumerate(objects):
+                if kinds[position] == kind:
+                    with self._placement(None if device_placement is None else device_placement[position]):
                         prepared[position] = getattr(self, f"prepare_{kind}")(obj)
-        finally:
-            self.device_placement = default_placement
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    @contextlib.contextmanager
+    def _placement(self, device_placement: Optional[bool]) -> Iterator[None]:
+        """``device_placement`` (HF's per-object flag) instead of the Accelerator's inside the block; None: as is."""
+        default = self.device_placement
+        if device_placement is not None:
+            self.device_placement = device_placement
+        try:
+            yield
+        finally:
+            self.device_placement = default
 
     @staticmethod
     def _kind_of(obj: Any, position: int) -> Optional[str]:
@@ -557,9 +567,21 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
             "torch.optim.lr_scheduler.LRScheduler objects. Wrap a Dataset in a DataLoader first."
         )
 
-    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+    def prepare_model(self, model: torch.nn.Module, device_placement: Optional[bool] = None,
+                      evaluation_mode: bool = False) -> torch.nn.Module:
         """Move ``model`` to the device, add autocast for mixed precision, wrap it in DDP for N > 1 (or shard
-        it with FSDP2 when the Accelerator has an ``fsdp_plugin``)."""
+        it with FSDP2 when the Accelerator has an ``fsdp_plugin``).
+
+        ``device_placement``: overrides the Accelerator's for this model. ``evaluation_mode=True`` (HF's): a model
+        for inference only — placed, autocast and compiled, never wrapped in DDP (nor sharded)."""
+        with self._placement(device_placement):
+            return self._prepare_model(model, evaluation_mode)
+
+    def _prepare_model(self, model: torch.nn.Module, evaluation_mode: bool) -> torch.nn.Module:
+        if evaluation_mode and self.fsdp_plugin is not None:
+            raise NotImplementedError("prepare_model(evaluation_mode=True) with an fsdp_plugin is not offered: "
+                                      "prepare the model without evaluation_mode (FSDP2 shards it), or use an "
+                                      "Accelerator without fsdp_plugin for inference")  # fmt: skip
         if self.deepspeed_plugin is not None and not is_engine(model):
             raise ValueError("under DeepSpeed, prepare the model together with its optimizer and DataLoader: "
                              "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)")
@@ -584,7 +606,9 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
                     self._moved_parameters[before[name]] = param
         if self.autocast_handler is None or self.autocast_handler.enabled:
             add_autocast_to_forward(model, self.device, self._mixed_precision)
-        if self.num_processes > 1 and self.distributed_type == DistributedType.XLA:
+        if evaluation_mode:
+            pass  # inference only: no gradients to synchronize
+        elif self.num_processes > 1 and self.distributed_type == DistributedType.XLA:
             # No DDP on XLA: the optimizer step all-reduces the gradients with torch_xla's collective. What
             # DDP would do at construction still matters: every replica starts from rank 0's weights (device
             # threads share one torch RNG, so their own inits differ).
@@ -603,7 +627,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
             model = DistributedDataParallel(model, **options)
             hook = self.ddp_handler.communication_hook() if self.ddp_handler is not None else None
             if hook is not None:
-                model.register_comm_hook(state=None, hook=hook)
+                model.register_comm_hook(state=hook[0], hook=hook[1])
         if self.dynamo_plugin.enabled:
             model = torch.compile(model, **self.dynamo_plugin.compile_kwargs())
         self._models.append(model)
@@ -669,8 +693,14 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         for optimizer in self._optimizers:
             switch_parameters(optimizer.optimizer, moved)
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
-        """Wrap ``optimizer`` (its state moves to its parameters' device)."""
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
+                          device_placement: Optional[bool] = None) -> AcceleratedOptimizer:
+        """Wrap ``optimizer`` (its state moves to its parameters' device, unless ``device_placement=False`` or the
+        Accelerator's is False)."""
+        with self._placement(device_placement):
+            return self._prepare_optimizer(optimizer)
+
+    def _prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         if self._moved_parameters:
             switch_parameters(optimizer, self._moved_parameters)
         if self.device_placement:
@@ -689,8 +719,19 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         release_freed_memory()
         builtins.print(memory_line(how, self.num_processes, held_bytes(model, optimizer, gradients)), flush=True)
 
-    def prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
-        """This rank's shard of ``data_loader``; see :mod:`notebook_accel.accelerator.data_loader`."""
+    def prepare_data_loader(self, data_loader: DataLoader, device_placement: Optional[bool] = None,
+                            slice_fn_for_dispatch: Any = None) -> PreparedDataLoader:
+        """This rank's shard of ``data_loader``; see :mod:`notebook_accel.accelerator.data_loader`.
+
+        ``device_placement``: overrides the Accelerator's for this loader. ``slice_fn_for_dispatch`` (HF's, for
+        ``dispatch_batches``) is refused: every rank reads its own shard here."""
+        if slice_fn_for_dispatch is not None:
+            refuse("prepare_data_loader(slice_fn_for_dispatch=...)", "batches are never dispatched from rank 0 "
+                   "(dispatch_batches is False): every rank reads its own shard, so there is nothing to slice")
+        with self._placement(device_placement):
+            return self._prepare_data_loader(data_loader)
+
+    def _prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
         # The data-order seed: rank 0's initial seed (what set_seed / torch.manual_seed chose), everywhere.
         config = self.dataloader_config
         base_seed = operations.broadcast_object(torch.initial_seed() if config.data_seed is None else config.data_seed)
@@ -835,7 +876,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         self._reduce_xla_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
-    def autocast(self, autocast_handler: Optional[AutocastKwargs] = None, enabled: bool = True) -> ContextManager[Any]:
+    def autocast(self, autocast_handler: Optional[AutocastKwargs] = None, *, enabled: bool = True) -> ContextManager[Any]:
         """Autocast for code outside a prepared model's forward (fp16 on CUDA, bf16 on CPU/CUDA/TPU).
 
         Prepared models already run their forward under it; this is for extra computations.
@@ -880,16 +921,16 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         return SkippedLoader(dataloader, num_batches)
 
     # ---------------------------------------------------------------------------------------- collectives
-    def gather(self, tree: Tree) -> Tree:
+    def gather(self, tensor: Tree) -> Tree:
         """Every rank's tensors, concatenated along dim 0 in rank order (0-dim tensors count as 1 row).
 
         Example::
 
             losses = accelerator.gather(loss.detach())      # shape [num_processes]
         """
-        return operations.gather(tree)
+        return op_checker.gather(tensor)
 
-    def gather_for_metrics(self, tree: Tree, use_gather_object: bool = False) -> Tree:
+    def gather_for_metrics(self, input_data: Tree, use_gather_object: bool = False) -> Tree:
         """Like :meth:`gather`, minus the samples that only pad the last step: call it once per eval batch.
 
         Over one pass of a prepared loader the results concatenate to exactly ``len(dataset)`` items, in
@@ -901,6 +942,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
                 preds, refs = accelerator.gather_for_metrics((model(x).argmax(-1), y))
                 correct += (preds == refs).sum().item(); total += len(refs)   # total == len(dataset)
         """
+        tree = input_data
         layout = self.gradient_state.current_layout
         leaves = operations.tree_leaves(tree)
         if use_gather_object and operations.is_tensor(tree):  # HF gathers a tensor's rows as objects
@@ -936,14 +978,14 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
                 result.append(contribution)
         return result
 
-    def reduce(self, tree: Tree, reduction: str = "sum", scale: float = 1.0) -> Tree:
+    def reduce(self, tensor: Tree, reduction: str = "sum", scale: float = 1.0) -> Tree:
         """Every tensor reduced over the ranks ("sum", "mean", "max" or "min"), times ``scale``; inputs unchanged."""
-        reduced = operations.reduce(tree, reduction)
+        reduced = op_checker.reduce(tensor, reduction)
         return reduced if scale == 1.0 else operations.tree_map(lambda tensor: tensor * scale, reduced)
 
-    def pad_across_processes(self, tree: Tree, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Tree:
+    def pad_across_processes(self, tensor: Tree, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Tree:
         """Pad tensors along ``dim`` to the largest size on any rank (e.g. generated sequences)."""
-        return operations.pad_across_processes(tree, dim=dim, pad_index=pad_index, pad_first=pad_first)
+        return op_checker.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
     def wait_for_everyone(self) -> None:
         """A barrier: returns once every rank has called it."""
@@ -983,16 +1025,16 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
             builtins.print(*args, **kwargs)
 
     # ------------------------------------------------------------------------------------ models and files
-    def unwrap_model(self, model: torch.nn.Module, keep_autocast: bool = True, *,
-                     keep_fp32_wrapper: Optional[bool] = None, keep_torch_compile: bool = False) -> torch.nn.Module:
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = False,
+                     *, keep_autocast: Optional[bool] = None) -> torch.nn.Module:
         """The user's own module inside DDP (and ``torch.compile``) wrappers.
 
-        ``keep_autocast=False`` (HF's name: ``keep_fp32_wrapper=False``) also removes the mixed-precision forward
-        that ``prepare`` added, in place (the prepared model then runs in full precision too).
-        ``keep_torch_compile=True`` stops at a compiled module (HF's default; ours unwraps it).
+        ``keep_fp32_wrapper=False`` (ours also says ``keep_autocast=False``) also removes the mixed-precision
+        forward that ``prepare`` added, in place (the prepared model then runs in full precision too).
+        ``keep_torch_compile=True`` stops at a compiled module (HF's default; ours unwraps it, so that
+        ``unwrap_model(model).state_dict()`` has the user's keys, without ``_orig_mod.``).
         """
-        if keep_fp32_wrapper is not None:
-            keep_autocast = keep_fp32_wrapper
+        keep_autocast = keep_fp32_wrapper if keep_autocast is None else keep_autocast
         while True:
             if isinstance(model, (DistributedDataParallel, torch.nn.DataParallel)) or is_engine(model):
                 model = model.module

@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import os
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 __all__ = [
     "KwargsHandler",
@@ -29,6 +29,7 @@ __all__ = [
     "RNGType",
     "DynamoBackend",
     "DDPCommunicationHookType",
+    "ParallelismConfig",
 ]
 
 
@@ -86,6 +87,8 @@ class DDPCommunicationHookType(_ListedEnum):
     NO = "no"
     FP16 = "fp16"
     BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
 
 
 class KwargsHandler:
@@ -125,18 +128,31 @@ class DistributedDataParallelKwargs(KwargsHandler):
             kwargs.pop(name, None)
         return kwargs
 
-    def communication_hook(self) -> Optional[Callable[..., Any]]:
-        """torch's compression hook for ``comm_hook`` ("fp16" / "bf16"), or None."""
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    def communication_hook(self) -> Optional[Tuple[Any, Callable[..., Any]]]:
+        """(state, hook) for ``DistributedDataParallel.register_comm_hook``, or None: torch's compression hooks
+        ("fp16" / "bf16"), PowerSGD ("power_sgd" / "batched_power_sgd", its state built from
+        ``comm_state_option``), a PowerSGD hook optionally wrapped by ``comm_wrapper`` ("fp16" / "bf16")."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-        if self.comm_wrapper != DDPCommunicationHookType.NO:
-            raise NotImplementedError("DistributedDataParallelKwargs(comm_wrapper=...) is not offered here; use "
-                                      "comm_hook='fp16' or 'bf16' (the compression hooks) instead")
-        return {
-            DDPCommunicationHookType.NO: None,
+        hooks = {
             DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
             DDPCommunicationHookType.BF16: default_hooks.bf16_compress_hook,
-        }[DDPCommunicationHookType(self.comm_hook)]
+            DDPCommunicationHookType.POWER_SGD: powerSGD_hook.powerSGD_hook,
+            DDPCommunicationHookType.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook,
+        }
+        wrappers = {DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
+                    DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper}  # fmt: skip
+        kind = DDPCommunicationHookType(self.comm_hook)
+        hook = hooks.get(kind)
+        if hook is None:
+            return None
+        wrapper = wrappers.get(DDPCommunicationHookType(self.comm_wrapper))
+        if wrapper is not None:
+            hook = wrapper(hook)
+        state = None
+        if kind in (DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD):
+            state = powerSGD_hook.PowerSGDState(process_group=None, **self.comm_state_option)
+        return state, hook
 
 
 @dataclasses.dataclass
@@ -285,3 +301,12 @@ class TorchDynamoPlugin(KwargsHandler):
             if value is not None:
                 kwargs[name] = value
         return kwargs
+
+
+class ParallelismConfig:
+    """HF's device-mesh configuration (tensor, context, sequence parallelism): refused by name when built."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from .absent import ABSENT_PARAMETERS, refuse_name
+
+        refuse_name("ParallelismConfig", ABSENT_PARAMETERS["parallelism_config"])

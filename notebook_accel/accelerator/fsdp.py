@@ -60,20 +60,41 @@ class FullyShardedDataParallelPlugin:
             ``mixed_precision`` (parameters in bf16/fp16 for compute, gradients reduced in fp32).
         state_dict_type: "SHARDED_STATE_DICT" (``save_state`` writes each rank's shards with
             torch.distributed.checkpoint, loadable on any number of ranks) — the only one supported.
+        state_dict_config / optim_state_dict_config: FSDP1's (``FullStateDictConfig``...), accepted so that HF's
+            code runs: ``get_state_dict`` gives the full weights in any case, ``save_state`` writes shards.
+
+    HF's other fields are there by HF's names and defaults: FSDP1's ``sharding_strategy`` maps to
+    ``reshard_after_forward``; ``limit_all_gathers``, ``use_orig_params``, ``sync_module_states`` and
+    ``cpu_ram_efficient_loading`` are what FSDP2 here does anyway; ``backward_prefetch``, ``forward_prefetch``,
+    ``ignored_modules``, ``param_init_fn`` and ``activation_checkpointing_offload`` are refused by name.
     """
 
-    fsdp_version: int = 2
-    auto_wrap_policy: WrapPolicy = None
-    transformer_cls_names_to_wrap: Union[str, Sequence[Any], None] = None
-    min_num_params: int = 0
-    reshard_after_forward: bool = True
-    cpu_offload: bool = False
-    activation_checkpointing: bool = False
+    # HF's fields, in HF's order and with HF's None defaults (None: ours, below); our spelling last
+    fsdp_version: Optional[int] = None  # 2 (FSDP2, the only one here)
+    sharding_strategy: Any = None  # FSDP1's: "FULL_SHARD" -> reshard_after_forward, "SHARD_GRAD_OP" -> not
+    reshard_after_forward: Optional[bool] = None  # True
+    backward_prefetch: Any = None  # FSDP1's: refused (FSDP2 prefetches by itself)
     mixed_precision_policy: Any = None
-    state_dict_type: str = "SHARDED_STATE_DICT"
+    auto_wrap_policy: WrapPolicy = None
+    cpu_offload: Optional[bool] = None  # False
+    ignored_modules: Any = None  # refused
+    state_dict_type: Optional[str] = None  # "SHARDED_STATE_DICT"
+    state_dict_config: Any = None  # FSDP1's configs: accepted (see the class docstring)
+    optim_state_dict_config: Any = None
+    limit_all_gathers: bool = True  # FSDP1's rate limiter: FSDP2 has none to turn off
+    use_orig_params: Optional[bool] = None  # FSDP2 always keeps the original parameters
+    param_init_fn: Any = None  # refused: init_module / init_empty_weights materialize the shards
+    sync_module_states: Optional[bool] = None  # FSDP2 shards rank 0's weights (sync) in any case
+    forward_prefetch: Optional[bool] = None  # refused when True
+    activation_checkpointing: Optional[bool] = None  # False
+    activation_checkpointing_offload: Optional[bool] = None  # refused when True
+    cpu_ram_efficient_loading: Optional[bool] = None  # init_module builds the shards only, in any case
+    transformer_cls_names_to_wrap: Union[str, Sequence[Any], None] = None
+    min_num_params: Optional[int] = None  # 0
     transformer_layer_cls_to_wrap: Union[str, Sequence[Any], None] = None
 
     def __post_init__(self) -> None:
+        self._resolve_hf_fields()
         if self.fsdp_version != 2:
             raise ValueError(
                 f"fsdp_version={self.fsdp_version}: notebook_accel shards with FSDP2 (fully_shard) only; the "
@@ -111,6 +132,36 @@ class FullyShardedDataParallelPlugin:
                 "(SHARDED_STATE_DICT) only; for one file of full weights use accelerator.get_state_dict(model) "
                 "on every rank and save rank 0's."
             )
+
+    def _resolve_hf_fields(self) -> None:
+        """HF's None defaults to ours; FSDP1's fields to FSDP2's, or refused by name where FSDP2 has no such thing."""
+        from .absent import refuse_name
+
+        for name, ours in (("fsdp_version", 2), ("cpu_offload", False), ("activation_checkpointing", False),
+                           ("state_dict_type", "SHARDED_STATE_DICT"), ("min_num_params", 0)):  # fmt: skip
+            if getattr(self, name) is None:
+                setattr(self, name, ours)
+        strategy = self.sharding_strategy
+        if strategy is not None:
+            strategy = str(getattr(strategy, "name", strategy)).upper()
+            strategy = {"1": "FULL_SHARD", "2": "SHARD_GRAD_OP"}.get(strategy, strategy)
+            if strategy not in ("FULL_SHARD", "SHARD_GRAD_OP"):
+                refuse_name(f"FullyShardedDataParallelPlugin(sharding_strategy={strategy!r})", "FSDP2 shards fully "
+                            "(FULL_SHARD) or keeps gathered parameters until backward (SHARD_GRAD_OP): use "
+                            "reshard_after_forward=True / False; for replication use DDP (no fsdp_plugin)")  # fmt: skip
+            if self.reshard_after_forward is None:
+                self.reshard_after_forward = strategy == "FULL_SHARD"
+        if self.reshard_after_forward is None:
+            self.reshard_after_forward = True
+        refused = {"backward_prefetch": "FSDP2 prefetches the next block's all-gather by itself",
+                   "ignored_modules": "every parameter of a prepared model is sharded here",
+                   "param_init_fn": "build the model under accelerator.init_module() (or init_empty_weights) and "
+                                    "prepare() materializes each rank's shards",
+                   "forward_prefetch": "FSDP2 prefetches by itself", "activation_checkpointing_offload":
+                   "activation_checkpointing=True recomputes activations; offloading them is not offered"}
+        for name, why in refused.items():
+            if getattr(self, name):
+                refuse_name(f"FullyShardedDataParallelPlugin({name}=...)", why)
 
     @classmethod
     def from_environment(

@@ -17,7 +17,10 @@ class GradientState:
     ``end_of_dataloader`` and ``current_layout`` refer to the batch the user is holding now.
     """
 
-    def __init__(self, accumulation_steps: int = 1) -> None:
+    def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
+        """``gradient_accumulation_plugin``: HF's ``GradientAccumulationPlugin``, or the number of steps (ours)."""
+        accumulation_steps = getattr(gradient_accumulation_plugin, "num_steps", gradient_accumulation_plugin)
+        accumulation_steps = 1 if accumulation_steps is None else accumulation_steps
         if accumulation_steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be >= 1, got {accumulation_steps}")
         self.accumulation_steps = accumulation_steps
@@ -27,6 +30,26 @@ class GradientState:
     @property
     def active_loader(self) -> Optional[Any]:
         return self.active_loaders[-1] if self.active_loaders else None
+
+    # HF's names
+    active_dataloader = active_loader
+
+    @property
+    def in_dataloader(self) -> bool:
+        return self.active_loader is not None
+
+    @property
+    def num_steps(self) -> int:
+        return self.accumulation_steps
+
+    @property
+    def dataloader_references(self) -> List[Any]:
+        return [None, *self.active_loaders]
+
+    @staticmethod
+    def _reset_state() -> None:
+        """HF's GradientState is one per process, so its tests reset it before a second Accelerator; ours is one per
+        Accelerator (a new Accelerator starts clean): nothing to reset."""
 
     @property
     def end_of_dataloader(self) -> bool:

@@ -124,10 +124,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """True when the last ``step()`` did not update the weights (fp16 overflow)."""
         return self._step_was_skipped
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear gradients, except on accumulation steps (they are still being summed)."""
+    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
+        """Clear gradients, except on accumulation steps (they are still being summed); ``set_to_none=None``: the
+        optimizer's own default (torch's: True)."""
         if self.gradient_state.sync_gradients:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+            self.optimizer.zero_grad(**({} if set_to_none is None else {"set_to_none": set_to_none}))
 
     def unscale_gradients(self) -> None:
         """Divide fp16-scaled gradients by the loss scale, once per step (before clipping them)."""
@@ -148,6 +149,21 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         callback, self.after_first_step = self.after_first_step, None
         if callback is not None:
             callback()
+
+    def train(self) -> None:
+        """Put the wrapped optimizer in "train" mode (schedule-free optimizers have one; others: nothing)."""
+        self._call_mode("train")
+
+    def eval(self) -> None:
+        """Put the wrapped optimizer in "eval" mode (schedule-free optimizers have one; others: nothing)."""
+        self._call_mode("eval")
+
+    def _call_mode(self, mode: str) -> None:
+        inner = self.optimizer
+        for candidate in (inner, getattr(inner, "optimizer", None)):  # DeepSpeed's wraps the user's one more time
+            if callable(getattr(candidate, mode, None)):
+                getattr(candidate, mode)()
+                return
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
         """Update the weights, unless this is an accumulation step or fp16 gradients overflowed."""

@@ -15,7 +15,7 @@ import builtins
 import contextlib
 import functools
 import os
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Dict, Iterator, Optional, TypeVar
 
 import torch
 
@@ -26,23 +26,18 @@ __all__ = ["PartialState", "AcceleratorState", "split_between_processes", "remem
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The state the last Accelerator (or PartialState) of this process resolved, with that process's id: a rank forked
-# from a kernel that made an Accelerator must not take the kernel's one-process state for its own.
-_shared: Optional[ProcessState] = None
-_shared_pid = -1
 
 
 def remember_state(state: ProcessState) -> None:
-    """Make ``state`` the one later ``PartialState()`` calls return (the Accelerator calls this)."""
-    global _shared, _shared_pid
-    _shared, _shared_pid = state, os.getpid()
+    """Make ``state`` the one later ``PartialState()`` calls share (the Accelerator calls this)."""
+    PartialState._adopt(state)
 
 
 def _do_nothing(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def split_between_processes(state: ProcessState, inputs: Any, apply_padding: bool = False) -> Any:
+def split_between_processes(state: Any, inputs: Any, apply_padding: bool = False) -> Any:
     """This rank's contiguous share of ``inputs`` (a list, tuple, tensor, or dict of them), as HF accelerate cuts it:
     the first ``len % world`` ranks get one more; ``apply_padding`` repeats the last element so every rank has as many.
     """
@@ -90,60 +85,66 @@ class PartialState:
         state.wait_for_everyone()
     """
 
+    # HF's design (a "Borg"): every instance shares one __dict__, so ``state.debug = True`` or
+    # ``state.distributed_type = ...`` on one is seen by all. A new dict (never a cleared one) replaces it when the
+    # state is re-resolved, so objects that hold the old one (an earlier Accelerator) keep working.
+    _shared_state: Dict[str, Any] = {}
+
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
-        if _shared is None or _shared_pid != os.getpid() or cpu or kwargs:
-            remember_state(resolve_process_state(cpu=cpu, init_kwargs=kwargs or None))
-        assert _shared is not None
-        self.state: ProcessState = _shared
+        if PartialState._shared_state.get("_pid") != os.getpid() or cpu or kwargs:
+            PartialState._adopt(resolve_process_state(cpu=cpu, init_kwargs=kwargs or None))
+        self.__dict__ = PartialState._shared_state
+
+    @staticmethod
+    def _adopt(process: ProcessState) -> Dict[str, Any]:
+        """Share ``process`` (a resolved :class:`~.state.ProcessState`) from now on; returns the new shared dict."""
+        PartialState._shared_state = _fields_of(process)
+        return PartialState._shared_state
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget the shared state (HF's tests and notebooks call it before building a second Accelerator): the
+        next ``PartialState()`` reads the launch again. As HF's, the instances made before are emptied (reading
+        them raises :meth:`__getattr__`'s message). The process group stays: it is made once per process."""
+        PartialState._shared_state.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for a name the (shared) instance dict lacks: after _reset_state, say so as HF does
+        if name in _FIELDS:
+            raise AttributeError(f"`{type(self).__name__}` object has no attribute `{name}`. This happens if "
+                                 f"`{type(self).__name__}._reset_state()` was called and an `Accelerator` or "
+                                 "`PartialState` was not reinitialized.")  # fmt: skip
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     # -------------------------------------------------------------------------------------------- where am I
     @property
-    def initialized(self) -> bool:
-        return True
+    def state(self) -> ProcessState:
+        """The resolved :class:`~.state.ProcessState` (ours; HF has no such attribute)."""
+        return self._process
 
     @property
-    def device(self) -> torch.device:
-        return self.state.device
+    def initialized(self) -> bool:
+        return "_process" in self.__dict__
 
     @property
     def default_device(self) -> torch.device:
-        return self.state.device
-
-    @property
-    def process_index(self) -> int:
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_process_index
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.num_processes
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        return self.state.distributed_type
-
-    @property
-    def backend(self) -> Optional[str]:
-        return self.state.backend
+        return self.device
 
     @property
     def use_distributed(self) -> bool:
-        return self.state.use_distributed
+        return self.num_processes > 1
 
     @property
     def is_main_process(self) -> bool:
-        return self.state.is_main_process
+        return self.process_index == 0
 
     @property
     def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
+        return self.local_process_index == 0
 
     @property
     def is_last_process(self) -> bool:
-        return self.state.process_index == self.state.num_processes - 1
+        return self.process_index == self.num_processes - 1
 
     def set_device(self) -> None:
         """The device is set when the state is resolved (``torch.cuda.set_device``): nothing left to do."""
@@ -165,7 +166,7 @@ class PartialState:
             with PartialState().split_between_processes(["A", "B", "C"]) as mine:
                 print(mine)        # rank 0 of 2: ['A', 'B'], rank 1: ['C']
         """
-        yield split_between_processes(self.state, inputs, apply_padding=apply_padding)
+        yield split_between_processes(self, inputs, apply_padding=apply_padding)
 
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
@@ -187,11 +188,15 @@ class PartialState:
             if leads:
                 self.wait_for_everyone()
 
-    def on_main_process(self, function: F) -> F:
+    def on_main_process(self, function: Optional[F] = None) -> Any:
         """``function`` runs on the main process; elsewhere the call does nothing and returns None."""
+        if function is None:
+            return self.on_main_process
         return self._only_if(self.is_main_process, function)
 
-    def on_local_main_process(self, function: F) -> F:
+    def on_local_main_process(self, function: Optional[F] = None) -> Any:
+        if function is None:
+            return self.on_local_main_process
         return self._only_if(self.is_local_main_process, function)
 
     def on_last_process(self, function: F) -> F:
@@ -222,15 +227,77 @@ class PartialState:
                 f"Device: {self.device}\n")
 
 
+# the attributes every state has once resolved (a read of one after _reset_state gets HF's message)
+_FIELDS = frozenset({"_process", "process_index", "local_process_index", "num_processes", "local_num_processes",
+                     "device", "distributed_type", "backend", "debug", "fork_launched", "_mixed_precision",
+                     "deepspeed_plugin", "fsdp_plugin", "dynamo_plugin"})  # fmt: skip
+
+
+def _fields_of(process: ProcessState) -> Dict[str, Any]:
+    """The shared dict of a state: the resolved process's fields as plain (assignable) attributes, and HF's
+    ``debug`` (``ACCELERATE_DEBUG_MODE``: collectives first check that the ranks' shapes agree)."""
+    return {"_process": process, "_pid": os.getpid(), "process_index": process.process_index,
+            "local_process_index": process.local_process_index, "num_processes": process.num_processes,
+            "local_num_processes": process.local_num_processes, "device": process.device,
+            "distributed_type": process.distributed_type, "backend": process.backend,
+            "debug": os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes", "on"),
+            "fork_launched": False}  # fmt: skip
+
+
 class AcceleratorState(PartialState):
-    """:class:`PartialState` plus the precision (``mixed_precision``), as HF's ``AcceleratorState`` gives it."""
+    """:class:`PartialState` plus what the Accelerator chose: ``mixed_precision``, ``deepspeed_plugin``,
+    ``fsdp_plugin``, ``dynamo_plugin`` (HF's ``AcceleratorState``). ``Accelerator().state`` is one; a later
+    ``AcceleratorState()`` in the same process shares it, until :meth:`_reset_state`."""
 
-    def __init__(self, mixed_precision: Optional[str] = None, cpu: bool = False, **kwargs: Any) -> None:
-        super().__init__(cpu=cpu, **{key: value for key, value in kwargs.items() if not key.endswith("_plugin")})
-        from .precision import resolve_mixed_precision
+    _shared_state: Dict[str, Any] = {}
 
-        self._mixed_precision = resolve_mixed_precision(mixed_precision)
+    def __init__(self, mixed_precision: Optional[str] = None, cpu: bool = False, dynamo_plugin: Any = None,
+                 deepspeed_plugin: Any = None, fsdp_plugin: Any = None, torch_tp_plugin: Any = None,
+                 megatron_lm_plugin: Any = None, parallelism_config: Any = None, _from_accelerator: bool = False,
+                 **kwargs: Any) -> None:  # fmt: skip
+        from .absent import ABSENT_PARAMETERS, refuse_name
+
+        for name, given in (("torch_tp_plugin", torch_tp_plugin), ("megatron_lm_plugin", megatron_lm_plugin),
+                            ("parallelism_config", parallelism_config)):  # fmt: skip
+            if given is not None:
+                refuse_name(f"AcceleratorState({name}=...)", ABSENT_PARAMETERS[name])
+        shared = AcceleratorState._shared_state
+        fresh = (shared.get("_pid") != os.getpid() or cpu or kwargs or mixed_precision is not None
+                 or _from_accelerator or any(plugin is not None for plugin in (dynamo_plugin, deepspeed_plugin,
+                                                                              fsdp_plugin)))  # fmt: skip
+        if fresh:
+            from .precision import resolve_mixed_precision
+
+            partial = PartialState(cpu=cpu, **kwargs)
+            shared = AcceleratorState._shared_state = dict(partial.__dict__)
+            shared.update(_mixed_precision=resolve_mixed_precision(mixed_precision), dynamo_plugin=dynamo_plugin,
+                          deepspeed_plugin=deepspeed_plugin, fsdp_plugin=fsdp_plugin, megatron_lm_plugin=None,
+                          torch_tp_plugin=None, parallelism_config=None, deepspeed_plugins=None)  # fmt: skip
+        self.__dict__ = shared
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        """Forget the shared state (and with ``reset_partial_state`` PartialState's too), as HF's does: the
+        Accelerator that held it must not be used any more (a new ``Accelerator()`` makes a new state)."""
+        AcceleratorState._shared_state.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
 
     @property
     def mixed_precision(self) -> str:
         return self._mixed_precision
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return self.fsdp_plugin is not None
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """HF's lookup among several named DeepSpeed plugins: refused (one plugin here: ``deepspeed_plugin``)."""
+        from .absent import ABSENT_PARAMETERS, refuse_name
+
+        refuse_name("AcceleratorState.get_deepspeed_plugin(name)", ABSENT_PARAMETERS["deepspeed_plugins"])
+
+    def select_deepspeed_plugin(self, name: Optional[str] = None) -> None:
+        from .absent import ABSENT_PARAMETERS, refuse_name
+
+        refuse_name("AcceleratorState.select_deepspeed_plugin", ABSENT_PARAMETERS["deepspeed_plugins"])

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, TypeVar
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import IterableDataset
 
 from . import operations
 from .fsdp import is_sharded
@@ -34,9 +35,7 @@ class ProcessControl:
     _flag_tensor: Optional[torch.Tensor] = None
 
     def _partial_state(self) -> PartialState:
-        partial = PartialState.__new__(PartialState)
-        partial.state = self.state
-        return partial
+        return self.state  # an AcceleratorState: a PartialState
 
     @property
     def is_last_process(self) -> bool:
@@ -58,7 +57,7 @@ class ProcessControl:
         with self._partial_state().split_between_processes(inputs, apply_padding=apply_padding) as mine:
             yield mine
 
-    def on_main_process(self, function: F) -> F:
+    def on_main_process(self, function: Optional[F] = None) -> Any:
         """Decorator: ``function`` runs on the main process only (elsewhere the call returns None).
 
         Example::
@@ -68,7 +67,7 @@ class ProcessControl:
         """
         return self._partial_state().on_main_process(function)
 
-    def on_local_main_process(self, function: F) -> F:
+    def on_local_main_process(self, function: Optional[F] = None) -> Any:
         """Decorator: ``function`` runs on the first rank of each node only."""
         return self._partial_state().on_local_main_process(function)
 
@@ -122,6 +121,30 @@ class ProcessControl:
             yield
 
     @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """The backward inside the block all-reduces the gradients even after forwards run under :meth:`no_sync`
+        (HF's: several forwards, one synced backward). Models that are not DDP-wrapped: a plain block.
+
+        Example::
+
+            with accelerator.no_sync(model):
+                loss_a = loss_fn(model(input_a)); loss_b = loss_fn(model(input_b))
+            accelerator.backward(loss_a)                      # local only
+            with accelerator.trigger_sync_in_backward(model):
+                accelerator.backward(loss_b)                  # all-reduces the sum of both
+        """
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        saved = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])  # DDP's reducer expects this backward (torch's own no_sync exit)
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+
+    @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: Sequence[Any], even_batches: Optional[bool] = None) -> Iterator[None]:
         """Let ranks run different numbers of steps: torch's ``Join`` shadows the collectives of the ranks that ran
         out of batches (DDP models, ``ZeroRedundancyOptimizer``...). ``even_batches=False`` makes the prepared loaders
@@ -140,8 +163,18 @@ class ProcessControl:
                               "here do not use; it has no effect", stacklevel=3)  # fmt: skip
             yield
             return
+        if self.state.distributed_type not in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+            warnings.warn(f"Joining uneven inputs is only supported for multi-GPU (and, here, multi-CPU) DDP training, "
+                          f"not {self.state.distributed_type.value}: join_uneven_inputs has no effect",
+                          stacklevel=3)  # fmt: skip
+            yield
+            return
         from torch.distributed.algorithms.join import Join
 
+        if even_batches is not None and any(isinstance(getattr(loader, "dataset", None), IterableDataset)
+                                            for loader in self._data_loaders):  # fmt: skip
+            warnings.warn("Overriding even_batches is only supported for map-style datasets, yet some dataloaders "
+                          "given were iterable: their ends are not changed", stacklevel=3)  # fmt: skip
         shards = [shard for loader in self._data_loaders for shard in (loader.batch_sampler, loader.sampler)
                   if isinstance(shard, BatchSamplerShard)]  # fmt: skip
         before = [shard.even_batches for shard in shards]

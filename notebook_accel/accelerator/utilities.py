@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 
-def gather_object(obj: Any) -> List[Any]:
+def gather_object(object: Any) -> List[Any]:  # noqa: A002 - HF's parameter name
     """Every rank's list (or tuple) of picklable objects, concatenated in rank order (HF's ``gather_object``: each
     rank passes a list). One process: ``obj`` itself.
 
@@ -39,8 +39,8 @@ def gather_object(obj: Any) -> List[Any]:
         answers = gather_object(answers)            # every prompt's answer, in the prompts' order
     """
     if operations.world_size() == 1:
-        return obj
-    return [item for contribution in operations.gather_object(obj) for item in contribution]
+        return object
+    return [item for contribution in operations.gather_object(object) for item in contribution]
 
 
 def broadcast_object_list(object_list: List[Any], from_process: int = 0) -> List[Any]:
@@ -155,8 +155,9 @@ def find_executable_batch_size(function: Optional[Callable[..., Any]] = None, st
 
 
 def extract_model_from_parallel(model: torch.nn.Module, keep_fp32_wrapper: bool = True,
-                                keep_torch_compile: bool = True) -> torch.nn.Module:
-    """The module inside DDP / ``torch.compile`` / DeepSpeed wrappers (see ``Accelerator.unwrap_model``)."""
+                                keep_torch_compile: bool = True, recursive: bool = False) -> torch.nn.Module:
+    """The module inside DDP / ``torch.compile`` / DeepSpeed wrappers (see ``Accelerator.unwrap_model``);
+    ``recursive=True`` also unwraps the submodules that are themselves wrapped (in place)."""
     from torch.nn.parallel import DistributedDataParallel
 
     from .precision import remove_autocast_from_forward
@@ -169,6 +170,11 @@ def extract_model_from_parallel(model: torch.nn.Module, keep_fp32_wrapper: bool 
             model = model._orig_mod
         else:
             break
+    if recursive:
+        for name, child in list(model.named_children()):
+            unwrapped = extract_model_from_parallel(child, keep_fp32_wrapper, keep_torch_compile, recursive=True)
+            if unwrapped is not child:
+                setattr(model, name, unwrapped)
     if not keep_fp32_wrapper:
         remove_autocast_from_forward(model)
     return model

@@ -55,14 +55,24 @@ class DeepSpeedPlugin:
         offload_param_device: "none", "cpu" or "nvme" (ZeRO-3 only).
     """
 
+    # HF's fields, in HF's order (positional use lands on the same field)
     hf_ds_config: Union[Dict[str, Any], str, None] = None
-    zero_stage: Optional[int] = None
     gradient_accumulation_steps: Optional[int] = None
     gradient_clipping: Optional[float] = None
+    zero_stage: Optional[int] = None
+    is_train_batch_min: bool = True
     offload_optimizer_device: Optional[str] = None
     offload_param_device: Optional[str] = None
+    offload_optimizer_nvme_path: Optional[str] = None
+    offload_param_nvme_path: Optional[str] = None
+    zero3_init_flag: Optional[bool] = None
+    zero3_save_16bit_model: Optional[bool] = None
+    transformer_moe_cls_names: Optional[str] = None
+    enable_msamp: Optional[bool] = None
+    msamp_opt_level: Optional[str] = None
 
     def __post_init__(self) -> None:
+        self._refuse_unoffered_fields()
         if isinstance(self.hf_ds_config, (str, os.PathLike)):
             with open(self.hf_ds_config) as file:
                 self.hf_ds_config = json.load(file)
@@ -88,6 +98,11 @@ class DeepSpeedPlugin:
             if section == "offload_param" and device != "none" and stage != 3:
                 raise ValueError(f"offload_param_device={device!r} needs zero_stage=3 (only ZeRO-3 partitions parameters)")
             zero[section] = {"device": device}
+            nvme_path = getattr(self, field.replace("_device", "_nvme_path"))
+            if nvme_path is not None:
+                zero[section]["nvme_path"] = nvme_path
+        if self.zero3_save_16bit_model is not None:  # HF's key for it (ours gathers a ZeRO-3 model to save it anyway)
+            zero["stage3_gather_16bit_weights_on_model_save"] = self.zero3_save_16bit_model
         if self.gradient_accumulation_steps is not None:
             config["gradient_accumulation_steps"] = self.gradient_accumulation_steps
         elif isinstance(config.get("gradient_accumulation_steps"), int):
@@ -105,6 +120,23 @@ class DeepSpeedPlugin:
     @property
     def config(self) -> Dict[str, Any]:
         return self.hf_ds_config  # type: ignore[return-value]
+
+    @property
+    def deepspeed_config(self) -> Dict[str, Any]:
+        """The filled DeepSpeed config (HF's name)."""
+        return self.hf_ds_config  # type: ignore[return-value]
+
+    def _refuse_unoffered_fields(self) -> None:
+        from .absent import ABSENT_PARAMETERS, refuse_name
+
+        if not self.is_train_batch_min:
+            refuse_name("DeepSpeedPlugin(is_train_batch_min=False)", "the train_batch_size comes from the training "
+                        "DataLoader prepared with the model; leave is_train_batch_min at True")  # fmt: skip
+        if self.transformer_moe_cls_names:
+            refuse_name("DeepSpeedPlugin(transformer_moe_cls_names=...)", "DeepSpeed's MoE leaf modules are not set "
+                        "here; use HF accelerate's Accelerator for mixture-of-experts models under ZeRO-3")  # fmt: skip
+        if self.enable_msamp or self.msamp_opt_level:
+            refuse_name("DeepSpeedPlugin(enable_msamp=...)", ABSENT_PARAMETERS["mixed_precision='fp8'"])
 
     @classmethod
     def from_environment(cls, environ: Optional[Mapping[str, str]] = None) -> Optional["DeepSpeedPlugin"]:

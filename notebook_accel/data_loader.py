@@ -1,0 +1,84 @@
+"""``accelerate.data_loader``: ``prepare_data_loader`` (HF's parameters), ``skip_first_batches`` and
+``SeedableRandomSampler``, on our sharded loader (:mod:`notebook_accel.accelerator.data_loader`)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, List, Optional, Union
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+
+from .accelerator import data_loader as _ours
+from .accelerator import operations
+from .accelerator.absent import refuse_name
+from .accelerator.data_loader import PreparedDataLoader, SkippedLoader
+from .accelerator.gradient_state import GradientState
+
+__all__ = ["DataLoaderShard", "SeedableRandomSampler", "SkipDataLoader", "prepare_data_loader", "skip_first_batches"]
+
+DataLoaderShard = PreparedDataLoader  # HF's name for a prepared loader (isinstance checks)
+SkipDataLoader = SkippedLoader
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose order depends on a seed and the epoch only (``set_epoch``): every rank that builds
+    one with the same seed draws the same permutation for the same epoch; each pass moves to the next epoch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        data_seed = kwargs.pop("data_seed", None)
+        super().__init__(*args, **kwargs)
+        self.initial_seed = data_seed if data_seed is not None else torch.random.initial_seed()
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[int]:
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed(self.initial_seed + self.epoch)
+        yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+    """One epoch of ``dataloader`` (a prepared one) without its first ``num_batches`` batches (resume mid-epoch)."""
+    return SkippedLoader(dataloader, num_batches)
+
+
+def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] = None,
+                        num_processes: Optional[int] = None, process_index: Optional[int] = None,
+                        split_batches: bool = False, put_on_device: bool = False,
+                        rng_types: Optional[List[Union[str, Any]]] = None, dispatch_batches: Optional[bool] = None,
+                        even_batches: bool = True, slice_fn_for_dispatch: Optional[Callable[..., Any]] = None,
+                        use_seedable_sampler: bool = False, data_seed: Optional[int] = None,
+                        non_blocking: bool = False, use_stateful_dataloader: bool = False,
+                        torch_device_mesh: Any = None) -> PreparedDataLoader:  # fmt: skip
+    """This rank's shard of ``dataloader`` without an Accelerator (HF's function): ``num_processes`` /
+    ``process_index`` default to the launch's, batches move to ``device`` with ``put_on_device``. The shuffling is
+    always synchronized between the ranks (``rng_types`` / ``use_seedable_sampler`` are accepted: the order comes
+    from ``data_seed``, else rank 0's torch seed)."""
+    from .accelerator.partial_state import PartialState
+
+    for name, given, why in (
+            ("dispatch_batches=True", dispatch_batches, "every rank reads its own shard (batches are never "
+                                                        "dispatched from rank 0)"),
+            ("slice_fn_for_dispatch", slice_fn_for_dispatch, "batches are never dispatched from rank 0"),
+            ("use_stateful_dataloader=True", use_stateful_dataloader, "torchdata's StatefulDataLoader is not offered; "
+                                                                      "resume mid-epoch with skip_first_batches"),
+            ("torch_device_mesh", torch_device_mesh, "device meshes (tensor/context parallelism) are not offered")):
+        if given:
+            refuse_name(f"prepare_data_loader({name})", why)
+    state = PartialState()
+    num_processes = state.num_processes if num_processes is None else num_processes
+    process_index = state.process_index if process_index is None else process_index
+    if device is None:
+        device = state.device
+    base_seed = operations.broadcast_object(torch.initial_seed()) if data_seed is None else data_seed
+    prepared = _ours.prepare_data_loader(dataloader, process_index=process_index, num_processes=num_processes,
+                                         device=device if put_on_device else None, gradient_state=GradientState(),
+                                         base_seed=base_seed, split_batches=split_batches)  # fmt: skip
+    for shard in (prepared.batch_sampler, prepared.sampler):
+        if hasattr(shard, "even_batches"):
+            shard.even_batches = even_batches
+    prepared.non_blocking = non_blocking
+    return prepared
