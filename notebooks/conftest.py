@@ -42,3 +42,37 @@ def pytest_runtest_teardown(item, nextitem):
                 os.environ[name] = value
         _saved.clear()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+# --------------------------------------------------------------- what the ranks print in big_models.ipynb
+
+BIG_MODELS = "big_models.ipynb"
+
+
+def _is_fsdp2_showcase(item) -> bool:
+    """big_models.ipynb's FSDP2 cell: the one that builds the plugin and launches."""
+    source = getattr(getattr(item, "cell", None), "source", "")
+    return (os.path.basename(str(item.fspath)) == BIG_MODELS and "FullyShardedDataParallelPlugin(" in source
+            and "notebook_launcher(" in source)
+
+
+def fsdp2_showcase_problem(printed: str):
+    """What is wrong with what the FSDP2 cell printed (None when nothing): the ranks' lines must reach the cell, and
+    nothing else (no warning of torch's or ours)."""
+    if "FSDP2 over 2 ranks: this rank holds" not in printed:
+        return f"the ranks' 'FSDP2 over 2 ranks: this rank holds' lines are not in the cell's output:\n{printed}"
+    if "Warning" in printed:
+        return f"the FSDP2 cell printed a warning:\n{printed}"
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """nbval's own run of big_models.ipynb is the one run of it: after its FSDP2 cell ran, what the ranks printed
+    there is checked (before, tests/test_fsdp.py ran the notebook a second time, up to that cell, for this)."""
+    result = yield
+    if _is_fsdp2_showcase(item):
+        printed = "".join(output.get("text", "") for output in item.test_outputs or [])
+        problem = fsdp2_showcase_problem(printed)
+        assert problem is None, problem
+    return result

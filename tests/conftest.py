@@ -16,6 +16,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import tiers  # noqa: E402  (tests/ is on the path now)
+from shared_clusters import fake_ray, real_hosts_pair, slurm, xdist_group  # noqa: E402,F401  (session fixtures)
 
 # On a machine with CUDA, torch.cuda.is_available() initializes the CUDA driver in pytest's process (through
 # cudaGetDeviceCount), and from then on the launcher rightly refuses start_method="fork" in every later test. Asked
@@ -161,9 +162,12 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """Each test gets its file's tier as a marker (tests/tiers.py); a file without one is an error. The files that
-    make this process a Ray driver go last (``tiers.RAY_DRIVER_FILES``)."""
+    make this process a Ray driver go last (``tiers.RAY_DRIVER_FILES``). Each test also gets its file's xdist group
+    (``shared_clusters.xdist_group``): under ``--dist loadgroup`` a file's tests run in one worker, as under
+    ``loadfile``, and the files sharing a session's cluster all run in one (which makes it once)."""
     items.sort(key=lambda item: item.path.name in tiers.RAY_DRIVER_FILES)  # stable: the rest keep their order
     unmapped = set()
     for item in items:
@@ -172,6 +176,7 @@ def pytest_collection_modifyitems(config, items):
             unmapped.add(item.path.name)
         else:
             item.add_marker(tier)
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item.path.name)))
     if unmapped:
         raise pytest.UsageError(f"test files without a tier in tests/tiers.py: {sorted(unmapped)}")
 

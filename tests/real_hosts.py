@@ -145,6 +145,18 @@ class RealHosts:
             self._started.remove(process)
         return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
+    def stop(self, processes: Sequence[subprocess.Popen], since: Sequence[int]) -> None:
+        """End ``processes`` (started here) before the hosts end, and every process of the namespaces that was not
+        there at ``since`` (``pids()`` taken before they started: what they started and left their groups, as Ray's
+        nodes do), so that hosts a run shares hold only what their next user starts; an ``AssertionError`` if one
+        outlived that."""
+        for process in processes:
+            _end_group(process, grace=10.0)
+            self._started.remove(process)
+            KEPT_TREES.discard(process.pid)
+        stubborn = self._kill_namespace_processes(spare=set(since))
+        assert not stubborn, f"processes of the real hosts outlived their stop: {stubborn}"
+
     def pids(self) -> List[int]:
         """Every process in the hosts' namespaces now."""
         found: List[int] = []
@@ -174,9 +186,10 @@ class RealHosts:
             self._lock = None
         assert not stubborn, f"processes of the real hosts outlived their end: {stubborn}"
 
-    def _kill_namespace_processes(self) -> List[str]:
-        """SIGKILL whatever still runs in the namespaces (a daemon that left its process group); what survives."""
-        pids = [pid for pid in self.pids() if pid != os.getpid()]   # (this process never enters a namespace)
+    def _kill_namespace_processes(self, spare: frozenset = frozenset()) -> List[str]:
+        """SIGKILL whatever still runs in the namespaces (a daemon that left its process group), but ``spare``;
+        what survives."""
+        pids = [pid for pid in self.pids() if pid != os.getpid() and pid not in spare]   # (this one never enters one)
         processes = []
         for pid in pids:
             try:

@@ -453,3 +453,25 @@ def test_loss_scaling_path_with_a_cpu_grad_scaler():
     assert optimizer.step_was_skipped and accelerator.optimizer_step_was_skipped
     assert torch.equal(model.weight, weights) and scheduler.get_last_lr() == [0.05]
     assert accelerator.scaler.get_scale() == 2.0**9  # backed off
+
+
+# ------------------------------------------------------------------- split_between_processes, padded tensors
+
+def test_split_between_processes_pads_a_tensors_short_shares_with_its_last_row():
+    """HF accelerate's cut of 5 rows over 2 ranks: 3 and 2; ``apply_padding`` gives rank 1 the last row again (and a
+    dict's tensors alike), with the rows' shape kept."""
+    from notebook_accel.accelerator.partial_state import split_between_processes
+    from notebook_accel.accelerator.state import DistributedType, ProcessState
+
+    rows = torch.arange(10.0).reshape(5, 2)
+
+    def share(rank: int, inputs: Any, apply_padding: bool) -> Any:
+        state = ProcessState(process_index=rank, local_process_index=rank, num_processes=2, local_num_processes=2,
+                             device=torch.device("cpu"), distributed_type=DistributedType.MULTI_CPU, backend="gloo")
+        return split_between_processes(state, inputs, apply_padding=apply_padding)
+
+    assert share(0, rows, True).tolist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    assert share(1, rows, False).tolist() == [[6.0, 7.0], [8.0, 9.0]]
+    assert share(1, rows, True).tolist() == [[6.0, 7.0], [8.0, 9.0], [8.0, 9.0]]
+    padded = share(1, {"x": rows, "y": rows[:, 0]}, True)
+    assert padded["x"].shape == (3, 2) and padded["y"].tolist() == [6.0, 8.0, 8.0]

@@ -1,7 +1,8 @@
 """``cluster="ray"`` from a kernel that reaches the cluster only through Ray Client (``ray.init("ray://HEAD:10001")``),
 as a notebook outside a KubeRay or lab cluster's network does.
 
-The fake two-node cluster's head runs Ray's client server; the kernel is a script in a fresh process (a Ray Client
+The fake two-node cluster (the run's one, shared with test_ray_cluster.py: ``shared_clusters.fake_ray``) has its
+head run Ray's client server; the kernel is a script in a fresh process (a Ray Client
 driver cannot share a process with the cluster's own driver connection), which launches, fails, times out and keeps a
 warm session through ``ray://``. Ray Client refuses some of Ray's options (``.options(concurrency_group=...)`` on an
 actor method was one: every launch failed before it began), and every event of the dashboard crosses its proxy. The
@@ -11,14 +12,13 @@ from __future__ import annotations
 
 import glob
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from ray_cluster import FakeCluster, leftovers
+from ray_cluster import leftovers
 from scripts import script_env
 
 pytestmark = pytest.mark.timeout(400)
@@ -99,16 +99,11 @@ def client_server_logs(cluster) -> str:
     return "\n".join(tails)
 
 
-@pytest.fixture(scope="module")
-def client_cluster():
-    with socket.socket() as probe:  # a port free now, for the head's Ray Client server
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    started = FakeCluster([{"num_cpus": 2, "ray_client_server_port": port}, {"num_cpus": 2}])
-    try:
-        yield started, f"ray://127.0.0.1:{port}"
-    finally:
-        started.shutdown()
+@pytest.fixture
+def client_cluster(fake_ray):
+    """The run's one fake Ray cluster (``shared_clusters.fake_ray``, shared with test_ray_cluster.py) and its head's
+    Ray Client address."""
+    return fake_ray, fake_ray.client_address
 
 
 def test_a_kernel_on_ray_client_launches_fails_times_out_and_keeps_a_session_leaving_nothing(client_cluster):

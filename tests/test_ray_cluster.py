@@ -1,5 +1,6 @@
-"""Ranks on a Ray cluster (``cluster="ray"``), on a fake multi-node cluster: one ``ray.cluster_utils.Cluster`` for the
-module (a head and a second node, two CPUs each; the head also offers 2 "slot"s), shut down by the fixture.
+"""Ranks on a Ray cluster (``cluster="ray"``), on a fake multi-node cluster: the run's one ``ray.cluster_utils.Cluster``
+(``shared_clusters.fake_ray``: a head and a second node, two CPUs each; the head also offers 2 "slot"s and runs Ray
+Client's server), shared with test_ray_client.py and shut down at the run's end.
 
 Each test checks what it promises and that nothing of it is left on the cluster: no rank actor's process, no
 placement group (``ray_cluster.leftovers``). Functions run on ranks are defined as a notebook cell defines them
@@ -23,20 +24,17 @@ from notebook_accel import Session, notebook_launcher, start_launch
 from notebook_accel.errors import LaunchConfigError, LaunchError, LaunchTimeout
 from notebook_accel.wire.events import AttemptStarted, OutputLine, RankStarted, ResourceSample
 import pdb_dialogue
-from ray_cluster import FakeCluster, leftovers
+from ray_cluster import leftovers
 from scripts import Recorder, script_env
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(900)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    started = FakeCluster([{"num_cpus": 2, "resources": {"slot": 2}}, {"num_cpus": 2}])
-    try:
-        yield started
-    finally:
-        started.shutdown()
+@pytest.fixture
+def cluster(fake_ray):
+    """The run's one fake Ray cluster (``shared_clusters.fake_ray``), shared with test_ray_client.py."""
+    return fake_ray
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ node, a c10d rendezvous store no node hosts.
   the head host, or outside the hosts through Ray Client (``ray://``, the bridge's own address).
 - torch elastic: one node's launch per host (``num_nodes=2``), with a c10d and with a static rendezvous.
 
-Every process of the hosts ends with the module (``RealHosts.close`` fails if one outlives it); each script checks
+The hosts are the run's (``shared_clusters.real_hosts_pair``, the Slurm tests' too); the Ray nodes end with the
+module (``RealHosts.stop`` fails if one outlives it); each script checks
 that its launches left no placement group on the cluster. Needs root (skipped otherwise).
 """
 from __future__ import annotations
@@ -47,10 +48,13 @@ RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 
 
 @pytest.fixture(scope="module")
-def ray_hosts():
-    """Two hosts, each a Ray node (``ray start --block``): the head at host 0 with Ray Client's server."""
+def ray_hosts(real_hosts_pair):
+    """The run's two hosts (``shared_clusters.real_hosts_pair``), each a Ray node (``ray start --block``) for the
+    module: the head at host 0 with Ray Client's server. Stopped at the module's end, every Ray process with them (the
+    Slurm tests use the same hosts next)."""
     temp = tempfile.mkdtemp(prefix="na-rh-", dir="/tmp")   # short: Ray's Unix socket paths are limited
-    hosts = RealHosts(2)
+    hosts = real_hosts_pair
+    before, nodes = hosts.pids(), []
     try:
         head = hosts.address(0)
         common = ["--num-cpus=2", "--disable-usage-stats", "--block"]
@@ -60,14 +64,15 @@ def ray_hosts():
             node_temp = os.path.join(temp, f"h{host}")
             os.makedirs(node_temp)
             with open(os.path.join(node_temp, "ray-start.log"), "w") as log:  # shown when the node does not join
-                hosts.start(host, [RAY, "start", f"--node-ip-address={hosts.address(host)}", *args, *common],
-                            env=ray_env(node_temp), keep=True, stdout=log, stderr=subprocess.STDOUT)
+                nodes.append(hosts.start(host, [RAY, "start", f"--node-ip-address={hosts.address(host)}", *args,
+                                                *common], env=ray_env(node_temp), keep=True, stdout=log,
+                                         stderr=subprocess.STDOUT))
             if host == 0:  # the second node joins a head that is up (else: "No node info found for head node")
                 wait_for_line(os.path.join(node_temp, "ray-start.log"), "Ray runtime started", 180)
         yield hosts, temp
     finally:
         try:
-            hosts.close()
+            hosts.stop(nodes, since=before)
         finally:
             shutil.rmtree(temp, ignore_errors=True)
 
@@ -238,10 +243,10 @@ print("RESULT", *result, flush=True)
 """
 
 
-@pytest.fixture(scope="module")
-def node_hosts():
-    with RealHosts(2) as hosts:
-        yield hosts
+@pytest.fixture
+def node_hosts(real_hosts_pair):
+    """The run's two hosts (``shared_clusters.real_hosts_pair``); each node's launch ends within its test."""
+    return real_hosts_pair
 
 
 @pytest.mark.parametrize("backend", ["c10d", "static"])

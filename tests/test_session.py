@@ -122,6 +122,8 @@ def test_state_lives_on_the_ranks_across_runs_and_cells(start_method, capsys):
         session.push(scale=2.5)
         session.execute("scaled = total * scale\nscaled")
         assert session.pull("scaled") == [25.0, 27.5]
+        session.push(scale=4.0)  # a name the ranks hold already is replaced (a stale value would pull as 2.5)
+        assert session.pull("scale") == [4.0, 4.0]
         out = capsys.readouterr().out
         assert "[rank 0] 25.0" in out and "[rank 1] 27.5" in out  # the cell's last value, labelled by rank
 

@@ -8,7 +8,6 @@ import psutil
 import pytest
 
 import slurm_cluster
-from real_hosts import RealHosts
 from slurm_cluster import SlurmCluster
 from waiting import wait_until
 
@@ -16,10 +15,10 @@ pytestmark = pytest.mark.skipif(slurm_cluster.unavailable() is not None,
                                 reason=slurm_cluster.unavailable() or "")
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with RealHosts(2) as hosts, SlurmCluster(hosts) as made:
-        yield made
+@pytest.fixture
+def cluster(slurm):
+    """The run's one Slurm cluster (``shared_clusters.slurm``)."""
+    return slurm
 
 
 def test_srun_places_tasks_on_both_nodes_from_the_login_node(cluster):
@@ -49,7 +48,7 @@ def test_sbatch_runs_a_job(cluster, tmp_path):
 
 def test_closing_ends_every_daemon_and_step_even_after_a_failure(cluster):
     """A test that fails inside a cluster: every daemon, the running job's slurmstepd and its task are gone after the
-    ``with``, and the cluster's directory removed. (A second cluster on the module's hosts: ``RealHosts`` itself, the
+    ``with``, and the cluster's directory removed. (A second cluster on the run's hosts: ``RealHosts`` itself, the
     namespaces' end, is the hosts harness's own to test.)"""
     hosts = cluster.hosts
     before = set(hosts.pids())

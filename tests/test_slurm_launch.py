@@ -15,9 +15,7 @@ import pytest
 
 import slurm_cluster
 import test_backend_contract
-from real_hosts import RealHosts
 from scripts import script_env
-from slurm_cluster import SlurmCluster
 
 pytestmark = [pytest.mark.skipif(slurm_cluster.unavailable() is not None, reason=slurm_cluster.unavailable() or ""),
               pytest.mark.timeout(600)]   # the first test runs the kernel script: three launches, on 2 loaded cores
@@ -81,9 +79,9 @@ KERNEL = textwrap.dedent('''
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with RealHosts(2) as hosts, SlurmCluster(hosts) as made:
-        yield made
+def cluster(slurm):
+    """The run's one Slurm cluster (``shared_clusters.slurm``)."""
+    return slurm
 
 
 @pytest.fixture(scope="module")

@@ -16,18 +16,16 @@ import pytest
 
 import pdb_dialogue
 import slurm_cluster
-from real_hosts import RealHosts
 from scripts import script_env
-from slurm_cluster import SlurmCluster
 
 pytestmark = [pytest.mark.skipif(slurm_cluster.unavailable() is not None, reason=slurm_cluster.unavailable() or ""),
               pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with RealHosts(2) as hosts, SlurmCluster(hosts, gpus=2) as made:   # stand-in GPUs: Slurm's binding, no CUDA
-        yield made
+@pytest.fixture
+def cluster(slurm):
+    """The run's one Slurm cluster (``shared_clusters.slurm``: two stand-in GPUs per node, Slurm's binding, no CUDA)."""
+    return slurm
 
 
 OWN_JOB = textwrap.dedent('''

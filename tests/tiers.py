@@ -3,7 +3,8 @@
 is not in this table, so a new file cannot be left out of its tier.
 
   unit     in pytest's own process: no rank, no kernel, no browser (a few seconds of subprocesses at most)
-  ranks    real rank processes (launches, sessions, scripts, nodes), gloo on CPU
+  ranks    real rank processes on this machine (launches, sessions, scripts, nodes), gloo on CPU
+  cluster  ranks on a cluster: Ray (a fake cluster, a local Ray, Ray nodes on real hosts) and Slurm on real hosts
   kernel   real Jupyter kernels (nbclient, the notebooks under nbval, the installed wheel)
   browser  JupyterLab driven in headless Chromium
   xla      the real torch_xla 2.9 CPU client, in a venv of its own (scripts/test_xla_cpu.sh; not in ``pytest -q``)
@@ -13,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Dict, Optional
 
-TIERS = ("unit", "ranks", "kernel", "browser", "xla")
+TIERS = ("unit", "ranks", "cluster", "kernel", "browser", "xla")
 
 # Files whose tests make pytest's own process a Ray driver (a fake cluster's ``ray.init``). Ray's threads stay in
 # the process after ``ray.shutdown()``, and a fork launch is then refused ("Ray's threads run in this process"): a
@@ -58,14 +59,7 @@ FILES: Dict[str, str] = {
     "test_promises_config.py": "ranks",
     "test_promises_nodes.py": "ranks",
     "test_promises_stop.py": "ranks",
-    "test_ray_cluster.py": "ranks",      # Ray actors on a fake two-node ray.cluster_utils.Cluster
     "test_ray_options.py": "ranks",
-    "test_real_hosts.py": "ranks",       # network namespaces on a bridge: Ray nodes and torch-elastic nodes per host
-    "test_slurm_cluster.py": "ranks",    # a real Slurm cluster: slurmctld here, a slurmd per network namespace
-    "test_slurm_launch.py": "ranks",     # cluster="slurm" on that cluster: a step of the kernel's allocation
-    "test_slurm_session.py": "ranks",    # a Session in a job of its own; pdb in a rank on another node
-    "test_ray_local.py": "ranks",        # a script whose launch starts a local Ray (no ray.init() of its own)
-    "test_ray_client.py": "ranks",       # a script reaching the fake cluster only through ray:// (Ray Client)
     "test_rank_imports.py": "ranks",
     "test_session.py": "ranks",
     "test_session_xla.py": "ranks",
@@ -74,6 +68,14 @@ FILES: Dict[str, str] = {
     "test_torchrun_ranks.py": "ranks",
     "test_xla_detection.py": "ranks",
     "test_xla_launch.py": "ranks",
+
+    "test_ray_cluster.py": "cluster",      # Ray actors on a fake two-node ray.cluster_utils.Cluster
+    "test_real_hosts.py": "cluster",       # network namespaces on a bridge: Ray nodes and torch-elastic nodes per host
+    "test_slurm_cluster.py": "cluster",    # a real Slurm cluster: slurmctld here, a slurmd per network namespace
+    "test_slurm_launch.py": "cluster",     # cluster="slurm" on that cluster: a step of the kernel's allocation
+    "test_slurm_session.py": "cluster",    # a Session in a job of its own; pdb in a rank on another node
+    "test_ray_local.py": "cluster",        # a script whose launch starts a local Ray (no ray.init() of its own)
+    "test_ray_client.py": "cluster",       # a script reaching the fake cluster only through ray:// (Ray Client)
 
     "test_dashboard_debug_kernel.py": "kernel",
     "test_dashboard_kernel.py": "kernel",
