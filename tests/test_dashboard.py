@@ -394,11 +394,47 @@ def test_text_view_prints_throttled_progress_labelled_logs_and_a_summary(clock):
     # 10 s at one line per bar every 2 s, plus the close, plus the summary: a few a second at most
     assert len(progress_lines) <= 2 * (10 / 2 + 2) + 2, lines
     assert err.getvalue() == "[rank 1] warning: slow\n"
-    assert lines[-8].startswith("notebook_accel: train() · 2 × cpu · finished")
-    assert "100/100" in lines[-7] and "loss=0.125" in lines[-7] and lines[-6] == "[rank 0] finished"
+    # each bar's last line was printed as it closed: the summary does not repeat it (issue 46)
+    assert lines[-6].startswith("notebook_accel: train() · 2 × cpu · finished")
+    assert lines[-5:-3] == ["[rank 0] finished", "[rank 1] finished"]
+    assert sum("100/100" in line for line in lines) == 2, lines
     # the final metrics table (last/min/max per metric per rank), plain text
     assert lines[-3:] == ["metrics:", "  metric  rank   last    min    max  reports",
                           "  loss    0     0.125  0.125  0.125        1"]
+
+
+class CellStream(io.StringIO):
+    """A stream as ipykernel's: what is written reaches the cell (``shown``, shared by stdout and stderr) only when
+    it is flushed, so two streams' lines show in the order of their flushes, not of their writes."""
+
+    def __init__(self, name, shown):
+        super().__init__()
+        self.name, self.shown, self.buffered = name, shown, ""
+
+    def write(self, text):
+        self.buffered += text
+        return len(text)
+
+    def flush(self):
+        self.shown.extend((self.name, line) for line in self.buffered.splitlines())
+        self.buffered = ""
+
+
+def test_text_view_keeps_a_ranks_stderr_note_before_the_summary(clock):
+    # issue 46: "[rank 1] notebook_accel: rank 1's breakpoint ... was skipped" (stderr) showed after the summary
+    # (stdout): the view flushed stdout first at the end, and ipykernel shows each stream as it is flushed
+    shown = []
+    view = TextView(stdout=CellStream("stdout", shown), stderr=CellStream("stderr", shown))
+    start(view)
+    view.handle(OutputLine(rank=0, stream="stdout", text="loading"))
+    view.handle(OutputLine(rank=1, stream="stderr", text="notebook_accel: rank 1's breakpoint was skipped"))
+    for rank in range(2):
+        view.handle(RankResult(rank=rank, payload=b""))
+    view.handle(LaunchFinished(rank=-1, status="finished", elapsed=1.0))
+    lines = [line for _, line in shown]
+    assert lines.index("[rank 0] loading") < lines.index("[rank 1] notebook_accel: rank 1's breakpoint was skipped")
+    assert lines.index("[rank 1] notebook_accel: rank 1's breakpoint was skipped") < \
+        [line.startswith("notebook_accel: train()") for line in lines].index(True), shown
 
 
 def test_make_view_picks_text_outside_a_kernel():
