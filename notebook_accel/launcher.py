@@ -83,7 +83,8 @@ class Launch:
     @property
     def metrics(self) -> Any:
         """Every value the ranks reported with ``report``: a pandas DataFrame with columns rank, step, time,
-        name, value (a list of ``MetricRow`` without pandas). Readable while the launch runs.
+        name, value. Readable while the launch runs. Without pandas an ``ImportError`` says what to install;
+        ``metric_log.rows()`` gives the same rows as ``MetricRow`` named tuples.
 
         >>> job.metrics.groupby(["name", "rank"])["value"].min()   # doctest: +SKIP
         """

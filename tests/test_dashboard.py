@@ -5,6 +5,7 @@ import html
 import io
 import math
 import re
+import sys
 
 import ipywidgets
 import pytest
@@ -531,3 +532,22 @@ def test_the_dashboard_says_when_a_finished_rank_leaves_its_peers_waiting(clock)
     assert "waiting: <b" in view.header.value and "rank 1 in all_reduce" in view.header.value
     view.handle(LaunchFinished(rank=-1, status="stopped", elapsed=40.0, still_running=[1]))
     assert "perhaps waiting" not in view.header.value  # said while it mattered
+
+
+# ------------------------------------------------------------------------------------------------ Launch.metrics
+
+def test_launch_metrics_is_a_dataframe_or_an_error_naming_the_extra(monkeypatch):
+    # issue 46: without pandas, Launch.metrics became a list and the notebook's `.groupby` cell failed with
+    # "'list' object has no attribute 'groupby'": one type, whatever is installed, or an error saying what to install
+    from notebook_accel.monitor.metric_log import MetricLog
+
+    log = MetricLog()
+    log.add(MetricReport(rank=1, step=3, metrics={"loss": 0.5}))
+    frame = log.table()
+    assert list(frame.columns) == ["rank", "step", "time", "name", "value"]
+    assert frame.groupby("name")["value"].last()["loss"] == 0.5
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas now raises ImportError, as without it
+    with pytest.raises(ImportError, match=r"notebook_accel\[notebooks\]") as raised:
+        log.table()
+    assert "metric_log.rows()" in str(raised.value)
+    assert log.rows()[0].value == 0.5
