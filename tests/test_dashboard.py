@@ -454,6 +454,29 @@ def test_plot_has_axes_legend_and_one_line_per_rank():
     assert re.search(r">0\.5<|>0\.50<", svg)  # y tick labels
 
 
+def test_ranks_with_the_same_values_both_stay_visible():
+    # issue 46: where two ranks log the same lr or eval_loss, rank 1's line was drawn over rank 0's: only orange
+    same = [(0, 1.0), (10, 0.5), (20, 0.25)]
+    svg = render_line_plot("lr", {0: same, 1: list(same), 2: [(0, 2.0), (20, 1.0)]})
+    lines = dict(re.findall(r'<polyline ([^>]*data-rank="(\d)")', svg)[i][::-1] for i in range(3))
+    assert "stroke-dasharray" not in lines["0"] and "stroke-dasharray" not in lines["2"], svg
+    assert "stroke-dasharray" in lines["1"], svg  # rank 0's colour shows between its dashes
+    assert "rank 1: 0.25 (same as rank 0)" in svg
+
+
+def test_four_plots_make_two_rows_of_two_not_three_and_one(clock):
+    # issue 46: the no_trainer notebook's fourth chart wrapped alone onto a second row
+    view = WidgetView(display=False)
+    start(view)
+    for count, name in enumerate(("loss", "lr", "eval_loss", "perplexity"), 1):
+        view.handle(MetricReport(rank=0, step=1, metrics={name: 1.0}))
+        clock.now += 5
+        view.tick()
+        assert len(view.plots_box.children) == count
+        widths = {1: 1, 2: 2, 3: 3, 4: 2}  # plots a row can hold at most, so that the rows are even
+        assert view.plots_box.layout.max_width == f"{widths[count] * 388}px", view.plots_box.layout.max_width
+
+
 def test_plot_survives_nan_single_points_and_constants():
     assert "no finite values" in render_line_plot("x", {0: [(0, math.nan)]})
     single = render_line_plot("x", {0: [(3, 1.0)]})
