@@ -179,6 +179,36 @@ def test_outside_an_allocation_the_launch_asks_for_one_says_it_pends_and_gives_i
     assert cluster.wait_no_jobs(timeout=15) == []
 
 
+PENDING = textwrap.dedent('''
+    from notebook_accel import notebook_launcher
+    from notebook_accel.errors import LaunchTimeout
+
+    try:
+        notebook_launcher(print, num_processes=2, num_nodes=2, cluster="slurm", display="none", timeout=8,
+                          slurm={"partition": "debug", "time": "00:05:00"})
+    except LaunchTimeout as error:
+        print("TIMEOUT " + " ".join(str(error).split()), flush=True)
+''')
+
+
+def test_a_timeout_while_the_job_pends_says_it_never_left_the_queue_and_why(cluster, tmp_path):
+    """Issue 46: a launch that timed out while its job still pended ended "ranks still running: none"."""
+    blocker = cluster.run(["sbatch", "--parsable", "-N2", "-n4", "-o", "/dev/null", "--wrap", "sleep 300"])
+    assert blocker.returncode == 0, blocker.stderr
+    try:
+        script = tmp_path / "pending.py"
+        script.write_text(PENDING)
+        done = cluster.run([sys.executable, str(script)], env=dict(script_env(), SLURM_CONF=cluster.conf),
+                           timeout=300)
+        said = [line for line in done.stdout.splitlines() if line.startswith("TIMEOUT ")]
+        assert said, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        assert "before any rank started" in said[0] and "never left the queue (Resources)" in said[0], said[0]
+        assert "ranks still running" not in said[0], said[0]
+    finally:
+        cluster.run(["scancel", blocker.stdout.strip()])
+    assert cluster.wait_no_jobs(timeout=30) == []
+
+
 @pytest.mark.parametrize("request_, num_nodes, refusal", [
     ({"partition": "nope"}, 2, "no partition 'nope' on this Slurm cluster (it has debug)"),
     ({"time": "01:00:00"}, 2, "above partition 'debug''s time limit (00:30:00)"),
