@@ -53,11 +53,21 @@ def one_line(error: BaseException) -> str:
     """``"TypeName: first line of the message"``, for headers and status lines; ``"TypeName"`` alone when the
     message is empty (pdb's ``BdbQuit``, a bare ``KeyboardInterrupt``), as Python's own last line says it.
 
+    A first line that ends with a colon (``"rank 1 was killed by SIGKILL; its last output:"``) ends with the last
+    of the lines it introduces, not with nothing after the colon.
+
     >>> one_line(ValueError("bad batch")), one_line(KeyboardInterrupt())
     ('ValueError: bad batch', 'KeyboardInterrupt')
+    >>> one_line(LaunchError("rank 1 was killed by SIGKILL; its last output:\\n    step 6\\n    step 7"))
+    'LaunchError: rank 1 was killed by SIGKILL; its last output: … step 7'
     """
     lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines and lines[0].strip() else type(error).__name__
+    if not lines or not lines[0].strip():
+        return type(error).__name__
+    first, rest = lines[0], [line.strip() for line in lines[1:] if line.strip()]
+    if first.rstrip().endswith(":") and rest:
+        first = f"{first.rstrip()} {'… ' if len(rest) > 1 else ''}{rest[-1]}"
+    return f"{type(error).__name__}: {first}"
 
 
 class RemoteTraceback(Exception):

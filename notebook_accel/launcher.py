@@ -83,7 +83,8 @@ class Launch:
     @property
     def metrics(self) -> Any:
         """Every value the ranks reported with ``report``: a pandas DataFrame with columns rank, step, time,
-        name, value (a list of ``MetricRow`` without pandas). Readable while the launch runs.
+        name, value. Readable while the launch runs. Without pandas an ``ImportError`` says what to install;
+        ``metric_log.rows()`` gives the same rows as ``MetricRow`` named tuples.
 
         >>> job.metrics.groupby(["name", "rank"])["value"].min()   # doctest: +SKIP
         """
@@ -248,6 +249,9 @@ class Launch:
             self.root_rank = root.rank
             self.error = self._root_cause_error(root, outcome)
             self._explain_out_of_memory(root, outcome)
+        elif outcome.status == Status.TIMEOUT and outcome.waiting:
+            self.error = LaunchTimeout(f"the {self.backend.job} ran past timeout={self.plan.timeout:g} s before any "
+                                       f"rank started: {outcome.waiting}", still_running=[], stacks={})
         elif outcome.status == Status.TIMEOUT:
             ranks = ", ".join(str(rank) for rank in outcome.still_running) or "none"
             where = "".join(f"\n[rank {rank}] {fold_stack_dump(text)}"

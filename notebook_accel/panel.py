@@ -182,7 +182,7 @@ class LaunchPanel(widgets.VBox):
 
     @property
     def metrics(self) -> Any:
-        """The last launch's reported metrics (``Launch.metrics``: a DataFrame, or rows without pandas)."""
+        """The last launch's reported metrics (``Launch.metrics``: a pandas DataFrame)."""
         if self._launch is None:
             raise RuntimeError("nothing was launched yet: call launch() or press Launch")
         return self._launch.metrics

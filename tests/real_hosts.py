@@ -4,7 +4,8 @@ Each "host" is a network namespace with one veth interface on a bridge of its ow
 the bridge's side in this (the root) namespace has one too, so a process here reaches the hosts as a laptop on the
 same network would (Ray Client, ``ray://``). Host names are not touched: the machine's name resolves to loopback in
 every namespace (``/etc/hosts``), as on Debian's default ``127.0.1.1 hostname`` and in many containers — which is
-what breaks gloo across hosts when no interface is named.
+what breaks gloo across hosts when no interface is named. Each host's ``/etc/hosts`` also names every host's
+address (a reverse lookup does not ask a DNS server no namespace reaches).
 
 Only addresses inside the namespaces made here are used; no traffic leaves them. Several test runs on one machine
 (xdist workers, two people's suites, two fixtures of one module) each take one /28 slice of 10.77.0.0/24, held by an
@@ -113,6 +114,24 @@ class RealHosts:
             ip("-n", namespace, "link", "set", "lo", "up")
             ip("-n", namespace, "addr", "add", f"{address}/{self.prefix}", "dev", inside)
             ip("-n", namespace, "link", "set", inside, "up")
+        self._write_hosts_files()
+
+    def _write_hosts_files(self) -> None:
+        """Each host's ``/etc/hosts`` (``ip netns exec`` mounts ``/etc/netns/NAME/hosts`` over it): this machine's,
+        so its own name still resolves to loopback, plus every host's address and name, and this machine's address
+        on the bridge (each also IPv4-mapped, as IPv6 sockets see it). Without it a reverse lookup of a peer's
+        address asks a DNS server no namespace can reach and fails at once (EAI_AGAIN), and torch's c10d said
+        "[c10d] The hostname of the client socket cannot be retrieved. err=-3" in every launch across hosts; a real
+        cluster's DNS or /etc/hosts names its nodes."""
+        with open("/etc/hosts") as handle:
+            machine = handle.read()
+        named = list(zip(self._addresses, self.namespaces)) + [(self.outside_address, f"{self.bridge}-outside")]
+        # each address also as IPv6 maps it: torch's store sockets are IPv6 ones, and their peer is ::ffff:10.77.0.x
+        names = "".join(f"{address} {name}\n::ffff:{address} {name}\n" for address, name in named)
+        for namespace in self._made_namespaces:
+            os.makedirs(f"/etc/netns/{namespace}", exist_ok=True)
+            with open(f"/etc/netns/{namespace}/hosts", "w") as handle:
+                handle.write(machine.rstrip("\n") + "\n" + names)
 
     # ------------------------------------------------------------------------------------------------ run
 
@@ -177,6 +196,7 @@ class RealHosts:
         self._started = []                                                       # may hold two
         for namespace in self._made_namespaces:
             ip("netns", "del", namespace, check=False)          # takes its veth end, and so the pair, with it
+            shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
         for link in self._links:                                # veths left outside (a build cut short), the bridge
             if ip("link", "show", link, check=False).returncode == 0:
                 ip("link", "del", link, check=False)

@@ -5,6 +5,7 @@ import html
 import io
 import math
 import re
+import sys
 
 import ipywidgets
 import pytest
@@ -394,11 +395,47 @@ def test_text_view_prints_throttled_progress_labelled_logs_and_a_summary(clock):
     # 10 s at one line per bar every 2 s, plus the close, plus the summary: a few a second at most
     assert len(progress_lines) <= 2 * (10 / 2 + 2) + 2, lines
     assert err.getvalue() == "[rank 1] warning: slow\n"
-    assert lines[-8].startswith("notebook_accel: train() · 2 × cpu · finished")
-    assert "100/100" in lines[-7] and "loss=0.125" in lines[-7] and lines[-6] == "[rank 0] finished"
+    # each bar's last line was printed as it closed: the summary does not repeat it (issue 46)
+    assert lines[-6].startswith("notebook_accel: train() · 2 × cpu · finished")
+    assert lines[-5:-3] == ["[rank 0] finished", "[rank 1] finished"]
+    assert sum("100/100" in line for line in lines) == 2, lines
     # the final metrics table (last/min/max per metric per rank), plain text
     assert lines[-3:] == ["metrics:", "  metric  rank   last    min    max  reports",
                           "  loss    0     0.125  0.125  0.125        1"]
+
+
+class CellStream(io.StringIO):
+    """A stream as ipykernel's: what is written reaches the cell (``shown``, shared by stdout and stderr) only when
+    it is flushed, so two streams' lines show in the order of their flushes, not of their writes."""
+
+    def __init__(self, name, shown):
+        super().__init__()
+        self.name, self.shown, self.buffered = name, shown, ""
+
+    def write(self, text):
+        self.buffered += text
+        return len(text)
+
+    def flush(self):
+        self.shown.extend((self.name, line) for line in self.buffered.splitlines())
+        self.buffered = ""
+
+
+def test_text_view_keeps_a_ranks_stderr_note_before_the_summary(clock):
+    # issue 46: "[rank 1] notebook_accel: rank 1's breakpoint ... was skipped" (stderr) showed after the summary
+    # (stdout): the view flushed stdout first at the end, and ipykernel shows each stream as it is flushed
+    shown = []
+    view = TextView(stdout=CellStream("stdout", shown), stderr=CellStream("stderr", shown))
+    start(view)
+    view.handle(OutputLine(rank=0, stream="stdout", text="loading"))
+    view.handle(OutputLine(rank=1, stream="stderr", text="notebook_accel: rank 1's breakpoint was skipped"))
+    for rank in range(2):
+        view.handle(RankResult(rank=rank, payload=b""))
+    view.handle(LaunchFinished(rank=-1, status="finished", elapsed=1.0))
+    lines = [line for _, line in shown]
+    assert lines.index("[rank 0] loading") < lines.index("[rank 1] notebook_accel: rank 1's breakpoint was skipped")
+    assert lines.index("[rank 1] notebook_accel: rank 1's breakpoint was skipped") < \
+        [line.startswith("notebook_accel: train()") for line in lines].index(True), shown
 
 
 def test_make_view_picks_text_outside_a_kernel():
@@ -415,6 +452,29 @@ def test_plot_has_axes_legend_and_one_line_per_rank():
     assert svg.count("<polyline") == 2 and ">step<" in svg and ">loss<" in svg
     assert "rank 0: 0.25" in svg and "rank 1: 0.3" in svg
     assert re.search(r">0\.5<|>0\.50<", svg)  # y tick labels
+
+
+def test_ranks_with_the_same_values_both_stay_visible():
+    # issue 46: where two ranks log the same lr or eval_loss, rank 1's line was drawn over rank 0's: only orange
+    same = [(0, 1.0), (10, 0.5), (20, 0.25)]
+    svg = render_line_plot("lr", {0: same, 1: list(same), 2: [(0, 2.0), (20, 1.0)]})
+    lines = dict(re.findall(r'<polyline ([^>]*data-rank="(\d)")', svg)[i][::-1] for i in range(3))
+    assert "stroke-dasharray" not in lines["0"] and "stroke-dasharray" not in lines["2"], svg
+    assert "stroke-dasharray" in lines["1"], svg  # rank 0's colour shows between its dashes
+    assert "rank 1: 0.25 (same as rank 0)" in svg
+
+
+def test_four_plots_make_two_rows_of_two_not_three_and_one(clock):
+    # issue 46: the no_trainer notebook's fourth chart wrapped alone onto a second row
+    view = WidgetView(display=False)
+    start(view)
+    for count, name in enumerate(("loss", "lr", "eval_loss", "perplexity"), 1):
+        view.handle(MetricReport(rank=0, step=1, metrics={name: 1.0}))
+        clock.now += 5
+        view.tick()
+        assert len(view.plots_box.children) == count
+        widths = {1: 1, 2: 2, 3: 3, 4: 2}  # plots a row can hold at most, so that the rows are even
+        assert view.plots_box.layout.max_width == f"{widths[count] * 388}px", view.plots_box.layout.max_width
 
 
 def test_plot_survives_nan_single_points_and_constants():
@@ -495,3 +555,22 @@ def test_the_dashboard_says_when_a_finished_rank_leaves_its_peers_waiting(clock)
     assert "waiting: <b" in view.header.value and "rank 1 in all_reduce" in view.header.value
     view.handle(LaunchFinished(rank=-1, status="stopped", elapsed=40.0, still_running=[1]))
     assert "perhaps waiting" not in view.header.value  # said while it mattered
+
+
+# ------------------------------------------------------------------------------------------------ Launch.metrics
+
+def test_launch_metrics_is_a_dataframe_or_an_error_naming_the_extra(monkeypatch):
+    # issue 46: without pandas, Launch.metrics became a list and the notebook's `.groupby` cell failed with
+    # "'list' object has no attribute 'groupby'": one type, whatever is installed, or an error saying what to install
+    from notebook_accel.monitor.metric_log import MetricLog
+
+    log = MetricLog()
+    log.add(MetricReport(rank=1, step=3, metrics={"loss": 0.5}))
+    frame = log.table()
+    assert list(frame.columns) == ["rank", "step", "time", "name", "value"]
+    assert frame.groupby("name")["value"].last()["loss"] == 0.5
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas now raises ImportError, as without it
+    with pytest.raises(ImportError, match=r"notebook_accel\[notebooks\]") as raised:
+        log.table()
+    assert "metric_log.rows()" in str(raised.value)
+    assert log.rows()[0].value == 0.5

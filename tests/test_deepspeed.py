@@ -599,3 +599,38 @@ def test_a_zero_engine_in_the_kernel_ends_its_one_rank_group_with_the_run():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "IN THE KERNEL ('DeepSpeedEngine', 2, 'cpu', 1)" in done.stdout, done.stdout
     assert "GROUP AFTER None" in done.stdout and "FORKED [False, False]" in done.stdout, done.stdout
+
+def test_zero3_from_init_module_to_the_gathered_state_prints_no_torch_deprecation(tmp_path):
+    # issue 46: big_models.ipynb's ZeRO-3 cell printed torch's FutureWarning "`torch.distributed.all_gather_into_tensor`
+    # is deprecated" once per rank: DeepSpeed's call, which the user can do nothing about
+    from scripts import start_script
+
+    script = start_script("""
+        import torch
+        from notebook_accel import notebook_launcher
+
+        def rank():
+            from notebook_accel import Accelerator, DeepSpeedPlugin
+            torch.set_num_threads(1)
+            accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+            with accelerator.init_module():   # the encoder deep-copies its partitioned layer: a gather
+                layer = torch.nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, batch_first=True)
+                model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, num_layers=2), torch.nn.Linear(8, 1))
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            loader = torch.utils.data.DataLoader(torch.randn(16, 3, 8), batch_size=4)
+            model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+            for inputs in loader:
+                accelerator.backward(model(inputs).pow(2).mean())
+                optimizer.step(); optimizer.zero_grad()
+            return sorted(accelerator.get_state_dict(model))
+
+        print("ranks:", notebook_launcher(rank, num_processes=2, device="cpu", display="text"))
+    """, cwd=str(tmp_path))
+    try:
+        stdout, stderr = script.communicate(timeout=280)
+    finally:
+        script.kill()
+    printed = stdout + stderr
+    assert script.returncode == 0, printed
+    assert "ranks: ['0.layers.0.linear1.bias'," in stdout and "'1.weight']" in stdout, printed
+    assert "is deprecated" not in printed and "FutureWarning" not in printed, printed

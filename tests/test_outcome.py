@@ -8,7 +8,7 @@ import pytest
 
 from notebook_accel.backends.nodes.attempt import NodeFailure
 from notebook_accel.backends.nodes.backend import root_exception
-from notebook_accel.errors import LaunchError
+from notebook_accel.errors import LaunchError, one_line
 from notebook_accel.outcome.death import TAIL_LINES, describe_death
 from notebook_accel.outcome.raising import root_cause_exception
 from notebook_accel.outcome.root_cause import Failure, choose_root_cause
@@ -42,6 +42,16 @@ def test_a_death_quotes_the_last_output_lines():
     error = root_cause_exception(Failure(0, 0.0, exitcode=-9), world_size=1, last_output=lines)
     quoted = str(error).split("its last output:\n", 1)[1].splitlines()
     assert [line.strip() for line in quoted] == lines[-TAIL_LINES:]
+
+
+def test_a_deaths_one_line_ends_with_its_last_output_not_a_colon():
+    # issue 46: the text summary ended "error: LaunchError: rank 1 was killed by SIGKILL; its last output:"
+    error = root_cause_exception(Failure(1, 0.0, exitcode=-9), world_size=2, last_output=["step 6", "step 7"])
+    assert one_line(error) == "LaunchError: rank 1 was killed by SIGKILL; its last output: … step 7"
+    single = root_cause_exception(Failure(1, 0.0, exitcode=-9), world_size=2, last_output=["step 7"])
+    assert one_line(single) == "LaunchError: rank 1 was killed by SIGKILL; its last output: step 7"
+    silent = root_cause_exception(Failure(1, 0.0, exitcode=-9), world_size=2, last_output=[])
+    assert one_line(silent) == "LaunchError: rank 1 was killed by SIGKILL"
 
 
 def test_sys_exit_is_a_launch_error_with_its_code_on_one_node_and_on_several():

@@ -23,6 +23,7 @@ from notebook_accel import Session
 threshold = 1               # a kernel name the forked ranks inherit: still the kernel's
 session = Session(num_processes=2)
 print("PIDS", *session.pids)
+session                     # the row is shown above already: not a second time in this cell (issue 46)
 """,
     # 1: a function from the notebook loads state on every rank
     """
@@ -175,6 +176,8 @@ def test_a_session_in_a_real_kernel(tmp_path, monkeypatch):
 
     assert "[rank 0] quiet hello" in outputs[10] and "[rank 0] 42" in outputs[10], outputs[10]
 
+    assert [output.output_type for output in notebook.cells[0].outputs].count("display_data") == 1, \
+        notebook.cells[0].outputs  # the row once, though the cell ends with `session`
     assert row_while_open.startswith("notebook_accel session: 2 ranks"), row_while_open
     assert "HTML(" not in row_while_open and "idle" in row_while_open, row_while_open
     row = plain_text(notebook.cells[0])

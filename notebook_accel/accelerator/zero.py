@@ -304,6 +304,7 @@ def zero_init(plugin: DeepSpeedPlugin, *, accumulation: int, world: int, mixed_p
     deepspeed = import_deepspeed()
     _group_even_for_one_rank(deepspeed)
     _no_shared_memory_op_on_cpu(deepspeed)  # zero.Init starts DeepSpeed's comm backend, which would build it
+    _quiet_deprecated_collectives()
     config = filled_config(plugin, micro_batch=1, accumulation=accumulation, world=world,
                            mixed_precision=mixed_precision)  # fmt: skip
     config.pop("train_batch_size")  # checked against DeepSpeed's world size, which is 1 until zero.Init starts
@@ -440,13 +441,18 @@ class _GatheredWrites(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _quiet_deprecated_collectives() -> None:
+    """DeepSpeed calls collectives torch has deprecated (``all_gather_into_tensor``), and torch says so in every
+    rank: a warning about DeepSpeed's code the user can do nothing about, so it is not shown — from ``zero.Init``
+    on (its gathers while a model is built: big_models.ipynb printed it once per rank) as from the engine's."""
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
+
+
 def build_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Dict[str, Any]) -> Any:
     deepspeed = import_deepspeed()
     _group_even_for_one_rank(deepspeed)
     _no_shared_memory_op_on_cpu(deepspeed)
-    # DeepSpeed calls collectives torch has deprecated, and torch says so at every step in every rank: a
-    # warning about DeepSpeed's code the user can do nothing about, so it is not shown
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
+    _quiet_deprecated_collectives()
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
     _share_fp32_partitions(engine.optimizer)
     return engine

@@ -76,7 +76,7 @@ def add_launch_parser(commands) -> argparse.ArgumentParser:
              "job, or of one asked for with --slurm): the script's text travels there; what it imports must be "
              "installed on the nodes. With slurm, --num-processes counts the ranks in all")
     add("--slurm", type=parse_slurm_request, default=None, metavar="OPTION=VALUE,...",
-        help="with --cluster slurm outside an allocation: sbatch's long options for the one to ask for, e.g. "
+        help="with --cluster slurm outside an allocation: salloc's long options for the one to ask for, e.g. "
              "partition=gpu,time=01:00:00,account=lab (an OPTION alone is a flag)")
     add("--resources-per-rank", "--resources_per_rank", dest="resources_per_rank", type=parse_resources,
         default=None, metavar="NAME=AMOUNT,...", help="with --cluster: what Ray reserves per rank, e.g. CPU=4,GPU=1")
@@ -117,7 +117,7 @@ def launcher_options(options: argparse.Namespace) -> Dict[str, Any]:
 
 
 def parse_slurm_request(text: str) -> Dict[str, Any]:
-    """``"partition=gpu,time=01:00:00,exclusive"`` → sbatch's long options (``--slurm``); an option alone is a flag.
+    """``"partition=gpu,time=01:00:00,exclusive"`` → salloc's long options (``--slurm``); an option alone is a flag.
 
     >>> parse_slurm_request("partition=gpu, time=01:00:00,exclusive")
     {'partition': 'gpu', 'time': '01:00:00', 'exclusive': True}

@@ -2,12 +2,13 @@
 
 ``MetricLog`` keeps every ``report`` call of every rank (``Launch.metrics``); ``MetricSummary`` keeps only
 last/min/max per metric per rank (what the dashboard's final table shows, O(metrics × ranks) memory).
-Neither imports torch or ipywidgets; pandas is used when it is installed.
+Neither imports torch or ipywidgets; pandas only when ``Launch.metrics`` is read.
 
 Example::
 
     job = start_launch(train, num_processes=2, display="none"); job.wait()
-    job.metrics                       # a DataFrame: rank, step, time, name, value (a list without pandas)
+    job.metrics                       # a DataFrame: rank, step, time, name, value (pandas needed)
+    job.metric_log.rows()             # the same rows as named tuples, without pandas
     job.metrics.pivot_table(index="step", columns="rank", values="value")
 """
 from __future__ import annotations
@@ -21,6 +22,9 @@ from ..formatting import format_value
 from ..wire.events import MetricReport
 
 COLUMNS = ("rank", "step", "time", "name", "value")
+PANDAS_HINT = ("Launch.metrics is a pandas DataFrame and pandas is not installed: pip install pandas, or "
+               "pip install \"notebook_accel[notebooks]\" (what every notebook uses); without it, "
+               "Launch.metric_log.rows() gives the same rows as named tuples (rank, step, time, name, value)")
 
 
 class MetricRow(NamedTuple):
@@ -55,12 +59,13 @@ class MetricLog:
         return len(self._rows)
 
     def table(self) -> Any:
-        """A pandas DataFrame with ``COLUMNS`` when pandas is installed, else the list of ``MetricRow``."""
+        """A pandas DataFrame with ``COLUMNS``; without pandas an ``ImportError`` that says what to install (one
+        type whatever is installed: a list in its place failed later, at the notebook's ``.groupby``)."""
         rows = self.rows()
         try:
             import pandas
         except ImportError:
-            return rows
+            raise ImportError(PANDAS_HINT) from None
         frame = pandas.DataFrame.from_records(rows, columns=list(COLUMNS))
         frame["step"] = frame["step"].astype("Int64")  # nullable: a report without step has <NA>
         return frame

@@ -46,6 +46,7 @@ class Outcome:
     local_exception: Optional[BaseException] = None            # in-kernel runs keep the exception object
     stacks: Dict[int, str] = field(default_factory=dict)       # where each rank was, when a timeout hit
     ranks: Optional[List[int]] = None   # the global ranks that ran here (one node of several); None: all
+    waiting: Optional[str] = None       # what still held the ranks back when it ended (a job pending in a queue)
 
 
 def choose_root_cause(failures: Sequence[F], order: Callable[[F], float] = lambda failure: failure.time) -> F:

@@ -189,9 +189,9 @@ LAUNCHER_OPTIONS: Tuple[Option, ...] = (
             "its nodes (its placement group strategies: ``PACK`` as few nodes as possible, ``SPREAD`` as many, "
             "``STRICT_`` a must); None: \"PACK\"."),
     Option("slurm", Optional[Mapping[str, Any]], None, "with ``cluster=\"slurm\"`` outside an allocation: the one "
-           "to ask for, as sbatch's long options without dashes, e.g. ``{\"partition\": \"gpu\", \"time\": "
+           "to ask for, as salloc's long options (sbatch's too) without dashes, e.g. ``{\"partition\": \"gpu\", \"time\": "
            "\"01:00:00\", \"account\": \"lab\"}`` (a value ``True`` is a flag).",
-           expects="a mapping of sbatch long option names to values, or None", valid=_str_keys),
+           expects="a mapping of salloc long option names to values, or None", valid=_str_keys),
     Option("num_nodes", int, 1, "several machines, one notebook (or ``notebook-accel launch``) per node; "
            "``num_processes`` is per node and global ranks follow the node order. With ``cluster=\"slurm\"``: the "
            "job's nodes (inside an allocation, all of its nodes by default), and ``num_processes`` counts the ranks "

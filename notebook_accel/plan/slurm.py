@@ -127,7 +127,7 @@ def check_slurm_option(options: Mapping[str, Any]) -> None:
 
 def _option_value(key: Any, value: Any) -> str:
     if not isinstance(key, str) or not key or key.startswith("-"):
-        raise LaunchConfigError(f"slurm={{{key!r}: ...}}: keys are sbatch's long option names without dashes, e.g. "
+        raise LaunchConfigError(f"slurm={{{key!r}: ...}}: keys are salloc's long option names without dashes, e.g. "
                                 f"'partition', 'time', 'account'")
     if value is True:
         return ""

@@ -519,8 +519,12 @@ class LaunchState:
                 text += f", exit code {state.exitcode}"
         return text
 
-    def summary_lines(self, ascii: bool = True, ncols: Optional[int] = None) -> List[str]:
-        """A readable final (or current) summary: header, then one line per bar per rank, then the error."""
+    def summary_lines(self, ascii: bool = True, ncols: Optional[int] = None,
+                      closed_loops: bool = True) -> List[str]:
+        """A readable final (or current) summary: header, then one line per bar per rank, then the error.
+
+        ``closed_loops=False`` leaves out the loops that closed (the text view printed each one's last line as it
+        closed: the summary repeated them); the open ones, where a failed or stopped rank was, stay."""
         lines = [f"notebook_accel: {self.header_text()}"]
         for rank in sorted(self.ranks):
             state = self.ranks[rank]
@@ -528,11 +532,11 @@ class LaunchState:
             bars = state.visible_bars()
             metrics_bar = state.metrics_bar()
             earlier = state.finished_loop_count - len(state.finished_loops)
-            if earlier:
+            if earlier and closed_loops:
                 lines.append(prefix + f"… {earlier} earlier finished loop{'s' if earlier > 1 else ''}")
             lines.extend(prefix + "✓ " + line if not ascii else prefix + "done " + line
-                         for line in state.finished_loops)
-            for bar in bars:
+                         for line in (state.finished_loops if closed_loops else ()))
+            for bar in bars if closed_loops else [bar for bar in bars if not bar.closed]:
                 extra = state.metrics_postfix() if bar is metrics_bar else ""
                 lines.append(prefix + bar.meter(extra, ascii=ascii, ncols=ncols))
             if not bars and state.metrics:

@@ -102,7 +102,10 @@ _BACKGROUND = "fill:var(--jp-layout-color0,#fff)"
 _LEGEND = "fill:var(--jp-layout-color0,#fff);fill-opacity:0.85;stroke:var(--jp-border-color1,#ccc)"
 
 
-def render_line_plot(title: str, series: Dict[int, Sequence[Point]], width: int = 380, height: int = 230,
+PLOT_WIDTH = 380  # px, the dashboard's plots
+
+
+def render_line_plot(title: str, series: Dict[int, Sequence[Point]], width: int = PLOT_WIDTH, height: int = 230,
                      x_label: str = "step", max_points: int = 400, log_y: Optional[bool] = None,
                      smoothing: float = 0.0) -> str:
     """SVG text of a line plot with one line per rank (``series``: rank -> [(x, y), ...]).
@@ -192,29 +195,43 @@ def render_line_plot(title: str, series: Dict[int, Sequence[Point]], width: int 
         coords = " ".join(f"{sx(x):.1f},{sy(ty(y)):.1f}" for x, y in points)
         parts.append(f'<polyline fill="none" stroke="{rank_colour(rank)}" stroke-opacity="0.25" '
                      f'stroke-width="1" data-raw-rank="{rank}" points="{coords}"/>')
+    # Ranks that logged the same values (lr, an eval gathered from every rank) draw the same line: each later one is
+    # dashed, its gaps showing the earlier ranks' colours, and its legend says so (it hid rank 0's line).
+    lines = {rank: " ".join(f"{sx(x):.1f},{sy(ty(y)):.1f}" for x, y in points) for rank, points in drawn.items()}
+    same_as = {rank: next((other for other in drawn if other < rank and lines[other] == lines[rank]), None)
+               for rank in drawn}
+    overlaps = {rank: [other for other in drawn if lines[other] == lines[rank]] for rank in drawn}
     for rank, points in drawn.items():
         colour = rank_colour(rank)
         x_last, y_last = clean[rank][-1]
-        hover = f"<title>rank {rank}: {format_value(y_last)} at {x_label} {format_value(x_last)}</title>"
+        alike = "" if same_as[rank] is None else f" (same as rank {same_as[rank]})"
+        hover = f"<title>rank {rank}: {format_value(y_last)} at {x_label} {format_value(x_last)}{alike}</title>"
         if len(points) == 1:
             x, y = points[0]
-            parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(ty(y)):.1f}" r="3" fill="{colour}" '
+            radius = 3 + len(overlaps[rank]) - 1 - overlaps[rank].index(rank)  # the later, the smaller: rings
+            parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(ty(y)):.1f}" r="{radius}" fill="{colour}" '
                          f'data-rank="{rank}">{hover}</circle>')
         else:
-            coords = " ".join(f"{sx(x):.1f},{sy(ty(y)):.1f}" for x, y in points)
-            parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.6" '
-                         f'stroke-linejoin="round" data-rank="{rank}" points="{coords}">{hover}</polyline>')
+            group = overlaps[rank]
+            dashes = "" if same_as[rank] is None else \
+                f' stroke-dasharray="6 {6 * (len(group) - 1)}" stroke-dashoffset="{-6 * (group.index(rank) - 1)}"'
+            parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.6"{dashes} '
+                         f'stroke-linejoin="round" data-rank="{rank}" points="{lines[rank]}">{hover}</polyline>')
     # legend (top right, inside the plot): rank and its latest (raw) value
     entries = [(rank, clean[rank][-1][1]) for rank in drawn]
-    legend_w = 118
+    labels = {rank: f"rank {rank}: {format_value(latest)}" + ("" if same_as[rank] is None
+                                                             else f" (same as rank {same_as[rank]})")
+              for rank, latest in entries}
+    legend_w = max(118, 32 + 6 * max(len(label) for label in labels.values()))
     lx = left + plot_w - legend_w - 4
     ly = top + 4
     parts.append(f'<rect x="{lx}" y="{ly}" width="{legend_w}" height="{14 * len(entries) + 6}" '
                  f'style="{_LEGEND}"/>')
-    for index, (rank, latest) in enumerate(entries):
+    for index, rank in enumerate(labels):
         y = ly + 13 + 14 * index
+        dashes = "" if same_as[rank] is None else ' stroke-dasharray="4 3"'
         parts.append(f'<line x1="{lx + 6}" y1="{y - 4}" x2="{lx + 22}" y2="{y - 4}" '
-                     f'stroke="{rank_colour(rank)}" stroke-width="2.5"/>')
-        parts.append(f'<text x="{lx + 27}" y="{y}" style="{_TEXT}">rank {rank}: {format_value(latest)}</text>')
+                     f'stroke="{rank_colour(rank)}" stroke-width="2.5"{dashes}/>')
+        parts.append(f'<text x="{lx + 27}" y="{y}" style="{_TEXT}">{escape(labels[rank])}</text>')
     parts.append("</svg>")
     return "".join(parts)

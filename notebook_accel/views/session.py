@@ -47,6 +47,16 @@ class SessionSummary:
                 + "; ".join(self.rank_figures()) + (f" — {self.notice}" if self.notice else ""))
 
 
+def current_cell() -> Optional[str]:
+    """The id of the kernel's request running now (the cell being executed), or None outside a kernel."""
+    try:
+        from IPython import get_ipython
+
+        return get_ipython().kernel.get_parent()["header"]["msg_id"]
+    except Exception:  # no IPython, no kernel (a terminal), no request
+        return None
+
+
 class SessionView:
     """``display`` as the launcher takes it: "auto"/"widgets" a widget in a notebook, "text" lines, "none"."""
 
@@ -63,10 +73,12 @@ class SessionView:
                 self.widget = ipywidgets.HTML()
                 self.box = DashboardBox(lambda: self._line, children=[self.widget])
                 self._handle = show(self.box, display_id=True)
+                self._shown_in = current_cell()
                 self.mode = "widgets"
             except ImportError:
                 pass
         self._said: Optional[tuple] = None
+        self._shown_in: Optional[str] = getattr(self, "_shown_in", None)  # the cell whose output holds the row
 
     def update(self, summary: SessionSummary) -> None:
         if self.mode == "widgets":
@@ -92,9 +104,12 @@ class SessionView:
 
     def show_again(self) -> bool:
         """Show the row once more in the current cell (the same widget, the same display id: every copy stays live,
-        and so does the saved text of each); False when the row is no widget."""
+        and so does the saved text of each), unless the current cell is the one that showed it; False when the row
+        is no widget."""
         if self.mode != "widgets":
             return False
+        if self._shown_in is not None and self._shown_in == current_cell():
+            return True  # `session` ending the cell that made it: the row is right above, not twice in one cell
         from IPython.display import display as show
 
         show(self.box, display_id=self._handle.display_id)

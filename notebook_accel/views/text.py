@@ -6,13 +6,14 @@ Output::
     [rank 1] loading data
     [rank 0] train:  45%|####5     | 45/100 [00:01<00:01, 40.1it/s, loss=0.31]
     ...
-    notebook_accel: train() · 2 × cpu · finished · 00:03
     [rank 0] train: 100%|##########| 100/100 [00:03<00:00, 33.0it/s, loss=0.12]
+    notebook_accel: train() · 2 × cpu · finished · 00:03
     [rank 0] finished
 
 Progress lines are new lines, not carriage-return redraws: ranks interleave, and a log file or a notebook's
 stream output keeps them readable. Each bar prints at most every ``progress_interval`` seconds (only when
-it moved; not as it opens at 0) plus once when it closes (not a ``leave=False`` bar, which tqdm erases). A rank that stops in pdb is said once per stop (``[rank 1] notebook_accel: at
+it moved; not as it opens at 0) plus once when it closes (not a ``leave=False`` bar, which tqdm erases); the
+summary does not repeat a closed bar's line, only where an open one (a failed or stopped rank's) stood. A rank that stops in pdb is said once per stop (``[rank 1] notebook_accel: at
 breakpoint (train.py:12)``), not at each step; pdb's own lines and prompt follow.
 """
 from __future__ import annotations
@@ -50,6 +51,15 @@ class TextView:
         self._pending: Dict[int, BarState] = {}
         self._stalled: set = set()
         self._in_pdb: set = set()  # ranks whose stop in pdb was said (once per stop, not at each step)
+        self._last_stream = "stdout"
+
+    def _write(self, stream: str, text: str) -> None:
+        """Write to one stream, flushing the other first when the stream changes: ipykernel shows each stream in
+        the cell as it is flushed, so a rank's stderr note written before the summary showed after it."""
+        if stream != self._last_stream:
+            self._out(self._last_stream).flush()
+            self._last_stream = stream
+        self._out(stream).write(text)
 
     # Resolved at write time so a view made before ipykernel swapped sys.stdout still writes to the cell.
     def _out(self, stream: str) -> TextIO:
@@ -61,7 +71,7 @@ class TextView:
         with self._lock:
             changed = self.state.apply(event)
             if isinstance(event, (OutputLine, OutputLines)):
-                self._out(event.stream).write(label_lines(event.rank, event.texts))
+                self._write(event.stream, label_lines(event.rank, event.texts))
             elif isinstance(event, ProgressUpdate) and isinstance(changed, BarState):
                 self._on_bar(changed)
             elif isinstance(event, MetricReport):
@@ -69,16 +79,16 @@ class TextView:
             elif isinstance(event, RankPrompt) and event.kind != PromptKind.INPUT:
                 if event.rank not in self._in_pdb:
                     self._in_pdb.add(event.rank)
-                    self._out("stdout").write(f"[rank {event.rank}] notebook_accel: {event.describe()}\n")
+                    self._write("stdout", f"[rank {event.rank}] notebook_accel: {event.describe()}\n")
             elif isinstance(event, PromptAnswered) and event.ran_on:
                 self._in_pdb.discard(event.rank)
             elif isinstance(event, (PeersWaiting, SessionNotice)):
-                self._out("stdout").write(f"notebook_accel: {event.text}\n")
+                self._write("stdout", f"notebook_accel: {event.text}\n")
             elif isinstance(event, LaunchFinished):
                 self._pending.clear()
-                out = self._out("stdout")
-                out.write("\n".join(self.state.summary_lines(ascii=True)) + "\n")
-                for stream in ("stdout", "stderr"):
+                # each closed loop's last line was printed as it closed: the summary does not repeat it
+                self._write("stdout", "\n".join(self.state.summary_lines(ascii=True, closed_loops=False)) + "\n")
+                for stream in ("stderr", "stdout"):
                     self._out(stream).flush()
 
     def tick(self) -> None:
@@ -94,7 +104,7 @@ class TextView:
         for rank, state in self.state.ranks.items():
             stalled = self.state.stalled_for(state, now) is not None
             if stalled and rank not in self._stalled:
-                self._out("stdout").write(f"[rank {rank}] {self.state.straggler_text(state, now)}\n")
+                self._write("stdout", f"[rank {rank}] {self.state.straggler_text(state, now)}\n")
             if stalled:
                 self._stalled.add(rank)
             else:
@@ -128,7 +138,7 @@ class TextView:
         self._printed_n[key] = bar.update.n
         state = self.state.rank(bar.rank)
         extra = state.metrics_postfix() if bar is state.metrics_bar() else ""
-        self._out("stdout").write(f"[rank {bar.rank}] {bar.meter(extra, ascii=True, ncols=None)}\n")
+        self._write("stdout", f"[rank {bar.rank}] {bar.meter(extra, ascii=True, ncols=None)}\n")
 
 
 class OutputView:

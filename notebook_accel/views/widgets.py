@@ -45,7 +45,21 @@ from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, Metric
                            RankResult, RankStacks, RankStarted, RankStatus, ResourceSample, SessionNotice)
 from .model import (STATUS_COLOURS, BarState, LaunchState, RankState, clean_line, format_interval, launch_title,
                     rank_colour, resource_text)
-from .plot import render_line_plot
+from .plot import PLOT_WIDTH, render_line_plot
+
+PLOT_BOX_WIDTH = PLOT_WIDTH + 8  # px: a plot and the margin to its right neighbour
+MOST_PLOTS_IN_A_ROW = 3
+
+
+def even_row_length(plots: int) -> int:
+    """How many plots a row may hold so that the rows come out even: 4 plots make 2 + 2, not 3 + 1 (the fourth
+    alone on a row of its own); a narrower cell still wraps them sooner.
+
+    >>> [even_row_length(n) for n in range(1, 8)]
+    [1, 2, 3, 2, 3, 3, 3]
+    """
+    rows = -(-plots // MOST_PLOTS_IN_A_ROW)
+    return -(-plots // rows)
 
 __all__ = ["WidgetView", "DashboardBox"]
 
@@ -547,9 +561,10 @@ class WidgetView:
                 tooltip="y axis: auto is log when the values span more than two decades",
                 layout=widgets.Layout(width="110px"))
             picker.observe(lambda _change, name=name: self._redraw_plot(name), names="value")
-            box = widgets.VBox([plot, picker], layout=widgets.Layout(margin="4px 8px 0 0"))
+            box = widgets.VBox([plot, picker], layout=widgets.Layout(margin=f"4px {PLOT_BOX_WIDTH - PLOT_WIDTH}px 0 0"))
             self._plot_boxes[name] = box
             self.plots_box.children = tuple(self._plot_boxes[n] for n in self._plot_boxes)
+            self.plots_box.layout.max_width = f"{even_row_length(len(self._plot_boxes)) * PLOT_BOX_WIDTH}px"
             self.plots_area.layout.display = None
         else:
             plot.value = svg

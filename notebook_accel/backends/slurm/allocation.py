@@ -206,6 +206,15 @@ class Allocation:
             tick()
             time.sleep(0.1)
 
+    def never_started(self) -> str:
+        """What a launch that ended while this job pends says of it, with ``squeue``'s reason asked now."""
+        if self.job_id is None:
+            return "salloc's request had no job id from Slurm yet; it was withdrawn"
+        reason = run_tool(["squeue", "-h", "-j", self.job_id, "-o", "%r"], timeout=30).stdout.strip()
+        reason = f" ({reason})" if reason and reason != "None" else ""
+        return (f"Slurm job {self.job_id} never left the queue{reason} and was cancelled; the timeout counts the "
+                f"wait in the queue: squeue shows what holds the nodes")
+
     def release(self) -> None:
         """Give the allocation back (``scancel``), whatever state it is in; ``salloc`` gone too."""
         try:

@@ -151,8 +151,9 @@ class SlurmBackend(Backend):
             self.open_rendezvous()
         job = self.allocate(lambda: policy.reason() is not None, sink.tick,
                             lambda text: sink.deliver(SessionNotice(rank=-1, text=text)))
-        if job is None:
-            return Outcome(policy.reason() or Status.STOPPED)
+        if job is None:  # stopped or timed out while the job pended: say so, not "ranks still running: none"
+            return Outcome(policy.reason() or Status.STOPPED,
+                           waiting=self.allocation.never_started() if self.allocation is not None else None)
         # With max_restarts, each attempt is a new step of the same job (base.run_attempts announces it).
         outcome, history = run_attempts(self.site.max_restarts, sink.deliver,
                                         lambda attempt: self._run_step(job, attempt, sink, policy),
