@@ -714,11 +714,14 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
-        """Wrap an LR scheduler so it steps once per real optimizer step."""
+        """Wrap an LR scheduler so it steps with real optimizer steps, ``num_processes`` times each (as HF)."""
         target = scheduler.optimizer
         optimizers = [opt for opt in self._optimizers if target is opt or target is opt.optimizer]
-        wrapped = AcceleratedScheduler(scheduler, optimizers, self.gradient_state,
-                                       step_with_optimizer=self.step_scheduler_with_optimizer)  # fmt: skip
+        wrapped = AcceleratedScheduler(
+            scheduler, optimizers, self.gradient_state, step_with_optimizer=self.step_scheduler_with_optimizer,
+            num_processes=self.num_processes, split_batches=self.split_batches,
+            adjust_scheduler=self.gradient_accumulation_plugin.adjust_scheduler,
+        )
         self._schedulers.append(wrapped)
         return wrapped
 
@@ -803,17 +806,26 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
     ) -> Optional[torch.Tensor]:
         """Clip the (unscaled) gradient norm; returns the total norm before clipping.
 
-        On accumulation steps it does nothing and returns None: the gradients are a partial sum (and,
-        under DDP's no_sync, differ per rank), so the clip belongs to the sync step.
+        On accumulation steps it clips what is there, as HF accelerate does: the partial sum of this rank's
+        gradients so far (under DDP's no_sync they differ per rank), so the same loop gives HF's weights. With
+        fp16 the partial gradients stay scaled (they are unscaled once, on the sync step): the clip is done in
+        the scaled units, the same numbers, and the norm returned unscaled.
         """
-        if not self.sync_gradients:
-            return None
         if self._deepspeed_engine is not None:
             return self._deepspeed_clips(max_norm, norm_type)
+        if not self.sync_gradients:
+            return self._clip_partial_gradients(parameters, max_norm, norm_type)
         self._unscale_gradients()
         self._reduce_xla_gradients()
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
         # over FSDP2's sharded gradients the norm is a DTensor: the same number on every rank, as a plain tensor
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def _clip_partial_gradients(
+        self, parameters: Union[torch.Tensor, Iterable[torch.Tensor]], max_norm: float, norm_type: float
+    ) -> torch.Tensor:
+        scale = self.scaler.get_scale() if self.scaler is not None and self.scaler.is_enabled() else 1.0
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm * scale, norm_type=norm_type) / scale
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def _deepspeed_clips(self, max_norm: float, norm_type: float) -> None:
