@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 
+from .accelerator.checkpointing import load, save
 from .accelerator.configs import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -63,6 +64,7 @@ __all__ = [
     "release_memory", "send_to_device", "set_seed", "should_reduce_batch_size", "wait_for_everyone",
     "write_basic_config",
 ]  # fmt: skip
+__all__ += ["load", "save"]  # HF's checkpoint file helpers (accelerator/checkpointing.py)
 
 
 def is_tensorboard_available() -> bool:

@@ -177,6 +177,29 @@ def hf_style_snippets(impl: str, workdir: str) -> Dict[str, Any]:
     grad = accelerator.unwrap_model(model).used.weight.grad.clone()
     out["synced_grads_equal"] = bool(torch.allclose(*accelerator.gather(grad[None])))
 
+    # --- HF's numbers: the default step_scheduler_with_optimizer=True steps the scheduler num_processes times per
+    # optimizer step; clip_grad_norm_ on an accumulation step clips the partial gradients
+    torch.manual_seed(0)
+    accelerator = Accelerator(gradient_accumulation_steps=2)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    loader = DataLoader(tiny_data(8), batch_size=1)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    lrs, norms = [], []
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y) * 50)
+            norms.append(float(accelerator.clip_grad_norm_(model.parameters(), 0.5)))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        lrs.append(scheduler.get_last_lr()[0])
+    out["scheduler_lrs"] = lrs
+    out["clip_norms"] = [round(norm, 5) for norm in norms]
+    out["clipped_weights"] = [round(w, 6) for row in accelerator.unwrap_model(model).weight.tolist() for w in row]
+    del accelerator, model, optimizer, scheduler, loader
+
     # --- checkpoints: automatic naming with total_limit, registered objects, hooks, resuming mid-epoch
     project = os.path.join(workdir, "project")
     config = utils.ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, total_limit=2)
@@ -281,7 +304,7 @@ def results(tmp_path_factory) -> Dict[str, Any]:
 SAME_ON_BOTH = [
     "split", "split_padded", "split_dict", "split_tensor", "gather_object", "ran", "is_last_process", "trigger",
     "broadcast_object_list", "reduce_mean", "accelerator_reduce_sum", "gathered", "seeded", "executable_batch_size",
-    "gather_for_metrics_objects", "lr_after_4_calls", "no_sync_grads_equal", "synced_grads_equal", "save_iteration",
+    "gather_for_metrics_objects", "lr_after_4_calls", "scheduler_lrs", "clip_norms", "clipped_weights", "no_sync_grads_equal", "synced_grads_equal", "save_iteration",
     "checkpoints", "custom_checkpoint_files", "counter_restored", "weights_restored", "hooks",
     "resumed_batches_are_the_rest_of_the_epoch", "first_batches_before_saving", "profiled", "tracker_on_this_rank",
     "tracker_unwrapped",
@@ -297,6 +320,8 @@ def test_the_snippets_computed_what_hf_documents(results):
     """A few absolute values, so that both being wrong the same way fails too."""
     rank0, rank1 = results["ours"]
     assert (rank0["split"], rank1["split"]) == (["A", "B", "C"], ["D", "E"])
+    assert rank0["scheduler_lrs"] == [0.1, 0.025, 0.025, 0.00625]  # 2 scheduler steps per optimizer step on 2 ranks
+    assert rank0["clip_norms"][0] > 0.5  # an accumulation step: the partial gradients were clipped, not skipped
     assert (rank0["split_padded"], rank1["split_padded"]) == (["A", "B"], ["C", "C"])
     assert (rank0["ran"], rank1["ran"]) == (["main", "local_main"], ["last", "process_1"])
     assert rank0["trigger"] == rank1["trigger"] == [True, False]

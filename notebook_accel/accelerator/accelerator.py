@@ -6,6 +6,7 @@ import contextlib
 import gc
 import os
 import warnings
+from pathlib import Path
 from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Union
 
 import torch
@@ -14,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from . import operations
 from .absent import ABSENT_PARAMETERS, AbsentMembers, refuse
-from .checkpointing import load_checkpoint, load_model_weights, save_checkpoint
+from .checkpointing import load_checkpoint, load_model_weights, save, save_checkpoint, save_sharded_weights
 from .data_loader import PreparedDataLoader, SkippedLoader, XlaDeviceLoader, prepare_data_loader
 from .fsdp import FullyShardedDataParallelPlugin, full_state_dict, is_sharded, shard_model
 from .gradient_state import GradientState
@@ -1030,31 +1031,23 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
             return engine_state_dict(model)
         return (self.unwrap_model(model) if unwrap else model).state_dict()
 
-    def save_model(self, model: torch.nn.Module, save_directory: str, safe_serialization: bool = True) -> str:
-        """One file of the model's full weights in ``save_directory`` (call on every rank: under FSDP2 and ZeRO-3
-        the weights are gathered first; rank 0 writes). ``model.safetensors`` (needs the safetensors package),
-        or ``pytorch_model.bin`` with ``safe_serialization=False``. Returns the file's path.
+    def save_model(self, model: torch.nn.Module, save_directory: Union[str, os.PathLike],
+                   max_shard_size: Union[int, str] = "10GB", safe_serialization: bool = True) -> str:
+        """The model's full weights in ``save_directory``, in HF's files (call on every rank: under FSDP2 and
+        ZeRO-3 the weights are gathered first; rank 0 writes): ``model.safetensors`` (needs the safetensors
+        package), or ``pytorch_model.bin`` with ``safe_serialization=False``; beyond ``max_shard_size`` (bytes, or
+        ``"10GB"``, ``"500MB"``...) shards ``model-00001-of-00002.safetensors``... and
+        ``model.safetensors.index.json``, as HF names them. Returns the file's path (the index's when sharded).
 
         Example::
 
             accelerator.save_model(model, "final")     # load anywhere: safetensors.torch.load_file(...)
         """
         weights = self.get_state_dict(model)
-        name = "model.safetensors" if safe_serialization else "pytorch_model.bin"
-        path = os.path.join(save_directory, name)
+        path = ""
         if self.is_main_process:
             os.makedirs(save_directory, exist_ok=True)
-            # own, contiguous CPU copies: safetensors refuses tensors that share storage (tied weights)
-            weights = {key: value.detach().cpu().contiguous().clone() for key, value in weights.items()}
-            if safe_serialization:
-                try:
-                    from safetensors.torch import save_file
-                except ImportError as error:
-                    raise ImportError("save_model writes safetensors: pip install safetensors, or pass "
-                                      "safe_serialization=False for a torch.save file") from error
-                save_file(weights, path, metadata={"format": "pt"})
-            else:
-                torch.save(weights, path)
+            path = save_sharded_weights(weights, str(save_directory), max_shard_size, safe_serialization)
         self.wait_for_everyone()
         return path
 
@@ -1075,21 +1068,26 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         """
         load_model_weights(model, path, strict=strict)
 
-    def save(self, obj: Any, path: str) -> None:
-        """``torch.save`` on the main process, once every rank got here; all ranks return when it is written.
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """``torch.save`` (safetensors with ``safe_serialization=True``) on the main process, once per machine with
+        ``ProjectConfiguration(save_on_each_node=True)``; as in HF the other ranks write nothing and do not wait
+        (so it may be called on the main process alone).
 
         Example::
 
             accelerator.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
         """
-        self.wait_for_everyone()
-        if self.is_main_process:
-            torch.save(obj, path)
-        self.wait_for_everyone()
+        save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node,
+             safe_serialization=safe_serialization)  # fmt: skip
 
-    def save_state(self, output_dir: Optional[str] = None, **_: Any) -> str:
+    def save_state(self, output_dir: Optional[Union[str, os.PathLike]] = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs: Any) -> Path:
         """Save models, optimizers, schedulers, the fp16 scaler, every rank's RNG and data-loader position, and the
-        objects of :meth:`register_for_checkpointing` (call on all ranks). Returns the directory.
+        objects of :meth:`register_for_checkpointing` (call on all ranks), in HF accelerate's files
+        (``model.safetensors`` or, with ``safe_serialization=False``, ``pytorch_model.bin``; ``optimizer.bin``,
+        ``scheduler.bin``, ``random_states_<rank>.pkl``: see :mod:`.checkpointing`), so HF can resume from it.
+        Returns the directory, a ``pathlib.Path`` as in HF. ``save_model_func_kwargs`` are HF's for DeepSpeed's
+        ``save_checkpoint``: accepted, unused.
 
         With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` leave ``output_dir`` out: it is
         ``<project_dir>/checkpoints/checkpoint_<i>``, counting up, the oldest removed beyond ``total_limit``.
@@ -1101,24 +1099,34 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
             ...
             accelerator.load_state("checkpoints/epoch_3")   # after prepare(), with the same objects
         """
-        directory = self._directory_to_save(output_dir)
+        directory = self._directory_to_save(None if output_dir is None else str(output_dir))
         if self._save_state_pre_hooks:
             weights = [self.get_state_dict(model, unwrap=False) for model in self._models]
             for hook in self._save_state_pre_hooks.values():
                 hook(self._models, weights, directory)
-        save_checkpoint(directory, **self._checkpointed(), process_index=self.process_index)
+        save_checkpoint(directory, **self._checkpointed(), process_index=self.process_index,
+                        wrapped=[isinstance(model, DistributedDataParallel) for model in self._models],
+                        safe_serialization=safe_serialization, step=self._accumulation_count)  # fmt: skip
         self._save_custom_objects(directory, self.process_index)
         self.project_configuration.iteration += 1
         self.wait_for_everyone()
-        return directory
+        return Path(directory)
 
-    def load_state(self, input_dir: Optional[str] = None, **_: Any) -> None:
-        """Restore what :meth:`save_state` wrote into the prepared objects (call on all ranks). Without
-        ``input_dir``, under automatic checkpoint naming: the latest ``checkpoints/checkpoint_<i>``."""
-        directory = self._directory_to_load(input_dir)
+    def load_state(self, input_dir: Optional[Union[str, os.PathLike]] = None, load_kwargs: Optional[Dict[str, Any]]
+                   = None, **load_model_func_kwargs: Any) -> None:
+        """Restore what :meth:`save_state` — ours or HF accelerate's — wrote into the prepared objects (call on all
+        ranks). Without ``input_dir``, under automatic checkpoint naming: the latest ``checkpoints/checkpoint_<i>``.
+        ``load_model_func_kwargs`` go to the models' ``load_state_dict`` (``strict=False``), as in HF;
+        ``load_kwargs`` (HF's, for ``torch.load``) and ``map_location`` are accepted: everything loads to the CPU
+        first and is copied into the prepared objects where they are."""
+        directory = self._directory_to_load(None if input_dir is None else str(input_dir))
         for hook in self._load_state_pre_hooks.values():
             hook(self._models, directory)
-        load_checkpoint(directory, **self._checkpointed(), process_index=self.process_index)
+        load_model_func_kwargs.pop("map_location", None)
+        override = load_checkpoint(directory, **self._checkpointed(), process_index=self.process_index,
+                                   load_model_kwargs=load_model_func_kwargs)  # fmt: skip
+        if "step" in override:
+            self._accumulation_count = override["step"]
         self._load_custom_objects(directory)
 
     def _checkpointed(self) -> Dict[str, Any]:
