@@ -244,6 +244,24 @@ def hf_style_snippets(impl: str, workdir: str) -> Dict[str, Any]:
     out["resumed_batches_are_the_rest_of_the_epoch"] = len(resumed) == len(loader) - 2
     out["first_batches_before_saving"] = seen
 
+    # --- HF's files: save_model's shards and index, save_state(safe_serialization=False), utils.save / load
+    import json
+
+    sharded = os.path.join(workdir, "sharded")
+    accelerator = Accelerator()  # no automatic checkpoint naming: save_state takes its directory
+    two_layers = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    accelerator.prepare(two_layers, torch.optim.SGD(two_layers.parameters(), lr=0.1))
+    accelerator.save_model(two_layers, sharded, max_shard_size=100)  # 128-byte weight: a shard of its own
+    accelerator.save_model(two_layers, os.path.join(workdir, "whole"), safe_serialization=False)
+    accelerator.save_state(os.path.join(workdir, "unsafe"), safe_serialization=False)
+    accelerator.save({"step": torch.tensor([rank])}, os.path.join(workdir, "saved.bin"))
+    accelerator.wait_for_everyone()
+    out["save_model_files"] = sorted(os.listdir(sharded)) + sorted(os.listdir(os.path.join(workdir, "whole")))
+    with open(os.path.join(sharded, "model.safetensors.index.json")) as file:
+        out["save_model_index"] = json.load(file)
+    out["unsafe_checkpoint_files"] = sorted(os.listdir(os.path.join(workdir, "unsafe")))
+    out["utils_load"] = utils.load(os.path.join(workdir, "saved.bin"))["step"].tolist()
+
     # --- profiling
     with accelerator.profile(utils.ProfileKwargs(output_trace_dir=os.path.join(workdir, "traces"))) as profiler:
         torch.ones(8) @ torch.ones(8)
@@ -304,7 +322,8 @@ def results(tmp_path_factory) -> Dict[str, Any]:
 SAME_ON_BOTH = [
     "split", "split_padded", "split_dict", "split_tensor", "gather_object", "ran", "is_last_process", "trigger",
     "broadcast_object_list", "reduce_mean", "accelerator_reduce_sum", "gathered", "seeded", "executable_batch_size",
-    "gather_for_metrics_objects", "lr_after_4_calls", "scheduler_lrs", "clip_norms", "clipped_weights", "no_sync_grads_equal", "synced_grads_equal", "save_iteration",
+    "gather_for_metrics_objects", "lr_after_4_calls", "scheduler_lrs", "clip_norms", "clipped_weights",
+    "save_model_files", "save_model_index", "unsafe_checkpoint_files", "utils_load", "no_sync_grads_equal", "synced_grads_equal", "save_iteration",
     "checkpoints", "custom_checkpoint_files", "counter_restored", "weights_restored", "hooks",
     "resumed_batches_are_the_rest_of_the_epoch", "first_batches_before_saving", "profiled", "tracker_on_this_rank",
     "tracker_unwrapped",
@@ -602,3 +621,73 @@ def test_prepare_takes_a_device_placement_flag_per_object():
     loader = DataLoader(tiny_data(4), batch_size=2)
     kept, moved = accelerator.prepare(loader, loader, device_placement=[False, True])
     assert kept.device is None and moved.device == torch.device("cpu") and accelerator.device_placement
+
+
+# ------------------------------------------------------------------ checkpoints move between the two libraries
+def dropout_model() -> torch.nn.Module:
+    """Dropout: a resumed run must have the saved RNG state too to take the same step."""
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 2))
+
+
+def resume_round(impl: str, load_dir: str, save_dir: str) -> Dict[str, Any]:
+    """On ``impl``: resume from ``load_dir`` (another library's checkpoint) and take 3 steps; then, from scratch,
+    train 3 steps, ``save_state(save_dir)`` and take the same 3 steps ("continued": what a resume must give)."""
+    torch.set_num_threads(1)
+    Accelerator, _, _ = imports(impl)
+    rank = int(os.environ.get("RANK", "0"))
+    x, y = tiny_data(8).tensors
+
+    def objects(accelerator):
+        torch.manual_seed(0)
+        model = dropout_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+        return accelerator.prepare(model, optimizer, scheduler)
+
+    def steps(accelerator, model, optimizer, scheduler, count):
+        for step in range(count):
+            batch = slice(2 * step + rank, 2 * step + rank + 1)
+            accelerator.backward(torch.nn.functional.mse_loss(model(x[batch]), y[batch]))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        weights = accelerator.unwrap_model(model).state_dict()
+        return {"weights": {name: value.tolist() for name, value in weights.items()},
+                "lr": scheduler.get_last_lr(), "rand": torch.rand(2).tolist()}  # fmt: skip
+
+    out: Dict[str, Any] = {}
+    if load_dir:
+        accelerator = Accelerator()
+        model, optimizer, scheduler = objects(accelerator)
+        accelerator.load_state(load_dir)
+        out["resumed"] = steps(accelerator, model, optimizer, scheduler, 3)
+    accelerator = Accelerator()
+    model, optimizer, scheduler = objects(accelerator)
+    steps(accelerator, model, optimizer, scheduler, 1)
+    out["saved_to"] = type(accelerator.save_state(save_dir)).__name__
+    out["continued"] = steps(accelerator, model, optimizer, scheduler, 3)
+    accelerator.wait_for_everyone()
+    out["files"] = sorted(os.listdir(save_dir))
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_checkpoint_of_hf_resumes_on_ours_and_one_of_ours_on_hf(tmp_path, world):
+    """ours saves -> HF resumes it (and saves) -> ours resumes HF's: each resume takes the steps the saving run took
+    after saving (same weights, learning rate, RNG). The files are HF's names on both."""
+    def launch(impl, load_dir, save_dir):
+        return notebook_launcher(resume_round, args=(impl, load_dir, save_dir), num_processes=world, device="cpu",
+                                 display="none", return_all=True)  # fmt: skip
+
+    ours_dir, hf_dir = str(tmp_path / "ours"), str(tmp_path / "hf")
+    first = launch("ours", "", ours_dir)
+    on_hf = launch("hf", ours_dir, hf_dir)
+    on_ours = launch("ours", hf_dir, str(tmp_path / "again"))
+    for rank in range(world):
+        assert on_hf[rank]["resumed"] == first[rank]["continued"], f"HF resuming ours, rank {rank}"
+        assert on_ours[rank]["resumed"] == on_hf[rank]["continued"], f"ours resuming HF's, rank {rank}"
+        assert first[rank]["continued"] == on_hf[rank]["continued"]  # and both libraries train the same
+        assert first[rank]["files"] == on_hf[rank]["files"]
+        assert first[rank]["saved_to"] == on_hf[rank]["saved_to"] == "PosixPath"
+    rngs = [f"random_states_{rank}.pkl" for rank in range(world)]
+    assert first[0]["files"] == sorted(["model.safetensors", "optimizer.bin", "scheduler.bin", *rngs])

@@ -1105,7 +1105,6 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
             for hook in self._save_state_pre_hooks.values():
                 hook(self._models, weights, directory)
         save_checkpoint(directory, **self._checkpointed(), process_index=self.process_index,
-                        wrapped=[isinstance(model, DistributedDataParallel) for model in self._models],
                         safe_serialization=safe_serialization, step=self._accumulation_count)  # fmt: skip
         self._save_custom_objects(directory, self.process_index)
         self.project_configuration.iteration += 1

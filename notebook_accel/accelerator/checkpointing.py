@@ -11,9 +11,8 @@ the two libraries (plain models: one process or DDP)::
     random_states_<rank>.pkl                      each rank's RNG states, HF's keys (every rank), and our data
                                                   loaders' epoch and seed (a key HF does not read)
 
-As in HF, a model wrapped in DDP is saved with DDP's keys (``module.`` in front): HF loads them back into its DDP
-model. Reading, a ``module.`` prefix is added or removed to fit the model here, so a checkpoint of 2 ranks loads on
-one and back. Weights and optimizer states are identical on every rank after a DDP step, so one copy is enough;
+As in HF, a model is saved under its own keys (not DDP's ``module.`` ones); reading, a ``module.`` prefix (a state
+dict someone saved from a DDP wrapper) is removed or added to fit the model. Weights and optimizer states are identical on every rank after a DDP step, so one copy is enough;
 RNG states differ per rank (dropout), so every rank writes its own.
 
 Not HF's (and not portable to or from HF): a model sharded with FSDP2 (and its optimizer) is saved by every rank,
@@ -292,12 +291,11 @@ def save_checkpoint(
     scaler: Optional[Any],
     loaders: Sequence[Any],
     process_index: int,
-    wrapped: Optional[Sequence[bool]] = None,
     safe_serialization: bool = True,
     step: int = 0,
 ) -> str:
     """Write the checkpoint (see the module docstring); every rank must call it. Returns ``directory``.
-    ``wrapped``: per model, whether it runs in DDP (its keys are then saved with ``module.``, as HF does)."""
+    ``step``: HF's accumulation step counter, saved in the RNG files as HF does."""
     barrier()  # every rank has finished the step being saved
     os.makedirs(directory, exist_ok=True)
     for index, model in enumerate(models):
@@ -307,8 +305,6 @@ def save_checkpoint(
             _save_sharded_model(model, os.path.join(directory, _sharded_dir("model", index)))
         elif process_index == 0:
             weights = model.state_dict()
-            if wrapped is not None and wrapped[index]:
-                weights = {_DDP_PREFIX + key: value for key, value in weights.items()}
             name = SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME
             save_object(weights, os.path.join(directory, _numbered(name, index)), safe_serialization)
     for index, optimizer in enumerate(optimizers):
