@@ -11,7 +11,8 @@ hide the next; it returns ``{check: None or the traceback}``.
 ``notebook_accel`` and ``notebook_accel.<x>`` (the same module objects: a ``sys.meta_path`` finder), *except*
 ``accelerate.test_utils``: that is HF's test helper package (``RegressionModel``, ``RegressionDataset``,
 ``are_the_same_tensors``, ``assert_exception``), not the thing under test, so it stays HF's, imported before the
-alias is set and bound to HF's own accelerate underneath (its modules keep HF's ``gather`` / ``AcceleratorState``).
+alias is set and bound to HF's own accelerate underneath (its modules keep HF's ``gather`` / ``AcceleratorState``;
+that state is made for them by an HF ``Accelerator(cpu=True)`` before the alias is set).
 HF's other modules are then removed from ``sys.modules`` so nothing of the script reaches them by name.
 
 **Missing names**: the script's top-level ``from accelerate... import a, b`` is loaded name by name; a name the
@@ -30,15 +31,16 @@ import sys
 import traceback
 import types
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 HF_SCRIPTS = os.path.join(os.path.dirname(importlib.util.find_spec("accelerate").origin), "test_utils", "scripts")
 
-# script -> (set-up lines of its main(), [the checks main() runs on 2 CPU ranks, one line each])
+# script -> (set-up lines of its main(), [the checks main() runs on 2 CPU ranks, one line each, or (label, lines)])
 # Left out: test_notebook.py (HF's own notebook_launcher, not rank code), test_merge_weights.py (FSDP1 and
 # HF's `accelerate merge-weights` command), external_deps/* (transformers, datasets, evaluate: not installed).
 _GRID = [(s, d, e) for s in (True, False) for d in (True, False) for e in (True, False)]
-CHECKS: Dict[str, Tuple[str, List[str]]] = {
+Check = Union[str, Tuple[str, str]]
+CHECKS: Dict[str, Tuple[str, List[Check]]] = {
     "test_ops.py": ("state = PartialState()", [
         "test_gather(state)", "test_gather_object(state)", "test_gather_non_contiguous(state)",
         "test_broadcast(state)", "test_pad_across_processes(state)", "test_reduce_sum(state)",
@@ -68,24 +70,28 @@ CHECKS: Dict[str, Tuple[str, List[str]]] = {
         "test_join_can_override_even_batches()",
         "test_join_can_override_for_mixed_type_dataloaders()",
         "test_join_raises_warning_for_iterable_when_overriding_even_batches()",
-        "original_state = accelerator.state.distributed_type; "
-        "accelerator.state.distributed_type = DistributedType.FSDP; "
-        "test_join_raises_warning_for_non_ddp_distributed(accelerator); "
-        "accelerator.state.distributed_type = original_state",
+        ("test_join_raises_warning_for_non_ddp_distributed(accelerator)",
+         "original_state = accelerator.state.distributed_type; "
+         "accelerator.state.distributed_type = DistributedType.FSDP; "
+         "test_join_raises_warning_for_non_ddp_distributed(accelerator); "
+         "accelerator.state.distributed_type = original_state"),
         "test_pickle_accelerator()",
-        "test_data_loader(DataLoader(DummyDataset(), shuffle=False, batch_size=BATCH_SIZE, num_workers=NUM_WORKERS), "
-        "accelerator)",
-        "test_data_loader(DataLoader(DummyDataset(), shuffle=True, batch_size=BATCH_SIZE, num_workers=NUM_WORKERS), "
-        "accelerator)",
-        "test_data_loader(DataLoader(DummyDataset(), batch_sampler=BatchSampler(RandomSampler(DummyDataset()), "
-        "batch_size=BATCH_SIZE, drop_last=False), num_workers=NUM_WORKERS), accelerator)",
-        "test_data_loader(DataLoader(DummyDataset(), sampler=BatchSampler(RandomSampler(DummyDataset()), "
-        "batch_size=BATCH_SIZE, drop_last=False), batch_size=None, collate_fn=default_collate, "
-        "num_workers=NUM_WORKERS), accelerator)",
+        ("test_data_loader(shuffle=False)",
+         "test_data_loader(DataLoader(DummyDataset(), shuffle=False, batch_size=BATCH_SIZE, "
+         "num_workers=NUM_WORKERS), accelerator)"),
+        ("test_data_loader(shuffle=True)",
+         "test_data_loader(DataLoader(DummyDataset(), shuffle=True, batch_size=BATCH_SIZE, "
+         "num_workers=NUM_WORKERS), accelerator)"),
+        ("test_data_loader(batch_sampler=BatchSampler)",
+         "test_data_loader(DataLoader(DummyDataset(), batch_sampler=BatchSampler(RandomSampler(DummyDataset()), "
+         "batch_size=BATCH_SIZE, drop_last=False), num_workers=NUM_WORKERS), accelerator)"),
+        ("test_data_loader(sampler=BatchSampler)",
+         "test_data_loader(DataLoader(DummyDataset(), sampler=BatchSampler(RandomSampler(DummyDataset()), "
+         "batch_size=BATCH_SIZE, drop_last=False), batch_size=None, collate_fn=default_collate, "
+         "num_workers=NUM_WORKERS), accelerator)"),
         "test_stateful_dataloader(accelerator)", "test_stateful_dataloader_save_state(accelerator)",
-        # last, out of main()'s order: on HF (CPU, gloo) it waits in a collective until the timeout, which leaves
-        # the process group unusable for any check after it
-        "test_can_join_uneven_inputs()",
+        # left out: test_can_join_uneven_inputs(): on HF with CPU ranks it waits in a collective until the
+        # timeout (and leaves the process group unusable for every check after it), so it can never count
     ]),
     "test_ddp_comm_hook.py": ("H = DDPCommunicationHookType", [
         f"test_ddp_comm_hook(H.{hook}, H.{wrapper}, {option})" for hook, wrapper, option in [
@@ -101,9 +107,18 @@ CHECKS: Dict[str, Tuple[str, List[str]]] = {
 SET_UP = "(set-up)"
 
 
+def labelled(check: Check) -> Tuple[str, str]:
+    """``(label, source)`` of a check: a one-line check is its own label."""
+    return (check, check) if isinstance(check, str) else check
+
+
+def labels(script: str) -> List[str]:
+    return [labelled(check)[0] for check in CHECKS[script][1]]
+
+
 def check_ids() -> List[str]:
     """``script::check`` for every check, in run order."""
-    return [f"{script}::{check}" for script, (_, checks) in CHECKS.items() for check in checks]
+    return [f"{script}::{label}" for script in CHECKS for label in labels(script)]
 
 
 class MissingName:
@@ -122,6 +137,27 @@ class MissingName:
 
     def __mro_entries__(self, bases: Any) -> Any:
         raise ImportError(self._message)
+
+
+def found_anywhere(module: str, name: str, error: BaseException) -> Any:
+    """Diagnostics (``run_checks(..., anywhere=True)``): a name missing where HF has it, looked up in every module of
+    our package instead (what the checks would do were it exported there), an ``is_*_available`` probe taken from
+    HF's test helpers; a MissingName if none has it."""
+    import pkgutil
+
+    import notebook_accel.accelerator
+
+    for info in pkgutil.iter_modules(notebook_accel.accelerator.__path__, "notebook_accel.accelerator."):
+        importlib.import_module(info.name)
+    for candidate in ["notebook_accel", "notebook_accel.utils"] + sorted(sys.modules):
+        found = getattr(sys.modules.get(candidate), name, None) if candidate.startswith("notebook_accel") else None
+        if found is not None:
+            return found
+    if name.startswith("is_") and name.endswith("_available"):  # an environment probe: HF's own, from its helpers
+        found = getattr(_HF_MODULES.get("accelerate.utils"), name, None)
+        if found is not None:
+            return found
+    return MissingName(module, name, error)
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -149,6 +185,9 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass  # already imported as notebook_accel.<x>
 
 
+_HF_MODULES: Dict[str, types.ModuleType] = {}  # HF's modules the alias took out of sys.modules
+
+
 def alias_accelerate_to_ours() -> None:
     """Keep HF's ``accelerate.test_utils`` (imported now, on HF's accelerate), send every other ``accelerate`` name
     to ``notebook_accel``."""
@@ -156,9 +195,12 @@ def alias_accelerate_to_ours() -> None:
     import accelerate.test_utils.testing  # noqa: F401
     import accelerate.test_utils.training  # noqa: F401
 
+    # are_the_same_tensors() asks HF's AcceleratorState for the device: made by HF's own Accelerator(), here
+    accelerate.Accelerator(cpu=True)
+
     for name in [name for name in sys.modules if name == "accelerate" or name.startswith("accelerate.")]:
         if not name.startswith("accelerate.test_utils"):
-            del sys.modules[name]
+            _HF_MODULES[name] = sys.modules.pop(name)
     sys.meta_path.insert(0, _Alias())
 
 
@@ -182,23 +224,24 @@ class _SplitImports(ast.NodeTransformer):
         return node  # imports inside functions stay as HF wrote them
 
 
-def load_script(script: str) -> types.ModuleType:
-    """HF's script as a module, its top-level accelerate imports split name by name."""
+def load_script(script: str, anywhere: bool = False) -> types.ModuleType:
+    """HF's script as a module, its top-level accelerate imports split name by name (``anywhere``: a missing name
+    is looked up in all of our package, see :func:`found_anywhere`)."""
     path = os.path.join(HF_SCRIPTS, script)
     with open(path) as file:
         tree = _SplitImports().visit(ast.parse(file.read(), path))
     ast.fix_missing_locations(tree)
     module = types.ModuleType(f"hf_script_{script[:-3]}")
     module.__file__ = path
-    module.__dict__["_MissingName"] = MissingName
+    module.__dict__["_MissingName"] = found_anywhere if anywhere else MissingName
     sys.modules[module.__name__] = module
     exec(compile(tree, path, "exec"), module.__dict__)
     return module
 
 
-def run_checks(library: str, script: str, workdir: str) -> Dict[str, Optional[str]]:
+def run_checks(library: str, script: str, workdir: str, anywhere: bool = False) -> Dict[str, Optional[str]]:
     """In each rank: the script's set-up, then every check of :data:`CHECKS` on its own; ``{check: traceback}``
-    (None: passed on this rank)."""
+    (None: passed on this rank). ``anywhere``: diagnostics, see :func:`found_anywhere`."""
     import torch
     import torch.distributed as dist
 
@@ -212,12 +255,12 @@ def run_checks(library: str, script: str, workdir: str) -> Dict[str, Optional[st
         alias_accelerate_to_ours()
     results: Dict[str, Optional[str]] = {}
     try:
-        module = load_script(script)
+        module = load_script(script, anywhere)
     except BaseException:  # noqa: B036  the whole script failed to load: every check fails with that
         failure = traceback.format_exc()
-        return {check: failure for check in [SET_UP] + CHECKS[script][1]}
+        return {check: failure for check in [SET_UP] + labels(script)}
     set_up, checks = CHECKS[script]
-    for check, source in [(SET_UP, set_up)] + [(check, check) for check in checks]:
+    for check, source in [(SET_UP, set_up)] + [labelled(check) for check in checks]:
         try:
             exec(compile(source, f"<{script} check>", "exec"), module.__dict__)
             results[check] = None

@@ -190,6 +190,7 @@ def hf_style_snippets(impl: str, workdir: str) -> Dict[str, Any]:
     for x, y in loader:
         with accelerator.accumulate(model):
             accelerator.backward(torch.nn.functional.mse_loss(model(x), y) * 50)
+            accelerator.clip_grad_value_(model.parameters(), 2.0)
             norms.append(float(accelerator.clip_grad_norm_(model.parameters(), 0.5)))
             optimizer.step()
             scheduler.step()

@@ -841,8 +841,11 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         return None  # the norm is known only inside the step (engine.get_global_grad_norm() after it)
 
     def clip_grad_value_(self, parameters: Union[torch.Tensor, Iterable[torch.Tensor]], clip_value: float) -> None:
-        """Clamp every (unscaled) gradient to [-clip_value, clip_value]; a no-op on accumulation steps."""
+        """Clamp every (unscaled) gradient to [-clip_value, clip_value]; on accumulation steps the partial gradients,
+        as HF accelerate does (in fp16's scaled units there, as :meth:`clip_grad_norm_`)."""
         if not self.sync_gradients:
+            scale = self.scaler.get_scale() if self.scaler is not None and self.scaler.is_enabled() else 1.0
+            torch.nn.utils.clip_grad_value_(parameters, clip_value * scale)
             return
         self._unscale_gradients()
         self._reduce_xla_gradients()
