@@ -129,6 +129,7 @@ def hf_style_snippets(impl: str, workdir: str) -> Dict[str, Any]:
     out["reduce_mean"] = utils.reduce(torch.tensor([float(rank + 1)])).tolist()
     out["accelerator_reduce_sum"] = accelerator.reduce(torch.tensor([float(rank + 1)])).tolist()
     out["gathered"] = utils.gather(torch.tensor([rank])).tolist()
+    out["gathered_requires_grad"] = accelerator.gather(torch.ones(2, requires_grad=True) * (rank + 1)).tolist()
     utils.set_seed(7)
     out["seeded"] = torch.rand(2).tolist()
 
@@ -322,7 +323,8 @@ def results(tmp_path_factory) -> Dict[str, Any]:
 
 SAME_ON_BOTH = [
     "split", "split_padded", "split_dict", "split_tensor", "gather_object", "ran", "is_last_process", "trigger",
-    "broadcast_object_list", "reduce_mean", "accelerator_reduce_sum", "gathered", "seeded", "executable_batch_size",
+    "broadcast_object_list", "reduce_mean", "accelerator_reduce_sum", "gathered",
+    "gathered_requires_grad", "seeded", "executable_batch_size",
     "gather_for_metrics_objects", "lr_after_4_calls", "scheduler_lrs", "clip_norms", "clipped_weights",
     "save_model_files", "save_model_index", "unsafe_checkpoint_files", "utils_load", "no_sync_grads_equal", "synced_grads_equal", "save_iteration",
     "checkpoints", "custom_checkpoint_files", "counter_restored", "weights_restored", "hooks",
@@ -340,6 +342,7 @@ def test_the_snippets_computed_what_hf_documents(results):
     """A few absolute values, so that both being wrong the same way fails too."""
     rank0, rank1 = results["ours"]
     assert (rank0["split"], rank1["split"]) == (["A", "B", "C"], ["D", "E"])
+    assert rank0["gathered_requires_grad"] == [1.0, 1.0, 2.0, 2.0]  # the values, as HF (no autograd error)
     assert rank0["scheduler_lrs"] == [0.1, 0.025, 0.025, 0.00625]  # 2 scheduler steps per optimizer step on 2 ranks
     assert rank0["clip_norms"][0] > 0.5  # an accumulation step: the partial gradients were clipped, not skipped
     assert (rank0["split_padded"], rank1["split_padded"]) == (["A", "B"], ["C", "C"])
