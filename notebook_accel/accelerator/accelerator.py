@@ -512,7 +512,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
           DistributedDataParallel when there are several processes;
         - an optimizer handles gradient accumulation and fp16 loss scaling in ``step()``;
         - a DataLoader yields this rank's shard of every epoch, on the device;
-        - a scheduler steps once per real optimizer step.
+        - a scheduler steps with real optimizer steps only, ``num_processes`` times each (as HF accelerate).
 
         A single object comes back as itself, several as a tuple. ``device_placement``: one flag per object
         (HF's), overriding the Accelerator's for that object.
