@@ -1051,8 +1051,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         if self.is_main_process:
             os.makedirs(save_directory, exist_ok=True)
             path = save_sharded_weights(weights, str(save_directory), max_shard_size, safe_serialization)
-        self.wait_for_everyone()
-        return path
+        return operations.broadcast_object(path)  # every rank returns once it is written
 
     def load_model(self, model: torch.nn.Module, path: str, strict: bool = True) -> None:
         """Full weights from ``path`` into ``model`` (prepared or not; call it on every rank): what

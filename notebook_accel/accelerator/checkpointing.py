@@ -59,7 +59,11 @@ WEIGHTS_NAME = "pytorch_model.bin"
 WEIGHT_FILES = (SAFE_WEIGHTS_NAME, WEIGHTS_NAME)  # what save_model writes (and Hugging Face's names)
 SCALER_NAME = "scaler.pt"
 _DDP_PREFIX = "module."
-_LOADERS_KEY = "notebook_accel_loaders"  # ours, in HF's random_states file (HF reads only its own keys)
+# ours, in HF's random_states file (HF reads only its own keys): the loaders' epoch and seed, and the optimizers'
+# parameter names (optimizer.bin is torch's plain state_dict, by position, as HF writes it: the names let a sharded
+# model or a DeepSpeed engine find its parameters' state)
+_LOADERS_KEY = "notebook_accel_loaders"
+_OPTIMIZER_NAMES_KEY = "notebook_accel_optimizer_parameter_names"
 
 
 def _numbered(name: str, index: int) -> str:
@@ -320,8 +324,13 @@ def save_checkpoint(
             torch.save(scheduler.state_dict(), os.path.join(directory, _numbered("scheduler.bin", index)))
         if scaler is not None:
             torch.save(scaler.state_dict(), os.path.join(directory, SCALER_NAME))
+    names = []
+    for optimizer in optimizers:
+        owner = None if hasattr(optimizer, "engine") else _model_of(optimizer, models)
+        plain = owner is not None and not is_sharded(owner) and not is_engine(owner)
+        names.append(optimizer_parameter_names(optimizer, owner) if plain else None)
     per_rank = {"step": step, **_hf_rng_states(capture_rng_states()),
-                _LOADERS_KEY: [_loader_state(loader) for loader in loaders]}
+                _LOADERS_KEY: [_loader_state(loader) for loader in loaders], _OPTIMIZER_NAMES_KEY: names}
     torch.save(per_rank, os.path.join(directory, _rng_file(process_index)))
     barrier()  # the files are complete before anyone reads them
     return directory
@@ -388,7 +397,8 @@ def _load_model(directory: str, index: int, model: torch.nn.Module, optimizers: 
     return []
 
 
-def _load_optimizer(directory: str, index: int, optimizer: Any, models: Sequence[torch.nn.Module]) -> None:
+def _load_optimizer(directory: str, index: int, optimizer: Any, models: Sequence[torch.nn.Module],
+                    saved_names: Optional[List[List[str]]] = None) -> None:
     sharded = os.path.join(directory, _sharded_dir("optimizer", index))
     owner = getattr(optimizer, "engine", None) or _model_of(optimizer, models)
     if os.path.isdir(sharded):
@@ -400,7 +410,7 @@ def _load_optimizer(directory: str, index: int, optimizer: Any, models: Sequence
         return
     saved = _load(_existing(directory, ["optimizer.bin"], index, "optimizers"))
     if owner is not None and (is_engine(owner) or is_sharded(owner)):  # by name: the same state, cut differently
-        names = optimizer_parameter_names(optimizer, owner)
+        names = saved_names or optimizer_parameter_names(optimizer, owner)
         if not load_full_optimizer_state(owner, optimizer, named_optimizer_state(saved, names)):
             _optimizer_starts_fresh(index, _BELOW_ZERO3)
     else:
@@ -427,6 +437,12 @@ def _existing(directory: str, names: Sequence[str], index: int, plural: str) -> 
     )
 
 
+def _saved_by_rank_0(directory: str) -> Optional[Dict[str, Any]]:
+    """Rank 0's random_states file (another number of ranks may have saved: this rank's may be missing)."""
+    path = os.path.join(directory, _rng_file(0))
+    return _load(path) if os.path.exists(path) else None
+
+
 def load_checkpoint(
     directory: str,
     *,
@@ -443,24 +459,27 @@ def load_checkpoint(
     ``load_model_kwargs``: for the models' ``load_state_dict`` (``strict=``)."""
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"no checkpoint directory at {directory!r}")
+    rng_path = os.path.join(directory, _rng_file(process_index))
+    per_rank = _load(rng_path) if os.path.exists(rng_path) else None
+    first_rank = per_rank if process_index == 0 else _saved_by_rank_0(directory)
+    saved_names = (first_rank or {}).get(_OPTIMIZER_NAMES_KEY) or []
     restored = set()
     for index, model in enumerate(models):
         restored.update(_load_model(directory, index, model, optimizers, load_model_kwargs))
     for index, optimizer in enumerate(optimizers):
         if index not in restored:
-            _load_optimizer(directory, index, optimizer, models)
+            names = saved_names[index] if index < len(saved_names) else None
+            _load_optimizer(directory, index, optimizer, models, names)
     for index, scheduler in enumerate(schedulers):
         scheduler.load_state_dict(_load(_existing(directory, ["scheduler.bin"], index, "schedulers")))
     if scaler is not None and os.path.exists(os.path.join(directory, SCALER_NAME)):
         scaler.load_state_dict(_load(os.path.join(directory, SCALER_NAME)))
 
     override: Dict[str, Any] = {}
-    rng_path = os.path.join(directory, _rng_file(process_index))
-    if not os.path.exists(rng_path):
+    if per_rank is None:
         warnings.warn(f"{rng_path!r} is missing (saved with fewer processes?): RNG states not restored",
                       stacklevel=3)
     else:
-        per_rank = _load(rng_path)
         restore_rng_states(_our_rng_states(per_rank))
         if "step" in per_rank:
             override["step"] = per_rank["step"]
