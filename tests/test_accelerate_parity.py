@@ -672,6 +672,12 @@ def resume_round(impl: str, load_dir: str, save_dir: str) -> Dict[str, Any]:
     out["continued"] = steps(accelerator, model, optimizer, scheduler, 3)
     accelerator.wait_for_everyone()
     out["files"] = sorted(os.listdir(save_dir))
+    # a 1-process launch runs in this very process (pytest's): leave no process group or HF state behind
+    accelerator.end_training()
+    if impl == "hf":
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
     return out
 
 
