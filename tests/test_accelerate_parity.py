@@ -129,6 +129,7 @@ def hf_style_snippets(impl: str, workdir: str) -> Dict[str, Any]:
     out["reduce_mean"] = utils.reduce(torch.tensor([float(rank + 1)])).tolist()
     out["accelerator_reduce_sum"] = accelerator.reduce(torch.tensor([float(rank + 1)])).tolist()
     out["gathered"] = utils.gather(torch.tensor([rank])).tolist()
+    out["gathered_requires_grad"] = accelerator.gather(torch.ones(2, requires_grad=True) * (rank + 1)).tolist()
     utils.set_seed(7)
     out["seeded"] = torch.rand(2).tolist()
 
@@ -177,6 +178,30 @@ def hf_style_snippets(impl: str, workdir: str) -> Dict[str, Any]:
     grad = accelerator.unwrap_model(model).used.weight.grad.clone()
     out["synced_grads_equal"] = bool(torch.allclose(*accelerator.gather(grad[None])))
 
+    # --- HF's numbers: the default step_scheduler_with_optimizer=True steps the scheduler num_processes times per
+    # optimizer step; clip_grad_norm_ on an accumulation step clips the partial gradients
+    torch.manual_seed(0)
+    accelerator = Accelerator(gradient_accumulation_steps=2)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    loader = DataLoader(tiny_data(8), batch_size=1)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    lrs, norms = [], []
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y) * 50)
+            accelerator.clip_grad_value_(model.parameters(), 2.0)
+            norms.append(float(accelerator.clip_grad_norm_(model.parameters(), 0.5)))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        lrs.append(scheduler.get_last_lr()[0])
+    out["scheduler_lrs"] = lrs
+    out["clip_norms"] = [round(norm, 5) for norm in norms]
+    out["clipped_weights"] = [round(w, 6) for row in accelerator.unwrap_model(model).weight.tolist() for w in row]
+    del accelerator, model, optimizer, scheduler, loader
+
     # --- checkpoints: automatic naming with total_limit, registered objects, hooks, resuming mid-epoch
     project = os.path.join(workdir, "project")
     config = utils.ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, total_limit=2)
@@ -220,6 +245,24 @@ def hf_style_snippets(impl: str, workdir: str) -> Dict[str, Any]:
     resumed = [x.sum().item() for x, _ in accelerator.skip_first_batches(loader, 2)]
     out["resumed_batches_are_the_rest_of_the_epoch"] = len(resumed) == len(loader) - 2
     out["first_batches_before_saving"] = seen
+
+    # --- HF's files: save_model's shards and index, save_state(safe_serialization=False), utils.save / load
+    import json
+
+    sharded = os.path.join(workdir, "sharded")
+    accelerator = Accelerator()  # no automatic checkpoint naming: save_state takes its directory
+    two_layers = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    accelerator.prepare(two_layers, torch.optim.SGD(two_layers.parameters(), lr=0.1))
+    accelerator.save_model(two_layers, sharded, max_shard_size=100)  # 128-byte weight: a shard of its own
+    accelerator.save_model(two_layers, os.path.join(workdir, "whole"), safe_serialization=False)
+    accelerator.save_state(os.path.join(workdir, "unsafe"), safe_serialization=False)
+    accelerator.save({"step": torch.tensor([rank])}, os.path.join(workdir, "saved.bin"))
+    accelerator.wait_for_everyone()
+    out["save_model_files"] = sorted(os.listdir(sharded)) + sorted(os.listdir(os.path.join(workdir, "whole")))
+    with open(os.path.join(sharded, "model.safetensors.index.json")) as file:
+        out["save_model_index"] = json.load(file)
+    out["unsafe_checkpoint_files"] = sorted(os.listdir(os.path.join(workdir, "unsafe")))
+    out["utils_load"] = utils.load(os.path.join(workdir, "saved.bin"))["step"].tolist()
 
     # --- profiling
     with accelerator.profile(utils.ProfileKwargs(output_trace_dir=os.path.join(workdir, "traces"))) as profiler:
@@ -280,8 +323,10 @@ def results(tmp_path_factory) -> Dict[str, Any]:
 
 SAME_ON_BOTH = [
     "split", "split_padded", "split_dict", "split_tensor", "gather_object", "ran", "is_last_process", "trigger",
-    "broadcast_object_list", "reduce_mean", "accelerator_reduce_sum", "gathered", "seeded", "executable_batch_size",
-    "gather_for_metrics_objects", "lr_after_4_calls", "no_sync_grads_equal", "synced_grads_equal", "save_iteration",
+    "broadcast_object_list", "reduce_mean", "accelerator_reduce_sum", "gathered",
+    "gathered_requires_grad", "seeded", "executable_batch_size",
+    "gather_for_metrics_objects", "lr_after_4_calls", "scheduler_lrs", "clip_norms", "clipped_weights",
+    "save_model_files", "save_model_index", "unsafe_checkpoint_files", "utils_load", "no_sync_grads_equal", "synced_grads_equal", "save_iteration",
     "checkpoints", "custom_checkpoint_files", "counter_restored", "weights_restored", "hooks",
     "resumed_batches_are_the_rest_of_the_epoch", "first_batches_before_saving", "profiled", "tracker_on_this_rank",
     "tracker_unwrapped",
@@ -297,6 +342,9 @@ def test_the_snippets_computed_what_hf_documents(results):
     """A few absolute values, so that both being wrong the same way fails too."""
     rank0, rank1 = results["ours"]
     assert (rank0["split"], rank1["split"]) == (["A", "B", "C"], ["D", "E"])
+    assert rank0["gathered_requires_grad"] == [1.0, 1.0, 2.0, 2.0]  # the values, as HF (no autograd error)
+    assert rank0["scheduler_lrs"] == [0.1, 0.025, 0.025, 0.00625]  # 2 scheduler steps per optimizer step on 2 ranks
+    assert rank0["clip_norms"][0] > 0.5  # an accumulation step: the partial gradients were clipped, not skipped
     assert (rank0["split_padded"], rank1["split_padded"]) == (["A", "B"], ["C", "C"])
     assert (rank0["ran"], rank1["ran"]) == (["main", "local_main"], ["last", "process_1"])
     assert rank0["trigger"] == rank1["trigger"] == [True, False]
@@ -577,3 +625,79 @@ def test_prepare_takes_a_device_placement_flag_per_object():
     loader = DataLoader(tiny_data(4), batch_size=2)
     kept, moved = accelerator.prepare(loader, loader, device_placement=[False, True])
     assert kept.device is None and moved.device == torch.device("cpu") and accelerator.device_placement
+
+
+# ------------------------------------------------------------------ checkpoints move between the two libraries
+def dropout_model() -> torch.nn.Module:
+    """Dropout: a resumed run must have the saved RNG state too to take the same step."""
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 2))
+
+
+def resume_round(impl: str, load_dir: str, save_dir: str) -> Dict[str, Any]:
+    """On ``impl``: resume from ``load_dir`` (another library's checkpoint) and take 3 steps; then, from scratch,
+    train 3 steps, ``save_state(save_dir)`` and take the same 3 steps ("continued": what a resume must give)."""
+    torch.set_num_threads(1)
+    Accelerator, _, _ = imports(impl)
+    rank = int(os.environ.get("RANK", "0"))
+    x, y = tiny_data(8).tensors
+
+    def objects(accelerator):
+        torch.manual_seed(0)
+        model = dropout_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+        return accelerator.prepare(model, optimizer, scheduler)
+
+    def steps(accelerator, model, optimizer, scheduler, count):
+        for step in range(count):
+            batch = slice(2 * step + rank, 2 * step + rank + 1)
+            accelerator.backward(torch.nn.functional.mse_loss(model(x[batch]), y[batch]))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        weights = accelerator.unwrap_model(model).state_dict()
+        return {"weights": {name: value.tolist() for name, value in weights.items()},
+                "lr": scheduler.get_last_lr(), "rand": torch.rand(2).tolist()}  # fmt: skip
+
+    out: Dict[str, Any] = {}
+    if load_dir:
+        accelerator = Accelerator()
+        model, optimizer, scheduler = objects(accelerator)
+        accelerator.load_state(load_dir)
+        out["resumed"] = steps(accelerator, model, optimizer, scheduler, 3)
+    accelerator = Accelerator()
+    model, optimizer, scheduler = objects(accelerator)
+    steps(accelerator, model, optimizer, scheduler, 1)
+    out["saved_to"] = type(accelerator.save_state(save_dir)).__name__
+    out["continued"] = steps(accelerator, model, optimizer, scheduler, 3)
+    accelerator.wait_for_everyone()
+    out["files"] = sorted(os.listdir(save_dir))
+    # a 1-process launch runs in this very process (pytest's): leave no process group or HF state behind
+    accelerator.end_training()
+    if impl == "hf":
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_checkpoint_of_hf_resumes_on_ours_and_one_of_ours_on_hf(tmp_path, world):
+    """ours saves -> HF resumes it (and saves) -> ours resumes HF's: each resume takes the steps the saving run took
+    after saving (same weights, learning rate, RNG). The files are HF's names on both."""
+    def launch(impl, load_dir, save_dir):
+        return notebook_launcher(resume_round, args=(impl, load_dir, save_dir), num_processes=world, device="cpu",
+                                 display="none", return_all=True)  # fmt: skip
+
+    ours_dir, hf_dir = str(tmp_path / "ours"), str(tmp_path / "hf")
+    first = launch("ours", "", ours_dir)
+    on_hf = launch("hf", ours_dir, hf_dir)
+    on_ours = launch("ours", hf_dir, str(tmp_path / "again"))
+    for rank in range(world):
+        assert on_hf[rank]["resumed"] == first[rank]["continued"], f"HF resuming ours, rank {rank}"
+        assert on_ours[rank]["resumed"] == on_hf[rank]["continued"], f"ours resuming HF's, rank {rank}"
+        assert first[rank]["continued"] == on_hf[rank]["continued"]  # and both libraries train the same
+        assert first[rank]["files"] == on_hf[rank]["files"]
+        assert first[rank]["saved_to"] == on_hf[rank]["saved_to"] == "PosixPath"
+    rngs = [f"random_states_{rank}.pkl" for rank in range(world)]
+    assert first[0]["files"] == sorted(["model.safetensors", "optimizer.bin", "scheduler.bin", *rngs])

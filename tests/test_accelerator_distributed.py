@@ -3,7 +3,8 @@
 Four launches, each grouping several checks (a launch costs ~0.1-2 s):
 
 1. equivalence: 2 ranks x batch 8 trains to the same weights as 1 process x batch 16 (plain PyTorch,
-   no Accelerator), also shuffled, and with gradient accumulation + clipping + an LR scheduler;
+   no Accelerator), also shuffled, and with gradient accumulation + clipping + an LR scheduler (which a prepared
+   scheduler steps num_processes times per optimizer step, as HF accelerate does: the reference does too);
    accumulation all-reduces once per cycle (a DDP comm hook counts them: equal weights cannot show it);
 2. sharding with a global-RNG sampler, a WeightedRandomSampler, a batch_sampler and an IterableDataset,
    gather_for_metrics on an odd-sized eval set, and the collectives;
@@ -88,7 +89,7 @@ def train_with_accelerator(batch_size: int, shuffle: bool, accumulation: int = 1
         for x, y in loader:
             with accelerator.accumulate(model):
                 accelerator.backward(F.mse_loss(model(x), y))
-                if clip is not None:
+                if clip is not None and accelerator.sync_gradients:  # HF's form: clip the whole step's gradients
                     accelerator.clip_grad_norm_(model.parameters(), clip)
                 optimizer.step()
                 scheduler.step()
@@ -99,9 +100,10 @@ def train_with_accelerator(batch_size: int, shuffle: bool, accumulation: int = 1
     return weights
 
 
-def train_plain_pytorch(batch_size: int, shuffle: bool, clip: Optional[float] = None):
+def train_plain_pytorch(batch_size: int, shuffle: bool, clip: Optional[float] = None, scheduler_steps: int = 1):
     """The single-process reference: no Accelerator at all. Epoch e shuffles with seed e, which is
-    what prepare() uses after torch.manual_seed(0) (data-order seed = initial seed + epoch)."""
+    what prepare() uses after torch.manual_seed(0) (data-order seed = initial seed + epoch). ``scheduler_steps``
+    per optimizer step: a prepared scheduler steps ``num_processes`` times per step, as in HF accelerate."""
     model, optimizer, scheduler = fresh_training_objects()
     dataset = regression_data()
     for epoch in range(EPOCHS):
@@ -111,7 +113,8 @@ def train_plain_pytorch(batch_size: int, shuffle: bool, clip: Optional[float] = 
             if clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             optimizer.step()
-            scheduler.step()
+            for _ in range(scheduler_steps):
+                scheduler.step()
             optimizer.zero_grad()
     return weights_of(model)
 
@@ -139,7 +142,7 @@ def assert_same_weights(actual: Dict[str, torch.Tensor], expected: Dict[str, tor
 def test_two_ranks_train_like_one_process_with_a_doubled_batch():
     ranks = launch(equivalence_rank)
     for name, (batch, shuffle, steps, clip) in EQUIVALENCE_CASES.items():
-        expected = train_plain_pytorch(batch * WORLD * steps, shuffle, clip)
+        expected = train_plain_pytorch(batch * WORLD * steps, shuffle, clip, scheduler_steps=WORLD)
         initial = weights_of(fresh_training_objects()[0])
         assert not torch.allclose(expected["0.weight"], initial["0.weight"])  # it did train
         for rank, result in enumerate(ranks):
@@ -246,7 +249,8 @@ def collectives(accelerator: Accelerator, shared_dir: str) -> Dict[str, Any]:
             with open(marker, "w") as handle:
                 handle.write("x")
         results["marker_seen"] = os.path.exists(marker)
-    accelerator.save({"rank": rank}, os.path.join(shared_dir, "saved.pt"))
+    accelerator.save({"rank": rank}, os.path.join(shared_dir, "saved.pt"))  # the main process writes, as in HF
+    accelerator.wait_for_everyone()
     results["saved"] = torch.load(os.path.join(shared_dir, "saved.pt"))
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -407,8 +411,8 @@ def test_bf16_on_cpu_trains_and_save_load_state_resumes_to_the_same_weights(tmp_
         assert not torch.allclose(result["finished"]["0.weight"], result["at_save"]["0.weight"])
         for name in result["finished"]:  # dropout RNG, data order, Adam and scheduler state all restored
             assert torch.equal(result["resumed"][name], result["finished"][name]), f"rank {rank}: {name}"
-    assert ranks[0]["files"] == ["model.pt", "optimizer.pt", "random_states_0.pt", "random_states_1.pt",
-                                 "scheduler.pt"]  # fmt: skip
+    assert ranks[0]["files"] == ["model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl",
+                                 "scheduler.bin"]  # HF accelerate's names  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- 5. CUDA

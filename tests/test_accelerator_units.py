@@ -389,7 +389,7 @@ def test_accumulation_steps_optimizer_and_scheduler_once_per_cycle():
         with accelerator.accumulate(model):
             accelerator.backward(model(x).sum())
             syncs.append(accelerator.sync_gradients)
-            assert accelerator.clip_grad_norm_(model.parameters(), 1e9) is None or accelerator.sync_gradients
+            assert accelerator.clip_grad_norm_(model.parameters(), 1e9) is not None  # partial gradients too, as HF
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()

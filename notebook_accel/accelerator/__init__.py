@@ -10,7 +10,7 @@ One module per job:
 - :mod:`.fsdp`          FSDP2 sharding (``fully_shard``) and full/sharded state dicts
 - :mod:`.zero`          DeepSpeed ZeRO: the plugin, the filled config, the engine's optimizer
 - :mod:`.optimizer`     optimizer wrapper: loss scaling, accumulation steps
-- :mod:`.scheduler`     scheduler wrapper: once per real optimizer step
+- :mod:`.scheduler`     scheduler wrapper: with real optimizer steps, num_processes times each (as HF)
 - :mod:`.rng`           seeding, RNG snapshots, the RNG stream all ranks share for data order
 - :mod:`.checkpointing` save_state / load_state
 - :mod:`.configs`       HF accelerate's ``*Kwargs`` / ``*Plugin`` / ``*Configuration`` classes and enums

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import os
 import warnings
+from pathlib import Path
 from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Union
 
 import torch
@@ -14,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from . import op_checker, operations
 from .absent import ABSENT_PARAMETERS, AbsentMembers, refuse
-from .checkpointing import load_checkpoint, load_model_weights, save_checkpoint
+from .checkpointing import load_checkpoint, load_model_weights, save, save_checkpoint, save_sharded_weights
 from .data_loader import PreparedDataLoader, SkippedLoader, XlaDeviceLoader, prepare_data_loader
 from .fsdp import FullyShardedDataParallelPlugin, full_state_dict, is_sharded, shard_model
 from .gradient_state import GradientState
@@ -515,7 +516,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
           DistributedDataParallel when there are several processes;
         - an optimizer handles gradient accumulation and fp16 loss scaling in ``step()``;
         - a DataLoader yields this rank's shard of every epoch, on the device;
-        - a scheduler steps once per real optimizer step.
+        - a scheduler steps with real optimizer steps only, ``num_processes`` times each (as HF accelerate).
 
         A single object comes back as itself, several as a tuple. ``device_placement``: one flag per object
         (HF's), overriding the Accelerator's for that object.
@@ -755,11 +756,14 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
-        """Wrap an LR scheduler so it steps once per real optimizer step."""
+        """Wrap an LR scheduler so it steps with real optimizer steps, ``num_processes`` times each (as HF)."""
         target = scheduler.optimizer
         optimizers = [opt for opt in self._optimizers if target is opt or target is opt.optimizer]
-        wrapped = AcceleratedScheduler(scheduler, optimizers, self.gradient_state,
-                                       step_with_optimizer=self.step_scheduler_with_optimizer)  # fmt: skip
+        wrapped = AcceleratedScheduler(
+            scheduler, optimizers, self.gradient_state, step_with_optimizer=self.step_scheduler_with_optimizer,
+            num_processes=self.num_processes, split_batches=self.split_batches,
+            adjust_scheduler=self.gradient_accumulation_plugin.adjust_scheduler,
+        )
         self._schedulers.append(wrapped)
         return wrapped
 
@@ -844,17 +848,26 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
     ) -> Optional[torch.Tensor]:
         """Clip the (unscaled) gradient norm; returns the total norm before clipping.
 
-        On accumulation steps it does nothing and returns None: the gradients are a partial sum (and,
-        under DDP's no_sync, differ per rank), so the clip belongs to the sync step.
+        On accumulation steps it clips what is there, as HF accelerate does: the partial sum of this rank's
+        gradients so far (under DDP's no_sync they differ per rank), so the same loop gives HF's weights. With
+        fp16 the partial gradients stay scaled (they are unscaled once, on the sync step): the clip is done in
+        the scaled units, the same numbers, and the norm returned unscaled.
         """
-        if not self.sync_gradients:
-            return None
         if self._deepspeed_engine is not None:
             return self._deepspeed_clips(max_norm, norm_type)
+        if not self.sync_gradients:
+            return self._clip_partial_gradients(parameters, max_norm, norm_type)
         self._unscale_gradients()
         self._reduce_xla_gradients()
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
         # over FSDP2's sharded gradients the norm is a DTensor: the same number on every rank, as a plain tensor
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def _clip_partial_gradients(
+        self, parameters: Union[torch.Tensor, Iterable[torch.Tensor]], max_norm: float, norm_type: float
+    ) -> torch.Tensor:
+        scale = self.scaler.get_scale() if self.scaler is not None and self.scaler.is_enabled() else 1.0
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm * scale, norm_type=norm_type) / scale
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def _deepspeed_clips(self, max_norm: float, norm_type: float) -> None:
@@ -869,8 +882,11 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         return None  # the norm is known only inside the step (engine.get_global_grad_norm() after it)
 
     def clip_grad_value_(self, parameters: Union[torch.Tensor, Iterable[torch.Tensor]], clip_value: float) -> None:
-        """Clamp every (unscaled) gradient to [-clip_value, clip_value]; a no-op on accumulation steps."""
+        """Clamp every (unscaled) gradient to [-clip_value, clip_value]; on accumulation steps the partial gradients,
+        as HF accelerate does (in fp16's scaled units there, as :meth:`clip_grad_norm_`)."""
         if not self.sync_gradients:
+            scale = self.scaler.get_scale() if self.scaler is not None and self.scaler.is_enabled() else 1.0
+            torch.nn.utils.clip_grad_value_(parameters, clip_value * scale)
             return
         self._unscale_gradients()
         self._reduce_xla_gradients()
@@ -1060,33 +1076,24 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
             return engine_state_dict(model)
         return (self.unwrap_model(model) if unwrap else model).state_dict()
 
-    def save_model(self, model: torch.nn.Module, save_directory: str, safe_serialization: bool = True) -> str:
-        """One file of the model's full weights in ``save_directory`` (call on every rank: under FSDP2 and ZeRO-3
-        the weights are gathered first; rank 0 writes). ``model.safetensors`` (needs the safetensors package),
-        or ``pytorch_model.bin`` with ``safe_serialization=False``. Returns the file's path.
+    def save_model(self, model: torch.nn.Module, save_directory: Union[str, os.PathLike],
+                   max_shard_size: Union[int, str] = "10GB", safe_serialization: bool = True) -> str:
+        """The model's full weights in ``save_directory``, in HF's files (call on every rank: under FSDP2 and
+        ZeRO-3 the weights are gathered first; rank 0 writes): ``model.safetensors`` (needs the safetensors
+        package), or ``pytorch_model.bin`` with ``safe_serialization=False``; beyond ``max_shard_size`` (bytes, or
+        ``"10GB"``, ``"500MB"``...) shards ``model-00001-of-00002.safetensors``... and
+        ``model.safetensors.index.json``, as HF names them. Returns the file's path (the index's when sharded).
 
         Example::
 
             accelerator.save_model(model, "final")     # load anywhere: safetensors.torch.load_file(...)
         """
         weights = self.get_state_dict(model)
-        name = "model.safetensors" if safe_serialization else "pytorch_model.bin"
-        path = os.path.join(save_directory, name)
+        path = ""
         if self.is_main_process:
             os.makedirs(save_directory, exist_ok=True)
-            # own, contiguous CPU copies: safetensors refuses tensors that share storage (tied weights)
-            weights = {key: value.detach().cpu().contiguous().clone() for key, value in weights.items()}
-            if safe_serialization:
-                try:
-                    from safetensors.torch import save_file
-                except ImportError as error:
-                    raise ImportError("save_model writes safetensors: pip install safetensors, or pass "
-                                      "safe_serialization=False for a torch.save file") from error
-                save_file(weights, path, metadata={"format": "pt"})
-            else:
-                torch.save(weights, path)
-        self.wait_for_everyone()
-        return path
+            path = save_sharded_weights(weights, str(save_directory), max_shard_size, safe_serialization)
+        return operations.broadcast_object(path)  # every rank returns once it is written
 
     def load_model(self, model: torch.nn.Module, path: str, strict: bool = True) -> None:
         """Full weights from ``path`` into ``model`` (prepared or not; call it on every rank): what
@@ -1105,21 +1112,26 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         """
         load_model_weights(model, path, strict=strict)
 
-    def save(self, obj: Any, path: str) -> None:
-        """``torch.save`` on the main process, once every rank got here; all ranks return when it is written.
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """``torch.save`` (safetensors with ``safe_serialization=True``) on the main process, once per machine with
+        ``ProjectConfiguration(save_on_each_node=True)``; as in HF the other ranks write nothing and do not wait
+        (so it may be called on the main process alone).
 
         Example::
 
             accelerator.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
         """
-        self.wait_for_everyone()
-        if self.is_main_process:
-            torch.save(obj, path)
-        self.wait_for_everyone()
+        save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node,
+             safe_serialization=safe_serialization)  # fmt: skip
 
-    def save_state(self, output_dir: Optional[str] = None, **_: Any) -> str:
+    def save_state(self, output_dir: Optional[Union[str, os.PathLike]] = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs: Any) -> Path:
         """Save models, optimizers, schedulers, the fp16 scaler, every rank's RNG and data-loader position, and the
-        objects of :meth:`register_for_checkpointing` (call on all ranks). Returns the directory.
+        objects of :meth:`register_for_checkpointing` (call on all ranks), in HF accelerate's files
+        (``model.safetensors`` or, with ``safe_serialization=False``, ``pytorch_model.bin``; ``optimizer.bin``,
+        ``scheduler.bin``, ``random_states_<rank>.pkl``: see :mod:`.checkpointing`), so HF can resume from it.
+        Returns the directory, a ``pathlib.Path`` as in HF. ``save_model_func_kwargs`` are HF's for DeepSpeed's
+        ``save_checkpoint``: accepted, unused.
 
         With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` leave ``output_dir`` out: it is
         ``<project_dir>/checkpoints/checkpoint_<i>``, counting up, the oldest removed beyond ``total_limit``.
@@ -1131,24 +1143,33 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
             ...
             accelerator.load_state("checkpoints/epoch_3")   # after prepare(), with the same objects
         """
-        directory = self._directory_to_save(output_dir)
+        directory = self._directory_to_save(None if output_dir is None else str(output_dir))
         if self._save_state_pre_hooks:
             weights = [self.get_state_dict(model, unwrap=False) for model in self._models]
             for hook in self._save_state_pre_hooks.values():
                 hook(self._models, weights, directory)
-        save_checkpoint(directory, **self._checkpointed(), process_index=self.process_index)
+        save_checkpoint(directory, **self._checkpointed(), process_index=self.process_index,
+                        safe_serialization=safe_serialization, step=self._accumulation_count)  # fmt: skip
         self._save_custom_objects(directory, self.process_index)
         self.project_configuration.iteration += 1
         self.wait_for_everyone()
-        return directory
+        return Path(directory)
 
-    def load_state(self, input_dir: Optional[str] = None, **_: Any) -> None:
-        """Restore what :meth:`save_state` wrote into the prepared objects (call on all ranks). Without
-        ``input_dir``, under automatic checkpoint naming: the latest ``checkpoints/checkpoint_<i>``."""
-        directory = self._directory_to_load(input_dir)
+    def load_state(self, input_dir: Optional[Union[str, os.PathLike]] = None, load_kwargs: Optional[Dict[str, Any]]
+                   = None, **load_model_func_kwargs: Any) -> None:
+        """Restore what :meth:`save_state` — ours or HF accelerate's — wrote into the prepared objects (call on all
+        ranks). Without ``input_dir``, under automatic checkpoint naming: the latest ``checkpoints/checkpoint_<i>``.
+        ``load_model_func_kwargs`` go to the models' ``load_state_dict`` (``strict=False``), as in HF;
+        ``load_kwargs`` (HF's, for ``torch.load``) and ``map_location`` are accepted: everything loads to the CPU
+        first and is copied into the prepared objects where they are."""
+        directory = self._directory_to_load(None if input_dir is None else str(input_dir))
         for hook in self._load_state_pre_hooks.values():
             hook(self._models, directory)
-        load_checkpoint(directory, **self._checkpointed(), process_index=self.process_index)
+        load_model_func_kwargs.pop("map_location", None)
+        override = load_checkpoint(directory, **self._checkpointed(), process_index=self.process_index,
+                                   load_model_kwargs=load_model_func_kwargs)  # fmt: skip
+        if "step" in override:
+            self._accumulation_count = override["step"]
         self._load_custom_objects(directory)
 
     def _checkpointed(self) -> Dict[str, Any]:

@@ -1,33 +1,38 @@
-"""``save_state`` / ``load_state``: everything needed to resume training where it stopped.
+"""``save_state`` / ``load_state``: everything needed to resume training where it stopped, in HF accelerate's files.
 
-Layout of a checkpoint directory (one file per object, so a partial load stays easy)::
+Layout of a checkpoint directory: HF accelerate 1.x's names and formats, so a checkpoint moves both ways between
+the two libraries (plain models: one process or DDP)::
 
-    model.pt, model_1.pt, ...          unwrapped state_dicts of the prepared models      (main process)
-    optimizer.pt, optimizer_1.pt, ...  optimizer state_dicts                              (main process)
-    scheduler.pt, ...                  scheduler state_dicts                              (main process)
-    scaler.pt                          the fp16 GradScaler, when there is one             (main process)
-    random_states_<rank>.pt            each rank's RNG states and its data loaders' epoch (every rank)
+    model.safetensors, model_1.safetensors, ...   the prepared models' state_dicts                  (main process)
+      (pytorch_model.bin, pytorch_model_1.bin with save_state(safe_serialization=False))
+    optimizer.bin, optimizer_1.bin, ...           optimizer state_dicts (torch.save)                 (main process)
+    scheduler.bin, ...                            scheduler state_dicts (torch.save)                 (main process)
+    scaler.pt                                     the fp16 GradScaler, when there is one             (main process)
+    random_states_<rank>.pkl                      each rank's RNG states, HF's keys (every rank), and our data
+                                                  loaders' epoch and seed (a key HF does not read)
 
-Weights and optimizer states are identical on every rank after a DDP step, so one copy is enough;
+As in HF, a model is saved under its own keys (not DDP's ``module.`` ones); reading, a ``module.`` prefix (a state
+dict someone saved from a DDP wrapper) is removed or added to fit the model. Weights and optimizer states are identical on every rank after a DDP step, so one copy is enough;
 RNG states differ per rank (dropout), so every rank writes its own.
 
-A model sharded with FSDP2 (and its optimizer) is saved by every rank instead, with
-``torch.distributed.checkpoint``, as a directory ``model.dcp`` / ``optimizer.dcp`` of shards keyed by
-parameter name: it loads on any number of ranks — sharded or not, one process included — because
-torch.distributed.checkpoint reshards on load. A DeepSpeed engine saves itself (with its optimizer's
-partitions) into ``model.deepspeed``, which the same number of ranks loads with DeepSpeed itself.
+Not HF's (and not portable to or from HF): a model sharded with FSDP2 (and its optimizer) is saved by every rank,
+with ``torch.distributed.checkpoint``, as a directory ``model.dcp`` / ``optimizer.dcp`` of shards keyed by
+parameter name (HF writes ``pytorch_model_fsdp_0/``): it loads on any number of ranks here — sharded or not, one
+process included — because torch.distributed.checkpoint reshards on load. A DeepSpeed engine saves itself (with
+its optimizer's partitions) into ``model.deepspeed`` (HF: ``pytorch_model/``), which the same number of ranks
+loads with DeepSpeed itself.
 
 Every other pairing goes through full state (:mod:`.full_state`): the plain files (a prototype on one process,
-a DDP run) load into FSDP2-sharded models and DeepSpeed engines, and a DeepSpeed checkpoint is merged
+a DDP run, HF's) load into FSDP2-sharded models and DeepSpeed engines, and a DeepSpeed checkpoint is merged
 (:mod:`.zero_checkpoint`: weights of any stage, ZeRO-3's optimizer state too) for another number of ranks,
-FSDP2, or one process without DeepSpeed. ``optimizer.pt`` names its parameters (torch's ``param_names``) so that
-its state finds them in a model prepared another way.
+FSDP2, or one process without DeepSpeed. ``optimizer.bin`` is torch's plain state_dict (parameters by position, as
+HF writes it); loaded into a sharded model, its parameters are named by the optimizer it is loaded into.
 """
 from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -38,7 +43,6 @@ from .full_state import (
     named_optimizer_state,
     optimizer_parameter_names,
     torch_optimizer,
-    with_parameter_names,
     without_parameter_names,
 )
 from .operations import barrier, broadcast_object, world_size
@@ -46,24 +50,165 @@ from .rng import capture_rng_states, restore_rng_states
 from .zero import is_engine
 from .zero_checkpoint import read_zero_checkpoint, saved_ranks
 
-__all__ = ["save_checkpoint", "load_checkpoint", "load_model_weights", "WEIGHT_FILES"]
+__all__ = ["save_checkpoint", "load_checkpoint", "load_model_weights", "WEIGHT_FILES", "save_object", "load_object",
+           "save", "load", "save_sharded_weights"]
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # what save_model writes (and Hugging Face's names)
+# HF accelerate's file names (accelerate.utils.constants)
+SAFE_WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_NAME = "pytorch_model.bin"
+WEIGHT_FILES = (SAFE_WEIGHTS_NAME, WEIGHTS_NAME)  # what save_model writes (and Hugging Face's names)
+SCALER_NAME = "scaler.pt"
+_DDP_PREFIX = "module."
+# ours, in HF's random_states file (HF reads only its own keys): the loaders' epoch and seed, and the optimizers'
+# parameter names (optimizer.bin is torch's plain state_dict, by position, as HF writes it: the names let a sharded
+# model or a DeepSpeed engine find its parameters' state)
+_LOADERS_KEY = "notebook_accel_loaders"
+_OPTIMIZER_NAMES_KEY = "notebook_accel_optimizer_parameter_names"
 
 
-def _numbered(stem: str, index: int) -> str:
-    return f"{stem}.pt" if index == 0 else f"{stem}_{index}.pt"
+def _numbered(name: str, index: int) -> str:
+    """HF's numbering: ``optimizer.bin``, ``optimizer_1.bin``, ``model_1.safetensors``..."""
+    stem, extension = name.split(".", 1)
+    return name if index == 0 else f"{stem}_{index}.{extension}"
 
 
 def _sharded_dir(stem: str, index: int) -> str:
-    return _numbered(stem, index)[: -len(".pt")] + ".dcp"
+    return _numbered(f"{stem}.dcp", index)
 
 
 _DEEPSPEED_TAG = "state"
 
 
 def _engine_dir(index: int) -> str:
-    return _numbered("model", index)[: -len(".pt")] + ".deepspeed"
+    return _numbered("model.deepspeed", index)
+
+
+def _rng_file(process_index: int) -> str:
+    return f"random_states_{process_index}.pkl"
+
+
+def save_object(obj: Any, path: str, safe_serialization: bool = False) -> None:
+    """One file, written as HF's ``accelerate.utils.save`` writes it: safetensors (a dict of tensors; the
+    tensors copied to own, contiguous CPU storage, which safetensors needs for tied weights) or ``torch.save``."""
+    if not safe_serialization:
+        torch.save(obj, path)
+        return
+    try:
+        from safetensors.torch import save_file
+    except ImportError as error:
+        raise ImportError("safe_serialization=True writes safetensors: pip install safetensors, or pass "
+                          "safe_serialization=False for a torch.save file") from error
+    save_file({key: value.detach().cpu().contiguous().clone() for key, value in obj.items()}, path,
+              metadata={"format": "pt"})  # fmt: skip
+
+
+def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
+    """HF's ``accelerate.utils.save``: ``torch.save`` (or safetensors) on the main process only (on each node's
+    local main process with ``save_on_each_node``); the other ranks write nothing and do not wait."""
+    main = int(os.environ.get("LOCAL_RANK", "0")) == 0 if save_on_each_node else rank() == 0
+    if main:
+        save_object(obj, f, safe_serialization)
+
+
+def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
+    """HF's ``accelerate.utils.load``: ``torch.load`` with ``weights_only=True`` unless given (numpy's RNG arrays
+    allowed); a ``.safetensors`` file as a dict of tensors."""
+    return load_object(f, map_location=map_location, **kwargs)
+
+
+_SIZE_UNITS = {"TIB": 2**40, "GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "TB": 10**12, "GB": 10**9, "MB": 10**6,
+               "KB": 10**3, "B": 1}  # fmt: skip
+
+
+def _size_in_bytes(size: Union[int, str]) -> int:
+    if isinstance(size, int):
+        return size
+    text = size.strip().upper()
+    for unit, factor in _SIZE_UNITS.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    raise ValueError(f"max_shard_size={size!r}: give bytes (an int) or a size such as '10GB', '500MB', '2GiB'")
+
+
+def save_sharded_weights(weights: Dict[str, torch.Tensor], directory: str, max_shard_size: Union[int, str],
+                         safe_serialization: bool) -> str:
+    """``save_model``'s files, as HF (huggingface_hub's split) names them: ``model.safetensors`` when the weights
+    fit in one shard, else ``model-00001-of-0000N.safetensors``... and ``model.safetensors.index.json`` (its
+    ``weight_map`` and ``metadata.total_size``); ``pytorch_model*.bin`` without safetensors. Tensors go to shards
+    in the state_dict's order, a new shard when the next would pass ``max_shard_size`` (one too big alone gets its
+    own). Stale shards of an earlier save are removed. Returns the single file's or the index's path."""
+    import json
+    import re
+
+    limit = _size_in_bytes(max_shard_size)
+    shards: List[Dict[str, torch.Tensor]] = [{}]
+    current = 0
+    for key, tensor in weights.items():
+        size = tensor.numel() * tensor.element_size()
+        if shards[-1] and (size > limit or current + size > limit):
+            shards.append({})
+            current = 0
+        shards[-1][key] = tensor
+        current += size
+    stem, extension = ("model", "safetensors") if safe_serialization else ("pytorch_model", "bin")
+    if len(shards) == 1:
+        names = [f"{stem}.{extension}"]
+    else:
+        names = [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.{extension}" for i in range(len(shards))]
+    stale = re.compile(rf"{stem}-\d{{5}}-of-\d{{5}}\.{extension}")
+    for name in os.listdir(directory):
+        if stale.fullmatch(name) and name not in names:
+            os.remove(os.path.join(directory, name))
+    for name, shard in zip(names, shards):
+        save_object(shard, os.path.join(directory, name), safe_serialization)
+    if len(shards) == 1:
+        return os.path.join(directory, names[0])
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in weights.values())},
+             "weight_map": {key: name for name, shard in zip(names, shards) for key in shard}}  # fmt: skip
+    path = os.path.join(directory, f"{stem}.{extension}.index.json")
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def load_object(path: str, map_location: Any = "cpu", **kwargs: Any) -> Any:
+    """What :func:`save_object` (or HF's ``save``) wrote: a safetensors file as a dict of tensors, anything else
+    with ``torch.load`` (``weights_only=True`` unless given, numpy's RNG arrays allowed, as HF's ``load``)."""
+    if str(path).endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(path, device=str(map_location or "cpu"))
+    kwargs.setdefault("weights_only", True)
+    if not kwargs["weights_only"]:
+        return torch.load(path, map_location=map_location, **kwargs)
+    with torch.serialization.safe_globals(_numpy_globals()):
+        return torch.load(path, map_location=map_location, **kwargs)
+
+
+def _numpy_globals() -> List[Any]:
+    """numpy's RNG state (an array of numbers) is safe to unpickle under weights_only: what HF allows too."""
+    try:
+        import numpy as np
+    except ImportError:
+        return []
+    from codecs import encode  # numpy pickles its arrays' bytes through it
+
+    core = getattr(np, "_core", None) or np.core
+    found = [core.multiarray._reconstruct, np.ndarray, np.dtype, encode]
+    # numpy 2 pickles dtypes by their class (numpy.dtypes.UInt32DType...)
+    found += [getattr(np.dtypes, name) for name in dir(getattr(np, "dtypes", object())) if name.endswith("DType")]
+    return found
+
+
+def _fit_keys(weights: Dict[str, Any], model: torch.nn.Module) -> Dict[str, Any]:
+    """A state_dict saved from a DDP model (``module.`` keys) into a plain one, or the other way round."""
+    expected = next(iter(model.state_dict()), "")
+    saved = next(iter(weights), "")
+    if saved.startswith(_DDP_PREFIX) and not expected.startswith(_DDP_PREFIX):
+        return {key[len(_DDP_PREFIX):] if key.startswith(_DDP_PREFIX) else key: value for key, value in weights.items()}
+    if expected.startswith(_DDP_PREFIX) and not saved.startswith(_DDP_PREFIX):
+        return {_DDP_PREFIX + key: value for key, value in weights.items()}
+    return weights
 
 
 def _model_of(optimizer: Any, models: Sequence[torch.nn.Module]) -> Optional[torch.nn.Module]:
@@ -150,8 +295,11 @@ def save_checkpoint(
     scaler: Optional[Any],
     loaders: Sequence[Any],
     process_index: int,
+    safe_serialization: bool = True,
+    step: int = 0,
 ) -> str:
-    """Write the checkpoint (see the module docstring); every rank must call it. Returns ``directory``."""
+    """Write the checkpoint (see the module docstring); every rank must call it. Returns ``directory``.
+    ``step``: HF's accumulation step counter, saved in the RNG files as HF does."""
     barrier()  # every rank has finished the step being saved
     os.makedirs(directory, exist_ok=True)
     for index, model in enumerate(models):
@@ -160,32 +308,50 @@ def save_checkpoint(
         elif is_sharded(model):  # every rank writes its shards (a collective: all ranks, same order)
             _save_sharded_model(model, os.path.join(directory, _sharded_dir("model", index)))
         elif process_index == 0:
-            torch.save(model.state_dict(), os.path.join(directory, _numbered("model", index)))
+            weights = model.state_dict()
+            name = SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME
+            save_object(weights, os.path.join(directory, _numbered(name, index)), safe_serialization)
     for index, optimizer in enumerate(optimizers):
         if hasattr(optimizer, "engine"):
             continue  # saved with its DeepSpeed engine
         owner = _model_of(optimizer, models)
         if owner is not None and is_sharded(owner):
             _save_sharded_optimizer(owner, optimizer, os.path.join(directory, _sharded_dir("optimizer", index)))
-        elif process_index == 0:  # named, so that a sharded model's optimizer finds its parameters in it
-            names = None if owner is None else optimizer_parameter_names(optimizer, owner)
-            torch.save(with_parameter_names(optimizer.state_dict(), names),
-                       os.path.join(directory, _numbered("optimizer", index)))  # fmt: skip
+        elif process_index == 0:  # torch's own state_dict, as HF writes it
+            torch.save(optimizer.state_dict(), os.path.join(directory, _numbered("optimizer.bin", index)))
     if process_index == 0:
         for index, scheduler in enumerate(schedulers):
-            torch.save(scheduler.state_dict(), os.path.join(directory, _numbered("scheduler", index)))
+            torch.save(scheduler.state_dict(), os.path.join(directory, _numbered("scheduler.bin", index)))
         if scaler is not None:
-            torch.save(scaler.state_dict(), os.path.join(directory, "scaler.pt"))
-    per_rank = {"rng": capture_rng_states(), "loaders": [_loader_state(loader) for loader in loaders]}
-    torch.save(per_rank, os.path.join(directory, f"random_states_{process_index}.pt"))
+            torch.save(scaler.state_dict(), os.path.join(directory, SCALER_NAME))
+    names = []
+    for optimizer in optimizers:
+        owner = None if hasattr(optimizer, "engine") else _model_of(optimizer, models)
+        plain = owner is not None and not is_sharded(owner) and not is_engine(owner)
+        names.append(optimizer_parameter_names(optimizer, owner) if plain else None)
+    per_rank = {"step": step, **_hf_rng_states(capture_rng_states()),
+                _LOADERS_KEY: [_loader_state(loader) for loader in loaders], _OPTIMIZER_NAMES_KEY: names}
+    torch.save(per_rank, os.path.join(directory, _rng_file(process_index)))
     barrier()  # the files are complete before anyone reads them
     return directory
 
 
-def _load(path: str, trusted: bool = False) -> Any:
-    # Weights load with weights_only=True (safe even for foreign files); the RNG file holds numpy
-    # arrays and python tuples that only a full unpickle restores, and is always our own.
-    return torch.load(path, map_location="cpu", weights_only=not trusted)
+# HF's keys in random_states_<rank>.pkl <-> ours (rng.capture_rng_states)
+_HF_RNG_KEYS = {"python": "random_state", "numpy": "numpy_random_seed", "torch": "torch_manual_seed",
+                "cuda": "torch_cuda_manual_seed"}  # fmt: skip
+
+
+def _hf_rng_states(states: Dict[str, Any]) -> Dict[str, Any]:
+    return {_HF_RNG_KEYS[key]: value for key, value in states.items() if key in _HF_RNG_KEYS}
+
+
+def _our_rng_states(saved: Dict[str, Any]) -> Dict[str, Any]:
+    return {ours: saved[hf] for ours, hf in _HF_RNG_KEYS.items() if hf in saved}
+
+
+def _load(path: str) -> Any:
+    # weights_only=True (safe even for foreign files), numpy's RNG arrays allowed
+    return load_object(path, map_location="cpu")
 
 
 def _optimizers_of(model: torch.nn.Module, optimizers: Sequence[Any]) -> List[int]:
@@ -195,7 +361,8 @@ def _optimizers_of(model: torch.nn.Module, optimizers: Sequence[Any]) -> List[in
     return [index for index, optimizer in enumerate(optimizers) if _model_of(optimizer, [model]) is model]
 
 
-def _load_model(directory: str, index: int, model: torch.nn.Module, optimizers: Sequence[Any]) -> List[int]:
+def _load_model(directory: str, index: int, model: torch.nn.Module, optimizers: Sequence[Any],
+                load_model_kwargs: Optional[Dict[str, Any]] = None) -> List[int]:
     """Model ``index`` from ``directory``; returns the indices of the optimizers restored with it."""
     engine_dir = os.path.join(directory, _engine_dir(index))
     if os.path.isdir(engine_dir):
@@ -221,15 +388,17 @@ def _load_model(directory: str, index: int, model: torch.nn.Module, optimizers: 
                              "load those plain files into the engine")  # fmt: skip
         _load_sharded_model(model, sharded)
         return []
-    path = _existing(directory, "model", index, "models")
+    path = _existing(directory, [SAFE_WEIGHTS_NAME, WEIGHTS_NAME], index, "models")
     if is_engine(model) or is_sharded(model):  # a plain checkpoint: rank 0 reads it, each rank keeps its part
-        load_full_weights(model, _load(path) if rank() == 0 else None, from_rank0=True)
+        weights = _fit_keys(_load(path), getattr(model, "module", model)) if rank() == 0 else None
+        load_full_weights(model, weights, from_rank0=True)
     else:
-        model.load_state_dict(_load(path))
+        model.load_state_dict(_fit_keys(_load(path), model), **(load_model_kwargs or {}))
     return []
 
 
-def _load_optimizer(directory: str, index: int, optimizer: Any, models: Sequence[torch.nn.Module]) -> None:
+def _load_optimizer(directory: str, index: int, optimizer: Any, models: Sequence[torch.nn.Module],
+                    saved_names: Optional[List[List[str]]] = None) -> None:
     sharded = os.path.join(directory, _sharded_dir("optimizer", index))
     owner = getattr(optimizer, "engine", None) or _model_of(optimizer, models)
     if os.path.isdir(sharded):
@@ -239,9 +408,9 @@ def _load_optimizer(directory: str, index: int, optimizer: Any, models: Sequence
                              "optimizer does not load it)")  # fmt: skip
         _load_sharded_optimizer(owner, optimizer, sharded)
         return
-    saved = _load(_existing(directory, "optimizer", index, "optimizers"))
+    saved = _load(_existing(directory, ["optimizer.bin"], index, "optimizers"))
     if owner is not None and (is_engine(owner) or is_sharded(owner)):  # by name: the same state, cut differently
-        names = optimizer_parameter_names(optimizer, owner)
+        names = saved_names or optimizer_parameter_names(optimizer, owner)
         if not load_full_optimizer_state(owner, optimizer, named_optimizer_state(saved, names)):
             _optimizer_starts_fresh(index, _BELOW_ZERO3)
     else:
@@ -256,14 +425,22 @@ def _optimizer_starts_fresh(index: int, why: str) -> None:
     warnings.warn(f"optimizer {index}: {why}; the weights were loaded, the optimizer starts fresh", stacklevel=5)
 
 
-def _existing(directory: str, stem: str, index: int, plural: str) -> str:
-    path = os.path.join(directory, _numbered(stem, index))
-    if not os.path.exists(path):
-        raise FileNotFoundError(
-            f"{path!r} is missing: the checkpoint has fewer {plural} than were prepared; prepare the same "
-            "objects, in the same order, as when saving."
-        )
-    return path
+def _existing(directory: str, names: Sequence[str], index: int, plural: str) -> str:
+    """The first of ``names`` (numbered for ``index``) that the checkpoint holds."""
+    paths = [os.path.join(directory, _numbered(name, index)) for name in names]
+    for path in paths:
+        if os.path.exists(path):
+            return path
+    raise FileNotFoundError(
+        f"{' or '.join(map(repr, paths))} is missing: the checkpoint has fewer {plural} than were prepared; prepare "
+        "the same objects, in the same order, as when saving."
+    )
+
+
+def _saved_by_rank_0(directory: str) -> Optional[Dict[str, Any]]:
+    """Rank 0's random_states file (another number of ranks may have saved: this rank's may be missing)."""
+    path = os.path.join(directory, _rng_file(0))
+    return _load(path) if os.path.exists(path) else None
 
 
 def load_checkpoint(
@@ -275,32 +452,42 @@ def load_checkpoint(
     scaler: Optional[Any],
     loaders: Sequence[Any],
     process_index: int,
-) -> None:
-    """Restore what :func:`save_checkpoint` wrote into the (already prepared) objects, on every rank."""
+    load_model_kwargs: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
+    """Restore what :func:`save_checkpoint` (or HF's ``save_state``) wrote into the (already prepared) objects, on
+    every rank. Returns what HF's ``load_accelerator_state`` returns: ``{"step": ...}`` when the file has it.
+    ``load_model_kwargs``: for the models' ``load_state_dict`` (``strict=``)."""
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"no checkpoint directory at {directory!r}")
+    rng_path = os.path.join(directory, _rng_file(process_index))
+    per_rank = _load(rng_path) if os.path.exists(rng_path) else None
+    first_rank = per_rank if process_index == 0 else _saved_by_rank_0(directory)
+    saved_names = (first_rank or {}).get(_OPTIMIZER_NAMES_KEY) or []
     restored = set()
     for index, model in enumerate(models):
-        restored.update(_load_model(directory, index, model, optimizers))
+        restored.update(_load_model(directory, index, model, optimizers, load_model_kwargs))
     for index, optimizer in enumerate(optimizers):
         if index not in restored:
-            _load_optimizer(directory, index, optimizer, models)
+            names = saved_names[index] if index < len(saved_names) else None
+            _load_optimizer(directory, index, optimizer, models, names)
     for index, scheduler in enumerate(schedulers):
-        scheduler.load_state_dict(_load(_existing(directory, "scheduler", index, "schedulers")))
-    if scaler is not None and os.path.exists(os.path.join(directory, "scaler.pt")):
-        scaler.load_state_dict(_load(os.path.join(directory, "scaler.pt")))
+        scheduler.load_state_dict(_load(_existing(directory, ["scheduler.bin"], index, "schedulers")))
+    if scaler is not None and os.path.exists(os.path.join(directory, SCALER_NAME)):
+        scaler.load_state_dict(_load(os.path.join(directory, SCALER_NAME)))
 
-    rng_path = os.path.join(directory, f"random_states_{process_index}.pt")
-    if not os.path.exists(rng_path):
+    override: Dict[str, Any] = {}
+    if per_rank is None:
         warnings.warn(f"{rng_path!r} is missing (saved with fewer processes?): RNG states not restored",
                       stacklevel=3)
     else:
-        per_rank = _load(rng_path, trusted=True)
-        restore_rng_states(per_rank["rng"])
-        saved_loaders: List[Dict[str, Any]] = per_rank.get("loaders", [])
+        restore_rng_states(_our_rng_states(per_rank))
+        if "step" in per_rank:
+            override["step"] = per_rank["step"]
+        saved_loaders: List[Dict[str, Any]] = per_rank.get(_LOADERS_KEY, [])
         for loader, state in zip(loaders, saved_loaders):
             _restore_loader(loader, state)
     barrier()
+    return override
 
 
 # ------------------------------------------------------------------------------------ Accelerator.load_model
@@ -315,8 +502,9 @@ def _weight_files(path: str) -> List[str]:
     Hugging Face's ``model.safetensors.index.json`` with the shards it lists."""
     if os.path.isfile(path):
         return [path]
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
+    index = next((os.path.join(path, name) for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+                  if os.path.isfile(os.path.join(path, name))), "")  # fmt: skip
+    if index:
         import json
 
         with open(index) as file:

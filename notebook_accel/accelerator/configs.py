@@ -218,7 +218,7 @@ class ProfileKwargs(KwargsHandler):
 class GradientAccumulationPlugin(KwargsHandler):
     """``num_steps`` micro-batches per optimizer step; ``sync_with_dataloader``: the last batch of a prepared loader
     also steps; ``sync_each_batch``: all-reduce every micro-batch (no ``no_sync``: less memory, more traffic).
-    ``adjust_scheduler`` is accepted: the prepared scheduler always steps once per optimizer step here."""
+    ``adjust_scheduler``: on accumulation steps the scheduler's step count still counts up (as HF)."""
 
     num_steps: Optional[int] = None
     adjust_scheduler: bool = True

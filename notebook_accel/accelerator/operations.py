@@ -272,7 +272,9 @@ def gather_per_rank(tree: Tree) -> Tuple[List[str], List[List[torch.Tensor]]]:
 def _all_gather_padded(tensor: torch.Tensor, sizes: List[int]) -> List[torch.Tensor]:
     """All-gather tensors whose first dimensions are ``sizes`` (one per rank); returns them unpadded."""
     largest = max(sizes)
-    comm = tensor.to(_comm_device(tensor))
+    # the values only, as HF's gather returns them: a collective has no gradient, and gloo writing into views of
+    # the output while ``tensor`` requires grad fails ("a view was created in no_grad mode ...")
+    comm = tensor.detach().to(_comm_device(tensor))
     if comm.shape[0] < largest:
         padding = comm.new_zeros((largest - comm.shape[0],) + tuple(comm.shape[1:]))
         comm = torch.cat([comm, padding])

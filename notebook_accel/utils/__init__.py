@@ -11,6 +11,7 @@ names), ``.imports`` (``is_*_available``, ``is_torch_version``), ``.deepspeed`` 
 """
 from __future__ import annotations
 
+from ..accelerator.checkpointing import load, save
 from ..accelerator.partial_state import AcceleratorState, PartialState
 from ..accelerator.utilities import (
     clear_device_cache,
@@ -77,3 +78,4 @@ __all__ = [
     "synchronize_rng_state", "synchronize_rng_states", "tqdm", "wait_for_everyone", "write_basic_config",
     *_dataclasses_all, *_imports_all,
 ]  # fmt: skip
+__all__ += ["load", "save"]  # HF's checkpoint file helpers (accelerator/checkpointing.py)
