@@ -49,3 +49,53 @@ def test_every_sbatch_long_option_is_taken(monkeypatch):
                        slurm={"partition": "debug", "time": "00:05:00", "account": "lab", "exclusive": True,
                               "mem-per-cpu": "1G", "qos": "normal", "constraint": "a100"})
     assert dict(plan.site.request)["time"] == "00:05:00"
+
+
+# ------------------------------------------------------------------------------------------- the table
+
+@pytest.mark.parametrize("options", [{"num_processes": 2, "device": "cpu", "start_method": "spawn"},
+                                     {"num_processes": 2, "cluster": "ray"},
+                                     {"num_processes": 2, "cluster": "slurm"}])
+def test_make_plan_asks_the_planner_for_the_device_once_and_builds_one_plan(monkeypatch, options):
+    from notebook_accel.plan import plan as plan_module
+    from notebook_accel.plan.planners import PLANNERS
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    planner = PLANNERS[options.get("cluster")]
+    asked, built = [], []
+    devices = planner.devices
+    monkeypatch.setattr(planner, "devices", lambda settings: asked.append(1) or devices(settings))
+    plan_class = plan_module.LaunchPlan
+    monkeypatch.setattr(plan_module, "LaunchPlan", lambda *a, **k: built.append(1) or plan_class(*a, **k))
+    plan = plan_launch(rank_function, **options)
+    assert (len(asked), len(built), plan.world_size) == (1, 1, 2)
+
+
+def test_a_planner_row_registered_at_run_time_is_a_cluster_value(monkeypatch):
+    """A new way of placing ranks is one more row: ``cluster`` takes its name, ``make_plan`` asks it."""
+    from notebook_accel.plan.planner import Devices, Placed, Planner
+    from notebook_accel.plan.planners import register, unregister
+    from notebook_accel.plan.sites import LocalProcesses
+
+    class Elsewhere(Planner):
+        cluster = "elsewhere"
+        refuses = ("num_nodes",)
+        placed_by = "elsewhere places the ranks"
+
+        def devices(self, options):
+            return Devices("cpu", None)
+
+        def place(self, options, devices, allow_inline):
+            return Placed(LocalProcesses(start_method="spawn", master_addr="127.0.0.1", use_port=None),
+                          options["num_processes"] or 1)
+
+    register(Elsewhere())
+    try:
+        plan = plan_launch(rank_function, num_processes=3, cluster="elsewhere")
+        assert (plan.world_size, plan.device, plan.backend) == (3, "cpu", "processes")
+        with pytest.raises(LaunchConfigError, match="num_nodes=2 does not apply with cluster='elsewhere'"):
+            plan_launch(rank_function, num_processes=2, num_nodes=2, cluster="elsewhere")
+    finally:
+        unregister("elsewhere")
+    with pytest.raises(LaunchConfigError, match="cluster='elsewhere' is not one of"):
+        plan_launch(rank_function, num_processes=3, cluster="elsewhere")
