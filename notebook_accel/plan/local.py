@@ -26,17 +26,18 @@ class LocalPlanner(Planner):
     session_refuses = (SESSION_NODES_ONLY_ON_SLURM,)
 
     def devices(self, options: Mapping[str, Any]) -> Devices:
-        """The device asked for, else the best one here; how many of it there are (a clear error when none)."""
+        """The device asked for, else the best one here (how many of it there are is ``place``'s to find: a sharding
+        config that does not fit the device is refused first, before torch_xla is looked for)."""
         device = options["device"] or environment.best_device()
         if options["compile_cache"] is not None and device != "xla":
             raise LaunchConfigError(f"compile_cache is torch_xla's persistent compilation cache: it needs "
                                     f"device='xla', not {device!r}")
-        return Devices(device, _check_device(device))
+        return Devices(device, None)
 
     def place(self, options: Mapping[str, Any], devices: Devices, allow_inline: bool) -> Placed:
         nodes = check_node_options(**{name: options[name] for name in NODE_OPTION_NAMES})
         device, start_method = devices.kind, options["start_method"]
-        world_size = _resolve_world_size(options["num_processes"], device, devices.per_node)
+        world_size = _resolve_world_size(options["num_processes"], device, _check_device(device))
         # One rank runs in the kernel itself (no process to start) unless a start method was asked for, or the
         # launch runs in a background thread, where an in-kernel run could not be stopped.
         inline = (allow_inline and nodes is None and world_size == 1 and start_method == StartMethod.AUTO
