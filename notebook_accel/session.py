@@ -37,6 +37,7 @@ from .outcome.shown import show_from_the_call
 from .plan.entry_points import entry_point
 from .plan.options import LaunchOptions, PathLike
 from .plan.plan import check_call, make_plan, wants_post_mortem
+from .plan.planners import check_session_options
 from .plan.devices import cuda_initialized
 from .rank.session import set_on_rank, value_on_rank, value_on_rank_for_the_gpu
 from .rank.tracebacks import without_launcher_frames
@@ -110,10 +111,7 @@ class Session:
             master_addr=master_addr, use_port=use_port, timeout=timeout, display=display, pdb=pdb,
             compile_cache=compile_cache, fsdp_config=fsdp_config, deepspeed_config=deepspeed_config, cluster=cluster,
             resources_per_rank=resources_per_rank, placement=placement, slurm=slurm, num_nodes=num_nodes)
-        if num_nodes != 1 and cluster != "slurm":
-            raise LaunchConfigError(f"Session(num_nodes={num_nodes}): a session's ranks span several nodes only with "
-                                    f"cluster='slurm' (on Ray the cluster places them; for torch elastic's nodes, "
-                                    f"notebook_launcher)")
+        check_session_options(options.as_dict())   # what a session may take there is its planner's to say
         self._plan = make_plan(_nothing, (), None, options, allow_inline=False)
         self._pdb = pdb  # each run's post-mortem switch, unless the run says (None: IPython's %pdb, then)
         self.recover_timeout = float(recover_timeout)

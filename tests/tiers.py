@@ -32,6 +32,7 @@ FILES: Dict[str, str] = {
     "test_doctests.py": "unit",
     "test_options.py": "unit",
     "test_outcome.py": "unit",
+    "test_planning.py": "unit",
     "test_progress.py": "unit",
     "test_rank_network.py": "unit",
     "test_promises_gpu.py": "unit",

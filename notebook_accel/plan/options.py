@@ -125,15 +125,34 @@ class Option:
         named = dict(self.also_called).get(said)
         if named is not None:
             return named
-        close = difflib.get_close_matches(said, list(lowered), n=1, cutoff=0.75)
-        return lowered[close[0]] if close else None
+        close = closest(said, list(lowered))
+        return lowered[close] if close else None
+
+
+def closest(said: str, names: Sequence[str], cutoff: float = 0.75) -> Optional[str]:
+    """The one of ``names`` that ``said`` most likely misspells, or None: every "did you mean" of the options (a
+    choice, a ``slurm={...}`` key).
+
+    >>> closest("partiton", ["partition", "time"]), closest("zzz", ["time"])
+    ('partition', None)
+    """
+    close = difflib.get_close_matches(said, list(names), n=1, cutoff=cutoff)
+    return close[0] if close else None
 
 
 def _choice(name: str, annotation: Any, enum: Type[Choice], default: Any, help: str, **more: Any) -> Option:
     """An option whose values are ``enum``'s (its ``Literal`` twin is the type)."""
     closed = not more.get("open_choices", False)
-    return Option(name, annotation, default, help, choices=enum,
-                  valid=(lambda value: value in enum.values()) if closed else _not_empty, **more)
+    more.setdefault("valid", (lambda value: value in enum.values()) if closed else _not_empty)
+    return Option(name, annotation, default, help, choices=enum, **more)
+
+
+# The values ``cluster`` takes: ``plan.planners``' rows, which add themselves (the package's are ``Cluster``'s).
+CLUSTER_NAMES = set(Cluster.values())
+
+
+def _a_planners_cluster(value: Any) -> bool:
+    return value in CLUSTER_NAMES
 
 
 LAUNCHER_OPTIONS: Tuple[Option, ...] = (
@@ -178,7 +197,8 @@ LAUNCHER_OPTIONS: Tuple[Option, ...] = (
            "accelerate's ``deepspeed_config`` keys (e.g. ``{\"zero_stage\": 3}``), set as ``ACCELERATE_USE_DEEPSPEED`` "
            "/ ``ACCELERATE_DEEPSPEED_*``.", expects="a mapping of accelerate's deepspeed_config keys, or None",
            saved=True),
-    _choice("cluster", Optional[ClusterName], Cluster, None, "run the ranks on a cluster instead of this machine: "
+    _choice("cluster", Optional[ClusterName], Cluster, None, valid=_a_planners_cluster, help="run the ranks on a "
+            "cluster instead of this machine: "
             "\"ray\" makes each rank a Ray actor, wherever Ray places it (the kernel's ``ray.init`` cluster, or "
             "``RAY_ADDRESS``'s; without either, a local Ray). ``pip install \"notebook_accel[ray]\"``. \"slurm\" runs "
             "the ranks as a job step (``srun``) of the kernel's Slurm allocation, or of one asked for with ``slurm``."),

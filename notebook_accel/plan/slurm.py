@@ -7,9 +7,9 @@ What the cluster itself allows (the partition, its time limit, its nodes) is ask
 
 >>> from .options import defaults
 >>> options = {**defaults(), "cluster": "slurm", "num_processes": 4, "num_nodes": 2}
->>> slurm_allocation(options, environ={"SLURM_JOB_ID": "12", "SLURM_JOB_NUM_NODES": "2"})
+>>> slurm_allocation(options, Devices("cpu", None), environ={"SLURM_JOB_ID": "12", "SLURM_JOB_NUM_NODES": "2"})
 SlurmAllocation(num_nodes=2, ranks_per_node=2, allocation='12', request=(), max_restarts=0)
->>> slurm_allocation({**options, "num_processes": 3}, environ={})
+>>> slurm_allocation({**options, "num_processes": 3}, Devices("cpu", None), environ={})
 Traceback (most recent call last):
 ...
 notebook_accel.errors.LaunchConfigError: num_processes=3 ranks cannot be spread evenly over num_nodes=2 nodes: give a multiple of 2
@@ -18,45 +18,57 @@ Where the job has GPUs (or the ``slurm`` options ask for them) the device is CUD
 ``num_processes`` defaults to one rank per GPU: the login node, where the kernel often runs, has none to look at.
 
 >>> slurm_device({"device": None, "slurm": None}, {"SLURM_JOB_ID": "12", "SLURM_GPUS_ON_NODE": "4"})
-('cuda', 4)
+Devices(kind='cuda', per_node=4)
 >>> slurm_device({"device": None, "slurm": {"gres": "gpu:a100:2"}}, {})
-('cuda', 2)
+Devices(kind='cuda', per_node=2)
 >>> slurm_device({"device": "cpu", "slurm": None}, {"SLURM_JOB_ID": "12", "SLURM_GPUS_ON_NODE": "4"})
-('cpu', None)
+Devices(kind='cpu', per_node=None)
 """
 from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional
 
 from ..errors import LaunchConfigError
-from ..wire.choices import Device, StartMethod
+from ..wire.choices import Device
 from .options import OPTIONS
+from .planner import Devices, Placed, Planner
 from .sites import SlurmAllocation
+from .slurm_names import (GPU_INDEX_LISTS, GPU_REQUEST_OPTIONS, GPU_VARIABLES, JOB_ID, JOB_NODE_COUNT, NOT_PER_NODE,
+                          check_request)
 
-# Options of a launch on this machine (or of nodes started by hand) that Slurm's placement replaces.
-_NOT_ON_SLURM = ("master_addr", "use_port", "compile_cache", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
-                 "rdzv_conf", "resources_per_rank", "placement")
+class SlurmPlanner(Planner):
+    """Every rank a task of one Slurm job step (``plan.planners``' row for ``cluster="slurm"``)."""
+
+    cluster = "slurm"
+    own = ("slurm",)
+    own_means = "asks Slurm for an allocation"
+    # Options of a launch on this machine (or of nodes started by hand) that Slurm's placement replaces.
+    refuses = ("master_addr", "use_port", "compile_cache", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
+               "rdzv_conf", "resources_per_rank", "placement")
+    placed_by = "Slurm places the ranks and they meet at rank 0's node"
+    rank_is = "a task of a Slurm job step (a process srun starts)"
+
+    def devices(self, options: Mapping[str, Any]) -> Devices:
+        return slurm_device(options)
+
+    def place(self, options: Mapping[str, Any], devices: Devices, allow_inline: bool) -> Placed:
+        site = slurm_allocation(options, devices)
+        return Placed(site, site.world_size)
 
 
-def slurm_allocation(options: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> SlurmAllocation:
-    """The site of a launch on Slurm (``plan.sites.SlurmAllocation``) from every launch setting (resolved), or a
-    clear ``LaunchConfigError``: the one place where ``cluster="slurm"`` becomes Slurm. ``environ``: the kernel's
-    environment (``SLURM_JOB_ID`` says it runs inside an allocation)."""
+def slurm_allocation(options: Mapping[str, Any], devices: Devices,
+                     environ: Optional[Mapping[str, str]] = None) -> SlurmAllocation:
+    """The site of a launch on Slurm (``plan.sites.SlurmAllocation``) from every launch setting (resolved) and the
+    device ``slurm_device`` found, or a clear ``LaunchConfigError``: the one place where ``cluster="slurm"`` becomes
+    Slurm. ``environ``: the kernel's environment (``SLURM_JOB_ID`` says it runs inside an allocation)."""
     environ = os.environ if environ is None else environ
-    for name in _NOT_ON_SLURM:
-        if options[name] != OPTIONS[name].default:
-            raise LaunchConfigError(f"{name}={options[name]!r} does not apply with cluster='slurm': Slurm places the "
-                                    f"ranks and they meet at rank 0's node")
-    if options["start_method"] != StartMethod.AUTO:
-        raise LaunchConfigError(f"start_method={options['start_method']!r} does not apply with cluster='slurm': "
-                                f"every rank is a task of a Slurm job step (a process srun starts)")
-    device, gpus_per_node = slurm_device(options, environ)
+    device, gpus_per_node = devices.kind, devices.per_node
     num_nodes = int(options["num_nodes"])
     num_processes = options["num_processes"]
-    allocation = environ.get("SLURM_JOB_ID") or None
-    nodes_here = int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or 1)
+    allocation = environ.get(JOB_ID) or None
+    nodes_here = int(next((environ[name] for name in JOB_NODE_COUNT if environ.get(name)), 1))
     if allocation is not None and num_nodes == OPTIONS["num_nodes"].default and nodes_here > 1 and \
             (num_processes is None or num_processes % nodes_here == 0):
         num_nodes = nodes_here   # inside an allocation, by default its every node
@@ -71,7 +83,7 @@ def slurm_allocation(options: Mapping[str, Any], environ: Optional[Mapping[str, 
     if num_processes % num_nodes:
         raise LaunchConfigError(f"num_processes={num_processes} ranks cannot be spread evenly over "
                                 f"num_nodes={num_nodes} nodes: give a multiple of {num_nodes}")
-    request = {str(key): _option_value(key, value) for key, value in (options["slurm"] or {}).items()}
+    request = check_request(options["slurm"])
     if allocation is not None:
         if request:
             raise LaunchConfigError(f"slurm={dict(options['slurm'])!r} asks for an allocation, but this kernel runs "
@@ -83,54 +95,29 @@ def slurm_allocation(options: Mapping[str, Any], environ: Optional[Mapping[str, 
                            request=tuple(request.items()), max_restarts=int(options["max_restarts"]))
 
 
-# Where a job's GPUs per node are said: inside it (the kernel's environment, first found wins), or in the request.
-_GPUS_HERE = ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_PER_TASK",
-              "SLURM_GPUS")
-_GPU_REQUEST = ("gpus-per-node", "gres", "gpus", "G", "gpus-per-task")
-_NOT_PER_NODE = ("gpus", "G", "gpus-per-task", "SLURM_GPUS_PER_TASK", "SLURM_GPUS")   # per job or per task
-
-
-def slurm_device(options: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> Tuple[str, Optional[int]]:
+def slurm_device(options: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> Devices:
     """The ranks' device and the GPUs per node when known (see the module docstring)."""
     environ = os.environ if environ is None else environ
     device = options["device"]
     if device not in (None, Device.CPU, Device.CUDA):
         raise LaunchConfigError(f"device={device!r} is not supported with cluster='slurm' (cpu or cuda)")
     request = {str(key): str(value) for key, value in (options["slurm"] or {}).items()}
-    if environ.get("SLURM_JOB_ID"):
-        said = [(name, environ[name]) for name in _GPUS_HERE if environ.get(name)]
+    if environ.get(JOB_ID):
+        said = [(name, environ[name]) for name in GPU_VARIABLES if environ.get(name)]
     else:
-        said = [(name, request[name]) for name in _GPU_REQUEST if name in request]
+        said = [(name, request[name]) for name in GPU_REQUEST_OPTIONS if name in request]
     said = [(name, text) for name, text in said if name != "gres" or "gpu" in text]
     gpus = _gpu_count(*said[0]) if said else None
     if device is None:
         device = Device.CUDA if said and gpus != 0 else Device.CPU
-    if device != Device.CUDA or gpus == 0 or (said and said[0][0] in _NOT_PER_NODE):
+    if device != Device.CUDA or gpus == 0 or (said and said[0][0] in NOT_PER_NODE):
         gpus = None   # a count per job or per task is not one per node
-    return str(device), gpus
+    return Devices(str(device), gpus)
 
 
 def _gpu_count(name: str, text: str) -> Optional[int]:
     """GPUs per node in one of Slurm's ways of saying it: "4", "a100:4", "gpu:a100:4", "0,1,2,3" (indexes)."""
-    if name in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS"):
+    if name in GPU_INDEX_LISTS:
         return len([index for index in text.split(",") if index.strip()])
     found = re.search(r"(\d+)\s*$", text.split(",")[0])
     return int(found.group(1)) if found else None
-
-
-def check_slurm_option(options: Mapping[str, Any]) -> None:
-    """``slurm={...}`` without ``cluster="slurm"`` is a mistake worth naming."""
-    if options["slurm"] is not None and options["cluster"] != "slurm":
-        raise LaunchConfigError(f"slurm={dict(options['slurm'])!r} asks Slurm for an allocation: give "
-                                f"cluster='slurm' too")
-
-
-def _option_value(key: Any, value: Any) -> str:
-    if not isinstance(key, str) or not key or key.startswith("-"):
-        raise LaunchConfigError(f"slurm={{{key!r}: ...}}: keys are salloc's long option names without dashes, e.g. "
-                                f"'partition', 'time', 'account'")
-    if value is True:
-        return ""
-    if value is None or value is False:
-        raise LaunchConfigError(f"slurm={{{key!r}: {value!r}}}: give a value, or True for a flag")
-    return str(value)

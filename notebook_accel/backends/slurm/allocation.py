@@ -25,10 +25,9 @@ import time
 from typing import Callable, Dict, List, Mapping, Optional
 
 from ...errors import LaunchConfigError, LaunchError
+from ...plan.slurm_names import GPU_REQUEST_OPTIONS
 from .tools import run_tool
 
-# Options the launch sets itself from num_nodes and num_processes: given in ``slurm``, they would contradict them.
-OWN_OPTIONS = ("nodes", "ntasks", "ntasks-per-node", "no-shell", "job-name")
 _GRANTED = re.compile(r"Granted job allocation (\d+)")
 _PENDING = re.compile(r"Pending job allocation (\d+)")
 REASON_EVERY = 1.0   # s between asks of the queue for the reason a job is pending
@@ -74,12 +73,8 @@ def partitions() -> Dict[str, Dict[str, str]]:
 def check_request(request: Mapping[str, str], num_nodes: int,
                   known: Optional[Dict[str, Dict[str, str]]] = None) -> str:
     """Refuse, before anything waits, what the cluster can never grant; returns the partition asked for."""
-    for name in OWN_OPTIONS:
-        if name in request:
-            raise LaunchConfigError(f"slurm={{{name!r}: ...}} is set by the launch itself (num_nodes, num_processes): "
-                                    f"leave it out")
     known = partitions() if known is None else known
-    asked = request.get("partition") or request.get("p")
+    asked = request.get("partition")
     if asked:
         names = asked.split(",")
         unknown = [name for name in names if name not in known]
@@ -94,7 +89,7 @@ def check_request(request: Mapping[str, str], num_nodes: int,
                                     f"(one of {', '.join(sorted(known))})")
         partition = defaults[0]
     fields = known[partition]
-    limit = request.get("time") or request.get("t")
+    limit = request.get("time")
     if limit:
         try:
             asked_minutes = minutes(limit)
@@ -115,8 +110,6 @@ def check_request(request: Mapping[str, str], num_nodes: int,
 
 
 HOLD = ["sh", "-c", "cat >/dev/null"]   # salloc's command: holds the allocation until its stdin (our pipe) ends
-# sbatch/salloc options that ask for GPUs: given one, the user said how many; else a CUDA launch asks for one per rank.
-GPU_OPTIONS = ("gpus", "G", "gpus-per-node", "gpus-per-task", "gpus-per-socket")
 
 
 def asks_for_gpus(request: Mapping[str, str]) -> bool:
@@ -125,7 +118,7 @@ def asks_for_gpus(request: Mapping[str, str]) -> bool:
     >>> asks_for_gpus({"gres": "gpu:a100:4"}), asks_for_gpus({"gpus-per-node": "2"}), asks_for_gpus({"time": "1"})
     (True, True, False)
     """
-    return any(key in request for key in GPU_OPTIONS) or "gpu" in request.get("gres", "")
+    return any(key in request for key in GPU_REQUEST_OPTIONS if key != "gres") or "gpu" in request.get("gres", "")
 
 
 def salloc_command(request: Mapping[str, str], num_nodes: int, ranks_per_node: int, name: str,

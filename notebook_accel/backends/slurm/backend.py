@@ -26,6 +26,7 @@ from ...outcome.raising import root_cause_exception
 from ...outcome.root_cause import Outcome, is_system_exit
 from ...plan.plan import LaunchPlan
 from ...plan.sites import SlurmAllocation
+from ...plan.slurm_names import PER_TASK_GPU_VARIABLES
 from ...wire.events import OutputLine, OutputLines, RankEvent, SessionNotice, Status
 from ..base import Backend, LaunchSink, StopPolicy, restartable_failure, run_attempts
 from ..relay import NoKernelStore
@@ -74,16 +75,9 @@ def srun_command(plan: LaunchPlan, job: Optional[str], python: str = sys.executa
     return argv + [python, "-u", "-m", TASK_MODULE]
 
 
-# What salloc/sbatch put in the kernel's environment to bind GPUs per task (``--gpus-per-task``) or per socket, which
-# srun takes as its own defaults. A rank then sees only its GPU, as index 0, while ``LOCAL_RANK`` (torchrun's rule,
-# ``cuda:LOCAL_RANK``) points past it: "invalid device ordinal". The step asks per node instead (``srun_command``).
-PER_TASK_GPU_VARIABLES = ("SLURM_GPUS_PER_TASK", "SLURM_GPUS_PER_SOCKET", "SLURM_TRES_PER_TASK", "SLURM_GPU_BIND",
-                          "SLURM_CPUS_PER_GPU", "SLURM_MEM_PER_GPU", "SLURM_GPUS", "SLURM_GPUS_PER_NODE")
-
-
 def srun_environment(plan: LaunchPlan, environ: Optional[Dict[str, str]] = None) -> Optional[Dict[str, str]]:
     """The environment ``srun`` runs in: the kernel's, less the per-task GPU binding it would otherwise inherit for a
-    CUDA launch (None: the kernel's, unchanged).
+    CUDA launch (``plan.slurm_names.PER_TASK_GPU_VARIABLES``; None: the kernel's, unchanged).
 
     >>> plan = LaunchPlan("f", None, 2, "cuda", SlurmAllocation(1, 2, "7"), "no", None, False, "none")
     >>> sorted(srun_environment(plan, {"SLURM_JOB_ID": "7", "SLURM_GPUS_PER_TASK": "1"}))
