@@ -254,15 +254,10 @@ def signature_differences() -> Dict[str, str]:
     return found
 
 
-_CHECKPOINTS = "the checkpoint members are branch hfnum's (HF's checkpoint files and formats): it changes these"
 _INTERNAL = "users never build it: prepare() does (HF's constructor takes HF's internals)"
 
 # every accepted signature difference, with why (the test fails on one not listed, and on a listed one that is gone)
 SIGNATURE_EXCEPTIONS: Dict[str, str] = {
-    "Accelerator.save": _CHECKPOINTS,
-    "Accelerator.save_model": _CHECKPOINTS,
-    "Accelerator.save_state": _CHECKPOINTS,
-    "Accelerator.load_state": _CHECKPOINTS,
     "Accelerator.unwrap_model": "keep_torch_compile defaults to False: unwrap_model(model).state_dict() has the "
                                 "user's keys (HF's default True keeps torch.compile's wrapper, whose keys start "
                                 "with `_orig_mod.`); pass keep_torch_compile=True for HF's",

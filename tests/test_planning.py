@@ -39,7 +39,7 @@ def test_a_misspelled_slurm_key_is_refused_with_the_option_meant(monkeypatch, ke
 
 def test_a_slurm_key_that_is_no_option_at_all_is_refused(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    with pytest.raises(LaunchConfigError, match="not one of sbatch's long options"):
+    with pytest.raises(LaunchConfigError, match="not one of salloc's long options"):
         plan_launch(rank_function, num_processes=2, cluster="slurm", slurm={"zzzzzz": "1"})
 
 

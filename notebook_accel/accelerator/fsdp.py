@@ -60,8 +60,9 @@ class FullyShardedDataParallelPlugin:
             ``mixed_precision`` (parameters in bf16/fp16 for compute, gradients reduced in fp32).
         state_dict_type: "SHARDED_STATE_DICT" (``save_state`` writes each rank's shards with
             torch.distributed.checkpoint, loadable on any number of ranks) — the only one supported.
-        state_dict_config / optim_state_dict_config: FSDP1's (``FullStateDictConfig``...), accepted so that HF's
-            code runs: ``get_state_dict`` gives the full weights in any case, ``save_state`` writes shards.
+        state_dict_config: FSDP1's (``FullStateDictConfig``...), accepted so that HF's code runs:
+            ``get_state_dict`` gives the full weights in any case, ``save_state`` writes shards.
+        optim_state_dict_config: likewise, for the optimizer's state.
 
     HF's other fields are there by HF's names and defaults: FSDP1's ``sharding_strategy`` maps to
     ``reshard_after_forward``; ``limit_all_gathers``, ``use_orig_params``, ``sync_module_states`` and

@@ -104,7 +104,7 @@ class RayCluster(Site):
 class SlurmAllocation(Site):
     """Every rank a task of one Slurm job step (``srun``): ``num_nodes`` nodes with ``ranks_per_node`` tasks each, in
     ``allocation`` (the kernel's own job id: a batchspawner notebook, ``salloc``) or, when None, in a job asked for
-    with ``request`` (sbatch's long options without dashes, as (option, value) pairs; a value "" is a flag) and given
+    with ``request`` (salloc's long options without dashes, as (option, value) pairs; a value "" is a flag) and given
     back when the launch ends; ``max_restarts`` whole-world restarts, each a new step of the same job. Made by
     ``plan.slurm.slurm_allocation`` only."""
 

@@ -9,7 +9,7 @@ Everything else that knows Slurm reads them here: planning (``plan.slurm``) chec
 >>> check_request({"tme": "01:00:00"})
 Traceback (most recent call last):
 ...
-notebook_accel.errors.LaunchConfigError: slurm={'tme': ...} is not one of sbatch's long options; did you mean 'time'?
+notebook_accel.errors.LaunchConfigError: slurm={'tme': ...} is not one of salloc's long options; did you mean 'time'?
 """
 from __future__ import annotations
 
@@ -61,12 +61,12 @@ def check_request(request: Optional[Mapping[Any, Any]]) -> Dict[str, str]:
     checked: Dict[str, str] = {}
     for key, value in (request or {}).items():
         if not isinstance(key, str) or not key or key.startswith("-"):
-            raise LaunchConfigError(f"slurm={{{key!r}: ...}}: keys are sbatch's long option names without dashes, "
+            raise LaunchConfigError(f"slurm={{{key!r}: ...}}: keys are salloc's long option names without dashes, "
                                     f"e.g. 'partition', 'time', 'account'")
         if key not in ALLOCATION_OPTIONS:
             meant = closest(key, sorted(ALLOCATION_OPTIONS))
-            raise LaunchConfigError(f"slurm={{{key!r}: ...}} is not one of sbatch's long options"
-                                    + (f"; did you mean {meant!r}?" if meant else " (see man sbatch)"))
+            raise LaunchConfigError(f"slurm={{{key!r}: ...}} is not one of salloc's long options"
+                                    + (f"; did you mean {meant!r}?" if meant else " (see man salloc)"))
         if key in OWN_OPTIONS:
             raise LaunchConfigError(f"slurm={{{key!r}: ...}} is set by the launch itself (num_nodes, "
                                     f"num_processes): leave it out")

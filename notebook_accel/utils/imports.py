@@ -34,7 +34,7 @@ def _installed(module: str) -> Callable[[], bool]:
     def available() -> bool:
         return importlib.util.find_spec(module) is not None
 
-    available.__name__ = f"is_{module}_available"
+    available.__name__ = available.__qualname__ = f"is_{module}_available"  # the API reference finds it by name
     return available
 
 
