@@ -23,8 +23,8 @@ pytestmark = pytest.mark.timeout(600)
 # says so); a gap that starts passing fails its test, saying to remove it from the list.
 KNOWN_GAPS: Dict[str, str] = {
     "test_script.py::central_dl_preparation_check()": (
-        "dispatch_batches=True (rank 0 reads every batch and sends slices) is not offered: every rank reads its own "
-        "shard (DataLoaderConfiguration(dispatch_batches=True) is refused by name)"),
+        "prepare_data_loader(dispatch_batches=True) (rank 0 reads every batch and sends slices) is refused by name: "
+        "every rank reads its own shard (the Accelerator's dataloader_config ignores it: the same batches result)"),
     "test_script.py::check_seedable_sampler_in_batch_sampler_shard()": (
         "reads HF's BatchSamplerShard internals (its .batch_sampler.sampler): our prepared loader shards at the "
         "sampler, with no BatchSamplerShard"),

@@ -210,9 +210,6 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         if self.dataloader_config.use_stateful_dataloader:
             refuse("DataLoaderConfiguration(use_stateful_dataloader=True)", "torchdata's StatefulDataLoader is not "
                    "offered; resume mid-epoch with load_state and skip_first_batches")  # fmt: skip
-        if self.dataloader_config.dispatch_batches:  # HF: rank 0 reads every batch and sends each rank its slice
-            refuse("DataLoaderConfiguration(dispatch_batches=True)", "every rank reads its own shard of the data "
-                   "(the same batches, without rank 0 reading them all); leave dispatch_batches unset")  # fmt: skip
         split_batches = split_batches or self.dataloader_config.split_batches
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = self._check_rng_types(rng_types)
