@@ -23,7 +23,7 @@ import os
 import threading
 import time
 import warnings
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import pytest
 import torch
@@ -445,12 +445,21 @@ def test_transformers_from_pretrained_inside_init_module_loads_into_the_partitio
     assert_same_weights(ranks[0]["weights"], saved, "GPT-2 from_pretrained under ZeRO-3 init_module")
 
 
-def test_deepspeed_is_told_its_ranks_train_on_the_cpu_so_no_rank_warns_that_it_guessed(tmp_path):
+def finished_script(code: str, cwd: Any) -> Tuple[int, str, str]:
+    """A fresh script's exit code, stdout, and stdout + stderr (this process imported DeepSpeed already), run in
+    ``cwd``, away from the checkout, so that it imports the notebook_accel under test."""
     from scripts import start_script
 
-    # a fresh process (this one imported DeepSpeed already), started away from the checkout so that it imports
-    # the notebook_accel under test
-    script = start_script("""
+    script = start_script(code, cwd=str(cwd))
+    try:
+        stdout, stderr = script.communicate(timeout=280)
+    finally:
+        script.kill()
+    return script.returncode, stdout, stdout + stderr
+
+
+def test_deepspeed_is_told_its_ranks_train_on_the_cpu_so_no_rank_warns_that_it_guessed(tmp_path):
+    returncode, stdout, printed = finished_script("""
         import torch
         from notebook_accel import notebook_launcher
 
@@ -463,13 +472,8 @@ def test_deepspeed_is_told_its_ranks_train_on_the_cpu_so_no_rank_warns_that_it_g
             return os.environ.get("DS_ACCELERATOR"), get_accelerator().device_name()
 
         print("ranks:", notebook_launcher(rank, num_processes=2, device="cpu", display="text", return_all=True))
-    """, cwd=str(tmp_path))
-    try:
-        stdout, stderr = script.communicate(timeout=280)
-    finally:
-        script.kill()
-    printed = stdout + stderr
-    assert script.returncode == 0, printed
+    """, tmp_path)
+    assert returncode == 0, printed
     assert "ranks: [('cpu', 'cpu'), ('cpu', 'cpu')]" in stdout, printed
     assert "Setting accelerator to CPU" not in printed, printed  # DeepSpeed's "we were unable to detect it"
 
@@ -603,9 +607,7 @@ def test_a_zero_engine_in_the_kernel_ends_its_one_rank_group_with_the_run():
 def test_zero3_from_init_module_to_the_gathered_state_prints_no_torch_deprecation(tmp_path):
     # issue 46: big_models.ipynb's ZeRO-3 cell printed torch's FutureWarning "`torch.distributed.all_gather_into_tensor`
     # is deprecated" once per rank: DeepSpeed's call, which the user can do nothing about
-    from scripts import start_script
-
-    script = start_script("""
+    returncode, stdout, printed = finished_script("""
         import torch
         from notebook_accel import notebook_launcher
 
@@ -625,12 +627,7 @@ def test_zero3_from_init_module_to_the_gathered_state_prints_no_torch_deprecatio
             return sorted(accelerator.get_state_dict(model))
 
         print("ranks:", notebook_launcher(rank, num_processes=2, device="cpu", display="text"))
-    """, cwd=str(tmp_path))
-    try:
-        stdout, stderr = script.communicate(timeout=280)
-    finally:
-        script.kill()
-    printed = stdout + stderr
-    assert script.returncode == 0, printed
+    """, tmp_path)
+    assert returncode == 0, printed
     assert "ranks: ['0.layers.0.linear1.bias'," in stdout and "'1.weight']" in stdout, printed
     assert "is deprecated" not in printed and "FutureWarning" not in printed, printed
