@@ -574,3 +574,21 @@ def test_launch_metrics_is_a_dataframe_or_an_error_naming_the_extra(monkeypatch)
         log.table()
     assert "metric_log.rows()" in str(raised.value)
     assert log.rows()[0].value == 0.5
+
+
+def test_a_rank_gone_before_its_start_is_read_still_gets_the_peak_it_reported():
+    # A short run on a busy machine: the kernel reads RankStarted after the rank ended (psutil cannot find the pid);
+    # the peak the rank sent next must still reach its row ("[rank 0] finished" lacked "peak RSS" once a suite run).
+    import subprocess
+    import sys
+
+    from notebook_accel.monitor.resources import ResourceSampler
+    from notebook_accel.wire.events import PeakMemoryReport, RankStarted, ResourceSample
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    delivered = []
+    sampler = ResourceSampler(delivered.append)
+    sampler.observe(RankStarted(rank=0, pid=ended.pid))
+    sampler.observe(PeakMemoryReport(rank=0, peak_rss=200 << 20))
+    assert [(type(event), event.peak_rss) for event in delivered] == [(ResourceSample, 200 << 20)]

@@ -279,6 +279,28 @@ def test_non_daemon_threads_finish_and_atexit_runs(start_method, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["atexit-0", "atexit-1", "thread-0", "thread-1"]
 
 
+def makes_the_group_and_returns():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")  # env://, as a torchrun script does; no collective after it
+    return dist.get_rank()
+
+
+def test_a_rank_that_returns_right_after_making_the_group_does_not_fail_its_slower_peer():
+    """gloo connects the pair inside init_process_group; a rank that returned and exited at once used to close the
+    connection before its peer's main thread saw it made: "Connection closed by peer" in the peer, no rank at fault
+    (a 2-rank launch in four on a busy 2-core machine; rank/leaving.py). The machine is made busy for the test."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(6)]
+    try:
+        results = [notebook_launcher(makes_the_group_and_returns, num_processes=2, display="none", device="cpu",
+                                     start_method="fork", return_all=True) for _ in range(24)]
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert results == [[0, 1]] * 24
+
+
 def never_ending_thread():
     threading.Thread(target=time.sleep, args=(120,), name="stuck-uploader").start()
     return "returned"

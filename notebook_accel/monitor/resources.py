@@ -84,6 +84,9 @@ class ResourceSampler:
             try:
                 process = psutil.Process(event.pid)
             except psutil.Error:
+                # Gone already (a short run, its events read after its end on a busy machine): nothing to sample,
+                # but the peak it reported comes next and is still its row's.
+                self._ranks[event.rank] = _Tracked(event.rank, None, include_children=False)  # type: ignore[arg-type]
                 return
             # A rank running in the kernel itself (inline): its children are the kernel's, not the rank's.
             self._ranks[event.rank] = _Tracked(event.rank, process, include_children=event.pid != os.getpid())

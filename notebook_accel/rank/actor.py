@@ -39,6 +39,7 @@ from ..wire.commands import Command, Interrupt, PromptAnswer, QueuedAnswers
 from ..wire.events import OutputLines, RankEvent, RankPrompt, ResourceSample
 from ..wire.fds import pending_bytes
 from .device_memory import send_peak_rss
+from .leaving import wait_for_peers_to_finish
 from .network import rank_network
 from .process import _set_torch_threads, capture_output, end_like_python, register_in_main
 from .run import run_rank
@@ -271,6 +272,8 @@ class RankActor:
             finally:
                 self._busy = False
             send_peak_rss(self.sender)
+            if run.exit_code == 0:
+                wait_for_peers_to_finish()  # as a process rank does (rank/leaving.py)
             end_like_python(spec.rank, ignore=before, exit_handlers=False)
             return run.exit_code
         finally:

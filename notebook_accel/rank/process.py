@@ -25,6 +25,7 @@ from ..wire.commands import SocketAnswers
 from ..wire.events import RankStarted
 from ..wire.fds import take_fd
 from .device_memory import send_peak_rss
+from .leaving import wait_for_peers_to_finish
 from .network import NETWORK_VARIABLE
 from .prompts import forget_kernel_hooks
 from .run import main_classes, remember_kernel_classes, run_rank
@@ -86,6 +87,8 @@ def rank_main(spec: RankSpec) -> None:
     run = run_rank(lambda: register_in_main(spec.payload.load(), spec.main_names), sender,
                    send_result=spec.send_result, post_mortem=spec.post_mortem)
     send_peak_rss(sender)
+    if run.exit_code == 0:
+        wait_for_peers_to_finish()  # none ends while a peer's init_process_group may still be connecting to it
     end_like_python(spec.rank)
     sender.close()
     os._exit(run.exit_code)
