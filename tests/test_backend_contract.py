@@ -7,16 +7,24 @@ this file. The Ray case runs these same tests from ``tests/test_ray_cluster.py``
 file whose tests make pytest's process a Ray driver, after which this file's fork cases would be refused); the Slurm
 case from ``tests/test_slurm_launch.py``, on its real Slurm cluster (root, network namespaces, a slurmd per node:
 made once for that file, and skipped where Slurm's packages are missing).
+
+The "relayed" case is a backend the package does not have: ``tests/relayed_local`` (local processes driven through
+the relayed base as a cluster's ranks would be) registers its planner row and its ``BACKENDS`` line for the case's
+tests only. It passing every check here, with no edit to the package, is what "a new backend is a site, a planner, a
+folder and a line" means (docs/architecture.md).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
+import relayed_local
 
 from notebook_accel.backends import LaunchSink, backend_for
 from notebook_accel.wire.events import (OutputLine, OutputLines, ProgressUpdate, RankEvent, RankExited, RankFailed,
@@ -40,14 +48,19 @@ CASES: Dict[str, Tuple[Dict[str, Any], str]] = {
     "ray": ({"num_processes": 2, "cluster": "ray"}, "ray"),
     # A job step over tests/test_slurm_launch.py's two Slurm nodes, in a job each launch asks for and gives back.
     "slurm": ({"num_processes": 2, "num_nodes": 2, "cluster": "slurm"}, "slurm"),
+    # The tests' own relayed backend (tests/relayed_local), registered while its case runs (see the module docstring).
+    "relayed": ({"num_processes": 2, "cluster": relayed_local.NAME}, relayed_local.NAME),
 }
+# Cases whose backend only the tests have: registered around each of their tests, never in the package's table.
+REGISTERED_BY_THE_TESTS = {"relayed": relayed_local.registered}
 # Cases run from the file that has their cluster (see the module docstring).
 RUN_FROM_THE_CLUSTER_TESTS = {"ray": "tests/test_ray_cluster.py", "slurm": "tests/test_slurm_launch.py"}
 # Seconds a case's ranks may take to start (Ray places and starts an actor per rank: over a minute on a busy 2-core
 # machine); added to the timeout, the ranks' sleep and the hang bounds. Such a case is stopped once every rank said
 # it is ready, not after a fixed delay.
 # A Slurm case waits for its job (salloc) and its step's tasks on both nodes: tens of seconds on this machine.
-START_ALLOWANCE = {"ray": 120.0, "slurm": 90.0}
+# The relayed case starts a launcher, then a Python per rank that imports the rank side before it says hello.
+START_ALLOWANCE = {"ray": 120.0, "slurm": 90.0, "relayed": 60.0}
 # How long a quick launch of a case took in this process (the longest seen): its timeout test allows a multiple of it,
 # within START_ALLOWANCE, instead of waiting out the whole allowance on a machine where starts are quick.
 QUICK_RUNS: Dict[str, float] = {}
@@ -76,6 +89,24 @@ def fake_tpu_for_the_xla_case(request, monkeypatch, tmp_path):
         from fake_tpu import become_tpu_host
 
         become_tpu_host(monkeypatch, str(tmp_path / "sysfs"), "v5e-2")
+
+
+@pytest.fixture(autouse=True)
+def register_the_tests_own_backend(request):
+    """A case of ``REGISTERED_BY_THE_TESTS``: its backend in the tables, and (its ranks being a cluster's, which
+    cannot import a test module) this file's functions sent by value."""
+    case = request.node.callspec.params.get("case") if getattr(request.node, "callspec", None) else None
+    if case not in REGISTERED_BY_THE_TESTS:
+        yield
+        return
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        with REGISTERED_BY_THE_TESTS[case]():
+            yield
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def run_case(case: str, function: Callable, args: tuple = (), *, stop_after: float = 0.0,
@@ -157,7 +188,9 @@ def prints_and_counts(total):
 def test_every_line_of_the_backends_table_has_a_case():
     from notebook_accel.backends import BACKENDS
 
-    assert {backend for _, backend in CASES.values()} == set(BACKENDS)
+    theirs = {CASES[case][1] for case in REGISTERED_BY_THE_TESTS}
+    assert not theirs & set(BACKENDS), "the tests' own backends are in the table only while their cases run"
+    assert {backend for _, backend in CASES.values()} == set(BACKENDS) | theirs
 
 
 @pytest.mark.parametrize("case", HERE)
