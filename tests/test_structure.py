@@ -217,11 +217,12 @@ def test_every_backend_in_the_table_imports_and_provides_its_contracts():
 
     assert {name: backend_class(name).name for name in BACKENDS} == {name: name for name in BACKENDS}
     assert all(issubclass(backend_class(name), Backend) for name in BACKENDS)
-    warm = {name: warm_ranks_class(name) for name in BACKENDS}
-    assert {name for name, cls in warm.items() if cls is not None} == {"processes", "xla", "ray", "slurm"}
-    for name, cls in warm.items():
+    for name, entry in BACKENDS.items():   # a line with a session class loads it; one without has none
+        cls = warm_ranks_class(name)
+        assert (cls is None) == (entry.session is None), name
         if cls is not None:
             assert issubclass(cls, WarmRanks) and not inspect.isabstract(cls), name
+            assert cls.__name__ == entry.session[1], name
 
 
 def test_every_site_has_one_line_in_the_backends_table():
@@ -245,10 +246,16 @@ def _constructs(module: str, name: str) -> bool:
 def test_the_restart_loop_is_written_once_and_each_cluster_is_decided_in_one_place():
     # Every backend that restarts the whole world runs base.run_attempts: only it announces an attempt.
     assert [module for module in MODULES if _constructs(module, "AttemptStarted")] == [f"{PACKAGE}.backends.base"]
-    # cluster="ray" becomes the Ray site in plan/cluster.py, nowhere else.
-    assert [module for module in MODULES if _constructs(module, "RayCluster")] == [f"{PACKAGE}.plan.cluster"]
-    # cluster="slurm" becomes the Slurm site in plan/slurm.py, nowhere else.
-    assert [module for module in MODULES if _constructs(module, "SlurmAllocation")] == [f"{PACKAGE}.plan.slurm"]
+    # Each cluster's site is made by its planner's module (the planners' row of that ``cluster``), nowhere else: read
+    # from the two tables, the backends' line of that name and the planners' row.
+    from notebook_accel.backends import BACKENDS
+    from notebook_accel.plan.planners import PLANNERS
+
+    clusters = [name for name in PLANNERS if name is not None]
+    assert clusters and all(name in BACKENDS for name in clusters), "a cluster row without its backends' line"
+    for name in clusters:
+        site = BACKENDS[name].site.__name__
+        assert [module for module in MODULES if _constructs(module, site)] == [type(PLANNERS[name]).__module__], name
 
 
 def test_the_session_talks_to_its_ranks_through_the_contract_not_a_supervisor():
@@ -256,8 +263,11 @@ def test_the_session_talks_to_its_ranks_through_the_contract_not_a_supervisor():
     # TaskEnd says what a task left); it neither imports the supervisor nor makes one.
     session = f"{PACKAGE}.session"
     assert f"{PACKAGE}.backends.supervisor" not in GRAPH[session]
-    for name in ("Supervisor", "SessionSupervisor", "SessionProcesses", "SessionXlaHost", "SessionRayActors",
-                 "SessionSlurmStep"):
+    from notebook_accel.backends import BACKENDS
+
+    warm_classes = [entry.session[1] for entry in BACKENDS.values() if entry.session is not None]
+    assert warm_classes, "the backends' table names the classes that keep a session's ranks warm"
+    for name in ["Supervisor", "SessionSupervisor", *warm_classes]:
         assert not _constructs(session, name), name
     source = open(MODULES[session], encoding="utf-8").read()
     assert ".supervisor" not in source and "SESSION_RANKS" not in source
