@@ -326,3 +326,27 @@ def test_no_module_names_what_it_never_defined_or_imported():
     done = subprocess.run([ruff, "check", "--no-cache", "--isolated", "--select", "F821,F822,F823",
                            "--output-format", "concise", package], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_the_accelerator_package_map_and_member_map_match_the_files_and_the_class():
+    # accelerator/__init__.py lists every module of the package (a new module must say its job there), and the
+    # Accelerator's docstring maps each public member to the module that defines it (its class there: the mixins).
+    import re
+
+    import notebook_accel.accelerator as package
+    from notebook_accel.accelerator import Accelerator
+
+    here = os.path.dirname(package.__file__)
+    files = {name[:-3] for name in os.listdir(here) if name.endswith(".py") and name != "__init__.py"}
+    listed = re.findall(r"^- :mod:`\.(\w+)`", package.__doc__, re.MULTILINE)
+    assert sorted(listed) == sorted(files), "accelerator/__init__.py's package map and the package's modules differ"
+
+    defined: Dict[str, Set[str]] = {}
+    for name in dir(Accelerator):
+        if not name.startswith("_"):
+            owner = next(cls for cls in Accelerator.__mro__ if name in vars(cls))
+            defined.setdefault(owner.__module__.rsplit(".", 1)[1], set()).add(name)
+    mapped = {module: set(re.findall(r"``(\w+)``", names)) for module, names in
+              re.findall(r"^\s*- :mod:`\.(\w+)` \(``\w+``\): (.*?)(?=^\s*- :mod:|^\s*$)", Accelerator.__doc__,
+                         re.MULTILINE | re.DOTALL)}
+    assert mapped == defined, "the Accelerator docstring's member map and the class differ"
