@@ -15,7 +15,6 @@ folder and a line" means (docs/architecture.md).
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys

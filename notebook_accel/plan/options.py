@@ -99,6 +99,17 @@ class Option:
     positional: bool = False
     also_called: Tuple[Tuple[str, str], ...] = ()  # (a name people use, the choice it means): ("gpu", "cuda")
 
+    def from_saved_config(self, entry: str) -> bool:
+        """Whether ``entry`` takes this option's value from the saved config file when the call does not give it: a
+        saved option, unless it is one of torch elastic's node options and ``entry`` is ``Session`` (a config's nodes
+        are ``notebook_launcher``'s, which a session has not; a session takes ``num_nodes`` only as given, where its
+        planner takes it).
+
+        >>> [OPTIONS["num_nodes"].from_saved_config(entry) for entry in ("notebook_launcher", "Session")]
+        [True, False]
+        """
+        return self.saved and not (self.nodes and entry == SESSION)
+
     def refusal(self, value: Any) -> str:
         """What is wrong with ``value``, as the error says it (with the choice meant, when one is)."""
         if self.choices is not None and not self.open_choices:

@@ -12,9 +12,9 @@ counts the rank gone, exactly as for a local process. Nothing listens on a port;
 
 Each rank's pipes and handle are ``relay.RelayedRank``'s, whose ``RelayedRankProcess`` maps the supervisor's signals
 onto this relay: SIGTERM and SIGINT are ``Interrupt`` through the actor's control thread (``KeyboardInterrupt`` in the
-rank), SIGKILL is ``ray.kill`` once the events already made are polled; a stack dump is a call to its control
-thread, and a line typed at its prompt (pdb) a ``PromptAnswer`` command. So a launch's and a warm session's stop strategies, end conditions and root-cause rules apply to Ray ranks
-unchanged.
+rank), SIGKILL is ``ray.kill`` once the events already made are polled; a stack dump is a call to its control thread,
+and a line typed at its prompt (pdb) a ``PromptAnswer`` command. So a launch's and a warm session's stop strategies, end
+conditions and root-cause rules apply to Ray ranks unchanged.
 """
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """A warm session's ranks on a Ray cluster (``Session(cluster="ray")``): actors that stay up across runs and cells.
 
-``SessionRayActors`` is ``relay.RelayedWarmRanks`` on a Ray cluster, as ``backends.session.SessionProcesses`` is locally,
-so ``Session`` and its rules — a run supervised until every rank is idle, interrupted ranks, a process group cut
-and replaced, ranks recreated with "state lost" — apply unchanged. Underneath: one ``RayWorld`` for the session's
-life, each rank's actor running ``RankActor.serve`` (the task loop of ``rank.session``), its relay carrying events
-into the pipes the supervisors read. A command goes to a rank through its control thread; a run's function and its
-large tensors go into Ray's object store once for every rank (``PortablePayload``). Ranks are interrupted by a
-command (Ray runs them in a thread of the actor: no signal reaches them), and a process group is cut by each rank
-closing the connections its own join made (its peers' pids are on other machines).
+``SessionRayActors`` is ``relay.RelayedWarmRanks`` on a Ray cluster, as ``backends.session.SessionProcesses`` is
+locally, so ``Session`` and its rules — a run supervised until every rank is idle, interrupted ranks, a process group
+cut and replaced, ranks recreated with "state lost" — apply unchanged. Underneath: one ``RayWorld`` for the session's
+life, each rank's actor running ``RankActor.serve`` (the task loop of ``rank.session``), its relay carrying events into
+the pipes the supervisors read. A command goes to a rank through its control thread; a run's function and its large
+tensors go into Ray's object store once for every rank (``PortablePayload``). Ranks are interrupted by a command (Ray
+runs them in a thread of the actor: no signal reaches them), and a process group is cut by each rank closing the
+connections its own join made (its peers' pids are on other machines).
 """
 from __future__ import annotations
 

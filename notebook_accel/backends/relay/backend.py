@@ -10,8 +10,8 @@ task ended), else the rank's own exception, with a note of where it ran (``ran_o
 are notes of the last one's.
 
 A subclass fills in only what differs: ``_start_world`` (which sets ``world``, whose ``end()`` ends it), ``node_of``,
-``death_of``, optionally ``ran_on``, ``open_rendezvous`` (its checks, then this one's), ``_before_attempts`` (what the attempts share: a
-job to run in) and ``_close``.
+``death_of``, optionally ``ran_on``, ``open_rendezvous`` (its checks, then this one's), ``_before_attempts`` (what the
+attempts share: a job to run in) and ``_close``.
 """
 from __future__ import annotations
 
