@@ -269,3 +269,36 @@ def test_output_is_labelled_by_rank_and_progress_reported(case):
         assert ("stderr", f"fd-level {rank}") in mine
         bars = [update for update in of_type(events, ProgressUpdate) if update.rank == rank]
         assert bars and bars[-1].closed and bars[-1].n == 500 and bars[-1].desc == f"loop {rank}"
+
+
+
+def naps():
+    for _ in range(6000):  # Python between the sleeps: an interrupt raised in the rank's thread lands there
+        time.sleep(0.1)
+
+
+def test_the_tests_own_relayed_backend_keeps_a_sessions_ranks_warm():
+    """Its ``BACKENDS`` line names a ``relay.RelayedWarmRanks`` too: a ``Session`` there keeps each rank's namespace
+    across runs, interrupts a run, and ends every task at ``close``."""
+    import cloudpickle
+
+    from notebook_accel import Session
+    from notebook_accel.errors import LaunchTimeout
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        with relayed_local.registered():
+            with Session(num_processes=2, cluster=relayed_local.NAME, display="none") as session:
+                assert session.run(rank_times_ten, return_all=True) == [2, 12]
+                session.push(kept=5)
+                session.execute("import os; kept = kept * 10 + int(os.environ['RANK'])")
+                # a timeout interrupts the ranks through the transport: they stay, and so does their state
+                with pytest.raises(LaunchTimeout):
+                    session.run(naps, timeout=3.0)
+                assert session.pull("kept") == [50, 51] and session.restarts == 0
+                pids = dict(session._ranks.pids)
+            assert session._ranks is None or not session._ranks.handles
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    for pid in pids.values():
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"

@@ -7,8 +7,9 @@ test runs —
 
 1. its site (``LocalRelayed``, a ``plan.sites.Site``) and its planner (``LocalRelayedPlanner``, a row of
    ``plan.planners``: ``cluster="relayed-local"``);
-2. its folder: this package, kernel side (``RelayedLocalBackend``, the launch's ``relay.RelayedBackend``), and its
-   launcher (``launcher.py``, as ``srun`` is Slurm's: one task per rank, ``rank.slurm_task``'s conversation);
+2. its folder: this package, kernel side (``RelayedLocalBackend``, the launch's ``relay.RelayedBackend``;
+   ``RelayedLocalRanks``, a ``Session``'s, ``relay.RelayedWarmRanks``), and its launcher (``launcher.py``, as ``srun``
+   is Slurm's: one task per rank, ``rank.slurm_task``'s conversation);
 3. its line in ``backends.BACKENDS``.
 
 What it fills in of the relayed base is what differs between clusters: how a world starts for an attempt (the
@@ -22,11 +23,11 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator, List, Mapping, Optional
+from typing import Any, Callable, ClassVar, Iterator, List, Mapping, Optional
 
 from notebook_accel.backends import BackendEntry, register, unregister
 from notebook_accel.backends.base import LaunchSink, StopPolicy
-from notebook_accel.backends.relay import RelayedBackend, StreamRelay, task_setup
+from notebook_accel.backends.relay import RelayedBackend, RelayedWarmRanks, StreamRelay, task_setup
 from notebook_accel.backends.supervisor import RankProcess
 from notebook_accel.errors import LaunchConfigError
 from notebook_accel.plan import planners
@@ -83,12 +84,18 @@ class RelayedLocalBackend(RelayedBackend):
     world: Optional[LauncherRelay] = None
 
     def _start_world(self, attempt: int, sink: LaunchSink, policy: StopPolicy) -> Optional[List[RankProcess]]:
+        return self.start_tasks(lambda: policy.reason() is not None, sink.tick, attempt=attempt)
+
+    def start_tasks(self, stopped: Callable[[], bool], tick: Callable[[], None],
+                    **setup: Any) -> Optional[List[RankProcess]]:
+        """The launcher's tasks, running the launch (or with ``serve=True``, a session's task loops); None: stopped
+        before every task said hello."""
         size = self.plan.world_size
         relay = self.world = LauncherRelay([sys.executable, "-u", LAUNCHER, str(size)], size)
-        if not relay.wait_ready(lambda: policy.reason() is not None, sink.tick):
+        if not relay.wait_ready(stopped, tick):
             return None
         handles = relay.attach()
-        relay.send(("run", task_setup(self.plan, relay, size, attempt)))
+        relay.send(("run", task_setup(self.plan, relay, size, **setup)))
         return list(handles)
 
     def node_of(self, rank: int) -> str:
@@ -99,11 +106,28 @@ class RelayedLocalBackend(RelayedBackend):
         return ended or "it ended without a result"
 
 
+class RelayedLocalRanks(RelayedWarmRanks):
+    """A ``Session``'s ranks as the launcher's tasks, each serving the session's tasks."""
+
+    name = f"session-{NAME}"
+    backend_class = RelayedLocalBackend
+    backend: RelayedLocalBackend
+
+    def _start_world(self) -> List[RankProcess]:
+        handles = self.backend.start_tasks(lambda: False, lambda: None, serve=True, group_backend=self.group_backend,
+                                           group_generation=self.group_generation)
+        assert handles is not None   # never stopped: ``Session`` bounds the start by its first task's timeout
+        return handles
+
+    def node_of(self, rank: int) -> Optional[str]:
+        return NODE
+
+
 @contextlib.contextmanager
 def registered() -> Iterator[None]:
     """The backend's planner row and ``BACKENDS`` line, while the block runs."""
     planners.register(LocalRelayedPlanner())
-    register(BackendEntry(LocalRelayed, (__name__, "RelayedLocalBackend")))
+    register(BackendEntry(LocalRelayed, (__name__, "RelayedLocalBackend"), (__name__, "RelayedLocalRanks")))
     try:
         yield
     finally:

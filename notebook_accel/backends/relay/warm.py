@@ -9,8 +9,9 @@ actor or task: no signal reaches them), a process group is cut by each rank clos
 (``BreakGroup`` without pids: its peers' are on other machines), and a start that fails part-way ends what it
 started before it is raised.
 
-A subclass says ``backend_class`` and fills in ``_start_world`` (the ranks up and serving: their handles),
-``_send`` (a command to one rank, through its transport), ``_end_world``, ``node_of`` and optionally ``network_of``.
+A subclass says ``backend_class`` and fills in ``_start_world`` (the ranks up and serving: their handles, the
+backend's ``world`` set) and ``node_of``; where its world is not the backend's or ends otherwise, ``_send`` (a command
+to one rank, through its transport) and ``_end_world``; optionally ``network_of``.
 """
 from __future__ import annotations
 
@@ -91,13 +92,16 @@ class RelayedWarmRanks(WarmRanks):
         """The ranks started, each serving tasks (``serve`` with ``group_backend``/``group_generation``); their
         handles, by rank."""
 
-    @abstractmethod
     def _send(self, rank: int, command: Command) -> bool:
-        """``command`` to ``rank`` through the transport; False when the ranks are gone."""
+        """``command`` to ``rank`` through the transport; False when the ranks are gone. By default through the
+        backend's ``world``, whose ``command(rank, command)`` says whether it got there (``StreamRelay``'s)."""
+        world = self.backend.world
+        return world is not None and bool(world.command(rank, command))
 
-    @abstractmethod
     def _end_world(self) -> None:
-        """End every rank now and give back what the start asked of the cluster (idempotent)."""
+        """End every rank now and give back what the start asked of the cluster (idempotent). By default the
+        backend's ``world`` is ended."""
+        self.backend._end_world()
 
     @abstractmethod
     def node_of(self, rank: int) -> Optional[str]:

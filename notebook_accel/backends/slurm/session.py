@@ -13,7 +13,6 @@ import sys
 from typing import List, Optional
 
 from ...errors import LaunchError
-from ...wire.commands import Command
 from ..relay import RelayedWarmRanks
 from ..supervisor import RankProcess
 from .backend import SlurmBackend
@@ -42,10 +41,6 @@ class SessionSlurmStep(RelayedWarmRanks):
         step.send(("run", self.backend.setup(step, serve=True, group_backend=self.group_backend,
                                              group_generation=self.group_generation)))
         return list(handles)
-
-    def _send(self, rank: int, command: Command) -> bool:
-        step = self.backend.world
-        return step is not None and step.send(command, rank)
 
     def node_of(self, rank: int) -> Optional[str]:
         step = self.backend.world
