@@ -90,14 +90,14 @@ class Session:
                  num_nodes: int = 1,
                  recover_timeout: float = 5.0,
                  config: Union[bool, PathLike, None] = None) -> None:
-        """Start the ranks — on this machine, with ``cluster="ray"`` as actors of a Ray cluster, or with
-        ``cluster="slurm"`` as one Slurm job step — and join them in one process group.
+        """Start the ranks — on this machine, or with ``cluster`` on a cluster, where that cluster places them — and
+        join them in one process group.
 
         The launcher's options, less those of torch elastic's nodes and restarts (``notebook_launcher`` has them;
-        ``num_nodes`` is a session's with ``cluster="slurm"`` only) and ``return_all`` (chosen per run); ``timeout``
-        and ``display`` are the default of each run. On TPU (``device="xla"``) the XLA host's device threads are the
-        warm ranks, each with a namespace of its own. On a Ray cluster the actors stay up, placed as
-        ``resources_per_rank`` and ``placement`` say, until ``close()``.
+        ``num_nodes`` only where the cluster's planner takes it for a session: ``plan.planners``) and ``return_all``
+        (chosen per run); ``timeout`` and ``display`` are the default of each run. On TPU (``device="xla"``) the XLA
+        host's device threads are the warm ranks, each with a namespace of its own. On a cluster the ranks stay up,
+        placed as the cluster's own options say, until ``close()``.
         ``display="none"`` turns the session's row and the runs' dashboards off; a ``%%ranks`` cell still shows
         what the ranks printed, labelled.
 
@@ -117,7 +117,7 @@ class Session:
         self.recover_timeout = float(recover_timeout)
         self.num_processes = self._plan.world_size
         self.device = self._plan.device
-        self.start_method = self._plan.start_method or self._plan.backend  # "ray": Ray starts the actors
+        self.start_method = self._plan.start_method or self._plan.backend  # a cluster's: the cluster starts them
         self.runs = 0          # tasks run (functions and %%ranks cells)
         self.restarts = 0      # times the ranks were started afresh (restart(), a lost rank)
         self._tasks = itertools.count(1)
@@ -401,7 +401,7 @@ class Session:
         self._ranks = ranks
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, ranks.kill)
-        self._samples = {}  # a rank that samples itself (on Ray) sends its first figures as it joins the group
+        self._samples = {}  # a rank that samples itself (a cluster's) sends its first figures as it joins the group
         ended, outcome = self._quiet_task(None, timeout=START_TIMEOUT)
         if outcome.status != Status.FINISHED or ended.lost or not ended.settled:
             self._kill_ranks()
@@ -418,7 +418,7 @@ class Session:
         self._show()
 
     def _quiet_event(self, event: RankEvent) -> None:
-        """An event of the session's own tasks: output on stderr; a rank's own memory sample (a Ray rank's) kept."""
+        """An event of the session's own tasks: output on stderr; a rank's own memory sample (a cluster rank's) kept."""
         _print_output(event)
         self._keep_sample(event)
 

@@ -7,16 +7,23 @@ this file. The Ray case runs these same tests from ``tests/test_ray_cluster.py``
 file whose tests make pytest's process a Ray driver, after which this file's fork cases would be refused); the Slurm
 case from ``tests/test_slurm_launch.py``, on its real Slurm cluster (root, network namespaces, a slurmd per node:
 made once for that file, and skipped where Slurm's packages are missing).
+
+The "relayed" case is a backend the package does not have: ``tests/relayed_local`` (local processes driven through
+the relayed base as a cluster's ranks would be) registers its planner row and its ``BACKENDS`` line for the case's
+tests only. It passing every check here, with no edit to the package, is what "a new backend is a site, a planner, a
+folder and a line" means (docs/architecture.md).
 """
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
+import relayed_local
 
 from notebook_accel.backends import LaunchSink, backend_for
 from notebook_accel.wire.events import (OutputLine, OutputLines, ProgressUpdate, RankEvent, RankExited, RankFailed,
@@ -40,14 +47,19 @@ CASES: Dict[str, Tuple[Dict[str, Any], str]] = {
     "ray": ({"num_processes": 2, "cluster": "ray"}, "ray"),
     # A job step over tests/test_slurm_launch.py's two Slurm nodes, in a job each launch asks for and gives back.
     "slurm": ({"num_processes": 2, "num_nodes": 2, "cluster": "slurm"}, "slurm"),
+    # The tests' own relayed backend (tests/relayed_local), registered while its case runs (see the module docstring).
+    "relayed": ({"num_processes": 2, "cluster": relayed_local.NAME}, relayed_local.NAME),
 }
+# Cases whose backend only the tests have: registered around each of their tests, never in the package's table.
+REGISTERED_BY_THE_TESTS = {"relayed": relayed_local.registered}
 # Cases run from the file that has their cluster (see the module docstring).
 RUN_FROM_THE_CLUSTER_TESTS = {"ray": "tests/test_ray_cluster.py", "slurm": "tests/test_slurm_launch.py"}
 # Seconds a case's ranks may take to start (Ray places and starts an actor per rank: over a minute on a busy 2-core
 # machine); added to the timeout, the ranks' sleep and the hang bounds. Such a case is stopped once every rank said
 # it is ready, not after a fixed delay.
 # A Slurm case waits for its job (salloc) and its step's tasks on both nodes: tens of seconds on this machine.
-START_ALLOWANCE = {"ray": 120.0, "slurm": 90.0}
+# The relayed case starts a launcher, then a Python per rank that imports the rank side before it says hello.
+START_ALLOWANCE = {"ray": 120.0, "slurm": 90.0, "relayed": 60.0}
 # How long a quick launch of a case took in this process (the longest seen): its timeout test allows a multiple of it,
 # within START_ALLOWANCE, instead of waiting out the whole allowance on a machine where starts are quick.
 QUICK_RUNS: Dict[str, float] = {}
@@ -76,6 +88,24 @@ def fake_tpu_for_the_xla_case(request, monkeypatch, tmp_path):
         from fake_tpu import become_tpu_host
 
         become_tpu_host(monkeypatch, str(tmp_path / "sysfs"), "v5e-2")
+
+
+@pytest.fixture(autouse=True)
+def register_the_tests_own_backend(request):
+    """A case of ``REGISTERED_BY_THE_TESTS``: its backend in the tables, and (its ranks being a cluster's, which
+    cannot import a test module) this file's functions sent by value."""
+    case = request.node.callspec.params.get("case") if getattr(request.node, "callspec", None) else None
+    if case not in REGISTERED_BY_THE_TESTS:
+        yield
+        return
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        with REGISTERED_BY_THE_TESTS[case]():
+            yield
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def run_case(case: str, function: Callable, args: tuple = (), *, stop_after: float = 0.0,
@@ -157,7 +187,9 @@ def prints_and_counts(total):
 def test_every_line_of_the_backends_table_has_a_case():
     from notebook_accel.backends import BACKENDS
 
-    assert {backend for _, backend in CASES.values()} == set(BACKENDS)
+    theirs = {CASES[case][1] for case in REGISTERED_BY_THE_TESTS}
+    assert not theirs & set(BACKENDS), "the tests' own backends are in the table only while their cases run"
+    assert {backend for _, backend in CASES.values()} == set(BACKENDS) | theirs
 
 
 @pytest.mark.parametrize("case", HERE)
@@ -237,3 +269,36 @@ def test_output_is_labelled_by_rank_and_progress_reported(case):
         assert ("stderr", f"fd-level {rank}") in mine
         bars = [update for update in of_type(events, ProgressUpdate) if update.rank == rank]
         assert bars and bars[-1].closed and bars[-1].n == 500 and bars[-1].desc == f"loop {rank}"
+
+
+
+def naps():
+    for _ in range(6000):  # Python between the sleeps: an interrupt raised in the rank's thread lands there
+        time.sleep(0.1)
+
+
+def test_the_tests_own_relayed_backend_keeps_a_sessions_ranks_warm():
+    """Its ``BACKENDS`` line names a ``relay.RelayedWarmRanks`` too: a ``Session`` there keeps each rank's namespace
+    across runs, interrupts a run, and ends every task at ``close``."""
+    import cloudpickle
+
+    from notebook_accel import Session
+    from notebook_accel.errors import LaunchTimeout
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        with relayed_local.registered():
+            with Session(num_processes=2, cluster=relayed_local.NAME, display="none") as session:
+                assert session.run(rank_times_ten, return_all=True) == [2, 12]
+                session.push(kept=5)
+                session.execute("import os; kept = kept * 10 + int(os.environ['RANK'])")
+                # a timeout interrupts the ranks through the transport: they stay, and so does their state
+                with pytest.raises(LaunchTimeout):
+                    session.run(naps, timeout=3.0)
+                assert session.pull("kept") == [50, 51] and session.restarts == 0
+                pids = dict(session._ranks.pids)
+            assert session._ranks is None or not session._ranks.handles
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    for pid in pids.values():
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"

@@ -99,3 +99,20 @@ def test_a_planner_row_registered_at_run_time_is_a_cluster_value(monkeypatch):
         unregister("elsewhere")
     with pytest.raises(LaunchConfigError, match="cluster='elsewhere' is not one of"):
         plan_launch(rank_function, num_processes=3, cluster="elsewhere")
+
+
+def test_a_saved_configs_node_options_are_a_launchers_never_a_sessions(tmp_path):
+    """The options table says which entry points read a saved value (``Option.from_saved_config``): a config's
+    ``num_nodes`` and rendezvous are torch elastic's, which ``notebook_launcher`` takes and a ``Session`` never does
+    (it takes ``num_nodes`` only as given, where its cluster's planner takes it)."""
+    import yaml
+
+    from notebook_accel.plan.entry_points import resolve_options
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"num_processes": 2, "num_nodes": 2, "rdzv_endpoint": "h:1"}))
+    launcher = resolve_options("notebook_launcher", {"config": str(path)})
+    session = resolve_options("Session", {"config": str(path)})
+    assert (launcher["num_nodes"], launcher["num_processes"]) == (2, 2)
+    assert (session["num_nodes"], session["num_processes"]) == (1, 2)
+    assert resolve_options("Session", {"config": str(path), "num_nodes": 2})["num_nodes"] == 2

@@ -217,11 +217,12 @@ def test_every_backend_in_the_table_imports_and_provides_its_contracts():
 
     assert {name: backend_class(name).name for name in BACKENDS} == {name: name for name in BACKENDS}
     assert all(issubclass(backend_class(name), Backend) for name in BACKENDS)
-    warm = {name: warm_ranks_class(name) for name in BACKENDS}
-    assert {name for name, cls in warm.items() if cls is not None} == {"processes", "xla", "ray", "slurm"}
-    for name, cls in warm.items():
+    for name, entry in BACKENDS.items():   # a line with a session class loads it; one without has none
+        cls = warm_ranks_class(name)
+        assert (cls is None) == (entry.session is None), name
         if cls is not None:
             assert issubclass(cls, WarmRanks) and not inspect.isabstract(cls), name
+            assert cls.__name__ == entry.session[1], name
 
 
 def test_every_site_has_one_line_in_the_backends_table():
@@ -245,10 +246,16 @@ def _constructs(module: str, name: str) -> bool:
 def test_the_restart_loop_is_written_once_and_each_cluster_is_decided_in_one_place():
     # Every backend that restarts the whole world runs base.run_attempts: only it announces an attempt.
     assert [module for module in MODULES if _constructs(module, "AttemptStarted")] == [f"{PACKAGE}.backends.base"]
-    # cluster="ray" becomes the Ray site in plan/cluster.py, nowhere else.
-    assert [module for module in MODULES if _constructs(module, "RayCluster")] == [f"{PACKAGE}.plan.cluster"]
-    # cluster="slurm" becomes the Slurm site in plan/slurm.py, nowhere else.
-    assert [module for module in MODULES if _constructs(module, "SlurmAllocation")] == [f"{PACKAGE}.plan.slurm"]
+    # Each cluster's site is made by its planner's module (the planners' row of that ``cluster``), nowhere else: read
+    # from the two tables, the backends' line of that name and the planners' row.
+    from notebook_accel.backends import BACKENDS
+    from notebook_accel.plan.planners import PLANNERS
+
+    clusters = [name for name in PLANNERS if name is not None]
+    assert clusters and all(name in BACKENDS for name in clusters), "a cluster row without its backends' line"
+    for name in clusters:
+        site = BACKENDS[name].site.__name__
+        assert [module for module in MODULES if _constructs(module, site)] == [type(PLANNERS[name]).__module__], name
 
 
 def test_the_session_talks_to_its_ranks_through_the_contract_not_a_supervisor():
@@ -256,8 +263,11 @@ def test_the_session_talks_to_its_ranks_through_the_contract_not_a_supervisor():
     # TaskEnd says what a task left); it neither imports the supervisor nor makes one.
     session = f"{PACKAGE}.session"
     assert f"{PACKAGE}.backends.supervisor" not in GRAPH[session]
-    for name in ("Supervisor", "SessionSupervisor", "SessionProcesses", "SessionXlaHost", "SessionRayActors",
-                 "SessionSlurmStep"):
+    from notebook_accel.backends import BACKENDS
+
+    warm_classes = [entry.session[1] for entry in BACKENDS.values() if entry.session is not None]
+    assert warm_classes, "the backends' table names the classes that keep a session's ranks warm"
+    for name in ["Supervisor", "SessionSupervisor", *warm_classes]:
         assert not _constructs(session, name), name
     source = open(MODULES[session], encoding="utf-8").read()
     assert ".supervisor" not in source and "SESSION_RANKS" not in source
@@ -316,3 +326,27 @@ def test_no_module_names_what_it_never_defined_or_imported():
     done = subprocess.run([ruff, "check", "--no-cache", "--isolated", "--select", "F821,F822,F823",
                            "--output-format", "concise", package], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_the_accelerator_package_map_and_member_map_match_the_files_and_the_class():
+    # accelerator/__init__.py lists every module of the package (a new module must say its job there), and the
+    # Accelerator's docstring maps each public member to the module that defines it (its class there: the mixins).
+    import re
+
+    import notebook_accel.accelerator as package
+    from notebook_accel.accelerator import Accelerator
+
+    here = os.path.dirname(package.__file__)
+    files = {name[:-3] for name in os.listdir(here) if name.endswith(".py") and name != "__init__.py"}
+    listed = re.findall(r"^- :mod:`\.(\w+)`", package.__doc__, re.MULTILINE)
+    assert sorted(listed) == sorted(files), "accelerator/__init__.py's package map and the package's modules differ"
+
+    defined: Dict[str, Set[str]] = {}
+    for name in dir(Accelerator):
+        if not name.startswith("_"):
+            owner = next(cls for cls in Accelerator.__mro__ if name in vars(cls))
+            defined.setdefault(owner.__module__.rsplit(".", 1)[1], set()).add(name)
+    mapped = {module: set(re.findall(r"``(\w+)``", names)) for module, names in
+              re.findall(r"^\s*- :mod:`\.(\w+)` \(``\w+``\): (.*?)(?=^\s*- :mod:|^\s*$)", Accelerator.__doc__,
+                         re.MULTILINE | re.DOTALL)}
+    assert mapped == defined, "the Accelerator docstring's member map and the class differ"

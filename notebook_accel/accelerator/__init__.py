@@ -1,6 +1,7 @@
 """The seeds' four-line API on torch.distributed: ``Accelerator()``, ``prepare``, ``backward``, ``gather``.
 
-One module per job:
+One module per job (every module of this package is listed here; a test checks it against the files, and the
+``Accelerator`` docstring maps each of its members to the module that defines it):
 
 - :mod:`.state`         rank, world and device from the launch environment; the process group
 - :mod:`.precision`     "no" / "fp16" / "bf16": autocast, GradScaler, fp32 outputs
@@ -13,6 +14,12 @@ One module per job:
 - :mod:`.scheduler`     scheduler wrapper: with real optimizer steps, num_processes times each (as HF)
 - :mod:`.rng`           seeding, RNG snapshots, the RNG stream all ranks share for data order
 - :mod:`.checkpointing` save_state / load_state
+- :mod:`.full_state`    full (unsharded) weights and optimizer state by parameter name, into any prepared model
+- :mod:`.zero_checkpoint` a DeepSpeed checkpoint as full state, for another number of ranks
+- :mod:`.placement`     where a model must be before FSDP2 or DeepSpeed shards it (whole, CPU or this rank's device)
+- :mod:`.sharded_init`  ``init_module()`` under FSDP2: a model built without any rank holding it whole
+- :mod:`.memory`        what a rank holds of a sharded model (parameters, gradients, optimizer state), in bytes
+- :mod:`.gradient_state` the per-step state the accelerator, its optimizers, schedulers and loaders share
 - :mod:`.configs`       HF accelerate's ``*Kwargs`` / ``*Plugin`` / ``*Configuration`` classes and enums
 - :mod:`.partial_state` ``PartialState`` / ``AcceleratorState`` (HF's names for this rank's place)
 - :mod:`.process_control` split_between_processes, the on_* decorators, triggers, no_sync, join_uneven_inputs

@@ -108,6 +108,31 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
 
         notebook_launcher(train, num_processes=2)
 
+    Its members, by the module of this package that defines each (the rest of what they do is in the modules the
+    package map of ``notebook_accel.accelerator`` lists; a test checks this list against the class):
+
+    - :mod:`.accelerator` (``Accelerator``): ``accumulate``, ``autocast``, ``backward``, ``clear``,
+      ``clip_grad_norm_``, ``clip_grad_value_``, ``device``, ``dispatch_batches``, ``distributed_type``,
+      ``end_training``, ``even_batches``, ``fp8_backend``, ``free_memory``, ``gather``, ``gather_for_metrics``,
+      ``get_state_dict``, ``gradient_accumulation_steps``, ``init_module``, ``is_composable_parallelism_enabled``,
+      ``is_fsdp2``, ``is_local_main_process``, ``is_main_process``, ``load_model``, ``load_state``,
+      ``local_main_process_first``, ``local_process_index``, ``main_process_first``, ``mixed_precision``,
+      ``multi_device``, ``non_blocking``, ``num_processes``, ``optimizer_step_was_skipped``, ``pad_across_processes``,
+      ``parallelism_config``, ``prepare``, ``prepare_data_loader``, ``prepare_model``, ``prepare_optimizer``,
+      ``prepare_scheduler``, ``print``, ``process_index``, ``profile``, ``reduce``, ``save``, ``save_model``,
+      ``save_state``, ``set_seed``, ``should_save_model``, ``skip_first_batches``, ``sync_gradients``,
+      ``torch_device_mesh``, ``unscale_gradients``, ``unwrap_model``, ``use_distributed``, ``use_seedable_sampler``,
+      ``use_stateful_dataloader``, ``verify_device_map``, ``wait_for_everyone``
+    - :mod:`.process_control` (``ProcessControl``): ``check_trigger``, ``is_last_process``, ``join_uneven_inputs``,
+      ``no_sync``, ``on_last_process``, ``on_local_main_process``, ``on_local_process``, ``on_main_process``,
+      ``on_process``, ``set_trigger``, ``split_between_processes``, ``trigger_sync_in_backward``
+    - :mod:`.project` (``ProjectMembers``): ``logging_dir``, ``project_dir``, ``register_for_checkpointing``,
+      ``register_load_state_pre_hook``, ``register_save_state_pre_hook``, ``save_iteration``
+    - :mod:`.tracking` (``TrackingMembers``): ``get_tracker``, ``init_trackers``, ``log``
+    - :mod:`.absent` (``AbsentMembers``): ``context_parallel_rank``, ``data_parallel_rank``,
+      ``data_parallel_shard_rank``, ``deepspeed_ulysses_dl_adapter``, ``lomo_backward``, ``maybe_context_parallel``,
+      ``pipeline_parallel_rank``, ``tensor_parallel_rank``
+
     Args:
         cpu: use the CPU even when an accelerator is present.
         mixed_precision: "no", "fp16" (CUDA) or "bf16"; None reads the launcher's choice

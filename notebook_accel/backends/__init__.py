@@ -13,7 +13,9 @@ launch there (a ``base.Backend``) and the one that keeps a ``Session``'s ranks w
 |               |                              | kernel's allocation or in one asked for                    |          |
 
 Planning (``plan.plan``) decides the site; nothing else asks which backend applies. A new backend is a folder here
-(kernel side), its site in ``plan.sites``, and one line in ``BACKENDS`` (see docs/architecture.md).
+(kernel side), its site in ``plan.sites``, and one line in ``BACKENDS`` (see docs/architecture.md); ``register`` adds
+a line at run time (a plug-in's, or the tests' own relayed backend: ``tests/relayed_local.py``), as
+``plan.planners.register`` adds its planner.
 """
 from __future__ import annotations
 
@@ -52,6 +54,17 @@ BACKENDS: Dict[str, BackendEntry] = {entry.name: entry for entry in (
     BackendEntry(RayCluster, (".ray", "RayBackend"), (".ray.session", "SessionRayActors")),
     BackendEntry(SlurmAllocation, (".slurm", "SlurmBackend"), (".slurm.session", "SessionSlurmStep")),
 )}
+
+
+def register(entry: BackendEntry) -> BackendEntry:
+    """Add (or replace) the line of ``entry.name``; returns it. The table's own lines are written above."""
+    BACKENDS[entry.name] = entry
+    return entry
+
+
+def unregister(name: str) -> None:
+    """Take a line added with ``register`` out again (a test's, when it ends)."""
+    BACKENDS.pop(name, None)
 
 
 def entry_for(site: Site) -> BackendEntry:
@@ -93,4 +106,4 @@ def warm_ranks_for(plan: "LaunchPlan") -> Type[WarmRanks]:
 
 
 __all__ = ["BACKENDS", "Backend", "BackendEntry", "LaunchSink", "WarmRanks", "backend_class", "backend_for",
-           "entry_for", "warm_ranks_class", "warm_ranks_for"]
+           "entry_for", "register", "unregister", "warm_ranks_class", "warm_ranks_for"]

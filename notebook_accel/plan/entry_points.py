@@ -28,7 +28,7 @@ from ..errors import LaunchConfigError, LaunchConfigTypeError, RemoteTraceback
 from ..outcome.shown import show_from_the_call, shown_from_the_call
 from ..rank.tracebacks import is_launcher_frame, skip_launcher_frames, without_launcher_frames
 from .config import saved_options
-from .options import (CONFIG_OPTION, ENTRY_POINTS, SESSION, check_option, expected_parameters, options_for,
+from .options import (CONFIG_OPTION, ENTRY_POINTS, check_option, expected_parameters, options_for,
                       options_help, parameter_for, unexpected_keyword)
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -58,10 +58,10 @@ def resolve_options(entry: str, given: Mapping[str, Any]) -> Dict[str, Any]:
     values: Dict[str, Any] = {}
     for option in taken:
         annotation, default = parameter_for(entry, option)
-        if entry == SESSION and option.nodes:   # a saved config's nodes are torch elastic's, which a session has not
-            value = given.get(option.name, default)
-        else:
-            value = given[option.name] if option.name in given else saved.get(option.name, default)
+        if option.name in given:
+            value = given[option.name]
+        else:   # the saved config's, where this entry point reads it (the options table says)
+            value = saved.get(option.name, default) if option.from_saved_config(entry) else default
         check_option(option, value, annotation)
         values[option.name] = value
     return values

@@ -99,6 +99,17 @@ class Option:
     positional: bool = False
     also_called: Tuple[Tuple[str, str], ...] = ()  # (a name people use, the choice it means): ("gpu", "cuda")
 
+    def from_saved_config(self, entry: str) -> bool:
+        """Whether ``entry`` takes this option's value from the saved config file when the call does not give it: a
+        saved option, unless it is one of torch elastic's node options and ``entry`` is ``Session`` (a config's nodes
+        are ``notebook_launcher``'s, which a session has not; a session takes ``num_nodes`` only as given, where its
+        planner takes it).
+
+        >>> [OPTIONS["num_nodes"].from_saved_config(entry) for entry in ("notebook_launcher", "Session")]
+        [True, False]
+        """
+        return self.saved and not (self.nodes and entry == SESSION)
+
     def refusal(self, value: Any) -> str:
         """What is wrong with ``value``, as the error says it (with the choice meant, when one is)."""
         if self.choices is not None and not self.open_choices:
@@ -156,8 +167,10 @@ def _a_planners_cluster(value: Any) -> bool:
 
 
 LAUNCHER_OPTIONS: Tuple[Option, ...] = (
-    Option("num_processes", Optional[int], None, "ranks to start; None = every device of the kind (GPUs, TPU "
-           "cores), 1 on CPU. One rank runs in the kernel process itself.", expects="a positive int or None",
+    Option("num_processes", Optional[int], None, "ranks this call starts: on this machine all of them (one rank "
+           "runs in the kernel process itself); with ``num_nodes``, this node's share; on a cluster, every rank, "
+           "wherever it places them. None = every device of the kind (GPUs, TPU cores), 1 on CPU (per node).",
+           expects="a positive int or None",
            valid=_positive, saved=True, positional=True),
     _choice("device", Optional[DeviceName], Device, None, "the device the ranks use; None = the best one here.",
             saved=True, also_called=(("gpu", "cuda"), ("nvidia", "cuda"), ("tpu", "xla"), ("metal", "mps"),
@@ -212,10 +225,11 @@ LAUNCHER_OPTIONS: Tuple[Option, ...] = (
            "to ask for, as salloc's long options (sbatch's too) without dashes, e.g. ``{\"partition\": \"gpu\", \"time\": "
            "\"01:00:00\", \"account\": \"lab\"}`` (a value ``True`` is a flag).",
            expects="a mapping of salloc long option names to values, or None", valid=_str_keys),
-    Option("num_nodes", int, 1, "several machines, one notebook (or ``notebook-accel launch``) per node; "
-           "``num_processes`` is per node and global ranks follow the node order. With ``cluster=\"slurm\"``: the "
-           "job's nodes (inside an allocation, all of its nodes by default), and ``num_processes`` counts the ranks "
-           "in all. A ``Session`` takes it with ``cluster=\"slurm\"`` only.", takers=LAUNCHES | {SESSION},
+    Option("num_nodes", int, 1, "the machines the ranks span. Without ``cluster``: torch elastic's nodes, one "
+           "notebook (or ``notebook-accel launch``) per node, each starting its ``num_processes``; global ranks follow "
+           "the node order. With ``cluster=\"slurm\"``: the job's nodes (inside an allocation, all of its nodes by "
+           "default), the call's ``num_processes`` spread evenly over them. Where it is refused (Ray places the ranks "
+           "itself; a ``Session`` on this machine) the planner says why.", takers=LAUNCHES | {SESSION},
            expects="a positive int", valid=_positive, saved=True, nodes=True),
     Option("node_rank", Optional[int], None, "this node's place: 0 on the first machine, 1 on the second, ... Global "
            "ranks follow it with every rendezvous backend. None: 0 with \"static\"; the order the nodes joined in "

@@ -12,21 +12,13 @@ one was lost.
 from __future__ import annotations
 
 import sys
-from typing import Any, Deque, Dict, Optional
+from typing import Any, Dict, List, Optional
 
-import dataclasses
-from collections import defaultdict, deque
-
-from ...errors import LaunchError
-from ...outcome.death import TAIL_LINES, quote_last_output
-from ...outcome.raising import root_cause_exception
-from ...outcome.root_cause import Outcome, is_system_exit
 from ...plan.plan import LaunchPlan
 from ...plan.sites import RayCluster
-from ...wire.events import OutputLine, OutputLines, RankEvent, Status
-from ..base import Backend, LaunchSink, StopPolicy, restartable_failure, run_attempts
-from ..relay import NoKernelStore
-from ..supervisor import Supervisor
+from ..base import LaunchSink, StopPolicy
+from ..relay import NoKernelStore, RelayedBackend
+from ..supervisor import RankProcess
 from .connection import alive_nodes, connect
 from .placement import check_feasible, node_types_to_add
 from .world import RayWorld
@@ -37,8 +29,9 @@ def say(text: str) -> None:
     print(f"notebook_accel: {text}", file=sys.stderr)
 
 
-class RayBackend(Backend):
-    """Every rank a Ray actor in one placement group (see the module docstring).
+class RayBackend(RelayedBackend):
+    """Every rank a Ray actor in one placement group (see the module docstring); the attempts, their supervision and
+    the root cause named with its node are ``relay.RelayedBackend``'s.
 
     Example::
 
@@ -53,8 +46,7 @@ class RayBackend(Backend):
         self.cluster: RayCluster = plan.site
         self.ray: Any = None
         self._payload: Any = None        # the ObjectRef of the function and its arguments
-        self._world: Optional[RayWorld] = None
-        self._supervisor: Optional[Supervisor] = None
+        self.world: Optional[RayWorld] = None
 
     def open_rendezvous(self) -> NoKernelStore:  # type: ignore[override]
         """Connect, and refuse what the cluster's nodes cannot hold — in the caller's cell, before anything waits."""
@@ -62,73 +54,28 @@ class RayBackend(Backend):
         cluster, size = self.cluster, self.plan.world_size
         nodes = alive_nodes(self.ray) + node_types_to_add(self.ray, size)
         check_feasible(nodes, size, cluster.resources_per_rank, cluster.placement)
-        return NoKernelStore()
+        return super().open_rendezvous()
 
     def _start(self, rendezvous_env: Dict[str, str], sink: LaunchSink) -> None:
         if self.ray is None:
             self.open_rendezvous()
         self._payload = self.ray.put(self.plan.payload.portable())  # once, for every rank and attempt
 
-    def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
-        outcome, history = run_attempts(self.cluster.max_restarts, sink.deliver,
-                                        lambda attempt: self._run_world(attempt, sink, policy), restartable_failure)
-        if outcome.local_exception is not None and hasattr(outcome.local_exception, "add_note"):
-            for number, line in enumerate(history, start=1):
-                outcome.local_exception.add_note(f"(notebook_accel: attempt {number} failed first: {line})")
-        return outcome
+    def _start_world(self, attempt: int, sink: LaunchSink, policy: StopPolicy) -> Optional[List[RankProcess]]:
+        """One attempt: a new placement group (Ray places it afresh), an actor per rank, every one running the
+        launch."""
+        world = self.world = RayWorld(self.ray, self.plan, attempt)
+        stopped = lambda: policy.reason() is not None  # noqa: E731
+        if not world.place(stopped, sink.tick, say) or not world.start_actors(stopped, sink.tick):
+            return None
+        return list(world.run(self._payload, no_one_types=sink.asker.absent))
 
-    def _run_world(self, attempt: int, sink: LaunchSink, policy: StopPolicy) -> Outcome:
-        world = RayWorld(self.ray, self.plan, attempt)
-        self._world = world
-        tails: Dict[int, Deque[str]] = defaultdict(lambda: deque(maxlen=TAIL_LINES))
+    def node_of(self, rank: int) -> str:
+        return self.world.ranks[rank].place.node if self.world is not None else "?"
 
-        def deliver(event: RankEvent) -> None:  # each rank's last lines, for a death's message
-            if isinstance(event, (OutputLine, OutputLines)):
-                tails[event.rank].extend(event.texts)
-            sink.deliver(event)
-
-        try:
-            stopped = lambda: policy.reason() is not None  # noqa: E731
-            if not world.place(stopped, sink.tick, say) or not world.start_actors(stopped, sink.tick):
-                return Outcome(policy.reason() or Status.STOPPED)
-            handles = world.run(self._payload, no_one_types=sink.asker.absent)
-            self._supervisor = Supervisor(handles, deliver, sink.tick, policy=policy,
-                                          expect_results=self.plan.sends_result, asker=sink.asker)
-            outcome = self._supervisor.run()
-            return self._named(outcome, world, tails)
-        finally:
-            self._supervisor = None
-            world.kill()
-            self._world = None
-
-    def _named(self, outcome: Outcome, world: RayWorld, tails: Dict[int, Deque[str]]) -> Outcome:
-        """The outcome, its root cause raised naming the rank's node: a ``LaunchError`` saying how its actor or node
-        died, or the rank's own exception with a note."""
-        root = outcome.root
-        if root is None:
-            return outcome
-        node = world.ranks[root.rank].place.node
-        death = world.death(root.rank) if root.event is None else None
-        if death is not None:
-            error: BaseException = LaunchError(f"rank {root.rank} on node {node} died: {death}"
-                                               f"{quote_last_output(list(tails[root.rank]))}", rank=root.rank)
-        else:
-            error = root_cause_exception(root, self.plan.world_size, last_output=list(tails[root.rank]),
-                                         where=f" on node {node}")
-            if root.event is not None and not is_system_exit(root.event) and hasattr(error, "add_note"):
-                error.add_note(f"(notebook_accel: rank {root.rank} ran on node {node})")
-        try:
-            error.node = node  # type: ignore[attr-defined]
-        except Exception:
-            pass
-        return dataclasses.replace(outcome, local_exception=error)
+    def death_of(self, rank: int) -> Optional[str]:
+        return self.world.death(rank) if self.world is not None else None
 
     def _close(self) -> None:
-        if self._world is not None:
-            self._world.kill()
+        super()._close()
         self._payload = None  # the object store frees it once no rank holds it
-        self.plan.payload.close()
-
-    def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
-        supervisor = self._supervisor
-        return supervisor.request_stacks(timeout) if supervisor is not None else {}

@@ -10,28 +10,21 @@ into the stacks pipe. When the rank's ``run`` (or ``serve``) answered and its la
 actor died — the relay closes its pipes' write ends and fires its sentinel: the supervisor then reads to EOF and
 counts the rank gone, exactly as for a local process. Nothing listens on a port; Ray carries every byte.
 
-``RayRankProcess`` maps the supervisor's signals onto the actor: SIGTERM and SIGINT are ``Interrupt`` through its
-control thread (``KeyboardInterrupt`` in the rank), SIGKILL is ``ray.kill`` once the events already made are
-polled; a stack dump is a call to its control thread, and a line typed at its prompt (pdb) a ``PromptAnswer``
-command. So a launch's and a warm session's stop strategies, end conditions and root-cause rules apply to Ray ranks
-unchanged.
+Each rank's pipes and handle are ``relay.RelayedRank``'s, whose ``RelayedRankProcess`` maps the supervisor's signals
+onto this relay: SIGTERM and SIGINT are ``Interrupt`` through the actor's control thread (``KeyboardInterrupt`` in the
+rank), SIGKILL is ``ray.kill`` once the events already made are polled; a stack dump is a call to its control thread,
+and a line typed at its prompt (pdb) a ``PromptAnswer`` command. So a launch's and a warm session's stop strategies, end
+conditions and root-cause rules apply to Ray ranks unchanged.
 """
 from __future__ import annotations
 
-import os
 import queue
-import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ...wire.channel import EventSender
-from ...wire.commands import Interrupt
-from ...wire.events import OutputLine, OutputLines, RankStarted
-from ...wire.fds import rank_pipes
-from ..relay import RelayedAnswers, RelayedProcess
-from ..supervisor import RankProcess
+from ...wire.events import RankStarted
+from ..relay import RelayedRank, RelayedRankProcess
 from .actors import RayRank
 
 POLL_WAIT = 0.5      # s a rank's poll waits for its first event before answering with none
@@ -39,41 +32,20 @@ DRAIN_WAIT = 2.0     # s a rank to be killed may take to hand over the events it
 _TURN = 0.05         # s the relay waits for Ray before serving the supervisor's requests again
 
 
-@dataclass
-class RayRankProcess(RankProcess):
-    """A Ray rank's handle for the supervisor: local pipes the relay fills, and signals the relay carries out."""
+class _ActorRank(RelayedRank):
+    """The relay's side of one rank (its pipes' write ends: ``relay.RelayedRank``), and where its calls stand."""
 
-    relay: Any = field(default=None, repr=False)
-
-    def signal_group(self, sig: int) -> None:
-        if sig == signal.SIGKILL:
-            self.relay.kill(self.rank)
-        elif sig in (signal.SIGTERM, signal.SIGINT):
-            self.relay.command(self.rank, Interrupt())
-
-    def ask_stacks(self, pid: int) -> bool:
-        return self.relay.ask_stacks(self.rank)
-
-
-@dataclass
-class _Relayed:
-    """The relay's side of one rank: the write ends of its pipes, and where its calls stand."""
-
-    rank: RayRank
-    process: RelayedProcess
-    stdout: int
-    stderr: int
-    events: EventSender
-    stacks: int
-    poll: Any = None                   # the ObjectRef of its poll in flight
-    ended: bool = False                # its last events came
-    running: bool = True               # its run (serve) call has not answered
-    returned: Optional[int] = None
-    killing_since: Optional[float] = None
-    killed: bool = False
-    death: Optional[str] = None        # how its actor or node died, when it did (not by our kill)
-    closed: bool = False
-    stack_calls: List[Any] = field(default_factory=list)
+    def __init__(self, relay: "ActorRelay", rank: RayRank) -> None:
+        super().__init__(relay, rank.rank, rank.pid)
+        self.actor_rank = rank
+        self.poll: Any = None                    # the ObjectRef of its poll in flight
+        self.ended = False                       # its last events came
+        self.running = True                      # its run (serve) call has not answered
+        self.returned: Optional[int] = None
+        self.killing_since: Optional[float] = None
+        self.killed = False
+        self.death: Optional[str] = None         # how its actor or node died, when it did (not by our kill)
+        self.stack_calls: List[Any] = []
 
 
 class ActorRelay:
@@ -83,25 +55,17 @@ class ActorRelay:
     def __init__(self, ray: Any, ranks: List[RayRank]) -> None:
         self.ray = ray
         self._requests: "queue.Queue[tuple]" = queue.Queue()
-        self._relayed: Dict[int, _Relayed] = {}
-        self.handles: List[RayRankProcess] = []
-        for rank in ranks:
-            pipes = rank_pipes()  # as a process rank's: the supervisor reads events from a socket pair
-            process = RelayedProcess(rank.pid)
-            self._relayed[rank.rank] = _Relayed(rank, process, pipes["stdout"][1], pipes["stderr"][1],
-                                                EventSender(pipes["events"][1], rank.rank), pipes["stacks"][1])
-            self.handles.append(RayRankProcess(rank.rank, process, pipes["stdout"][0], pipes["stderr"][0],
-                                               pipes["events"][0], pipes["stacks"][0],
-                                               answers=RelayedAnswers(self, rank.rank), relay=self))
+        self._relayed: Dict[int, _ActorRank] = {rank.rank: _ActorRank(self, rank) for rank in ranks}
+        self.handles: List[RelayedRankProcess] = [relayed.handle for relayed in self._relayed.values()]
         for relayed in self._relayed.values():
             # The rank's first event, from here: the kernel knows its node, and its row is there even if it dies
             # at once; the supervisor then counts it started (its stacks can be asked for).
-            place = relayed.rank.place
-            network = relayed.rank.network
-            relayed.events.send(RankStarted(rank=place.rank, pid=relayed.rank.pid, host=place.node,
+            place = relayed.actor_rank.place
+            network = relayed.actor_rank.network
+            relayed.events.send(RankStarted(rank=place.rank, pid=relayed.actor_rank.pid, host=place.node,
                                             reports_resources=True,
                                             network=network.describe() if network is not None else None))
-            relayed.poll = relayed.rank.control("poll", POLL_WAIT)
+            relayed.poll = relayed.actor_rank.control("poll", POLL_WAIT)
         self._thread = threading.Thread(target=self._loop, name="notebook_accel-ray-relay", daemon=True)
         self._thread.start()
 
@@ -114,7 +78,7 @@ class ActorRelay:
         waited for; an actor gone is the relay thread's to see."""
         relayed = self._relayed[rank]
         if not relayed.closed:
-            relayed.rank.control("command", command)
+            relayed.actor_rank.control("command", command)
 
     def kill(self, rank: int) -> None:
         """End the rank's actor once the events it made are here (at most ``DRAIN_WAIT`` s from now)."""
@@ -180,7 +144,7 @@ class ActorRelay:
             if relayed.poll is not None:
                 calls[relayed.poll] = (relayed, "poll")
             if relayed.running:
-                calls[relayed.rank.call] = (relayed, "run")
+                calls[relayed.actor_rank.call] = (relayed, "run")
             for ref in relayed.stack_calls:
                 calls[ref] = (relayed, "stacks")
         return calls
@@ -199,11 +163,11 @@ class ActorRelay:
             if relayed.closed:
                 continue
             if kind == "stacks":
-                relayed.stack_calls.append(relayed.rank.control("stacks"))
+                relayed.stack_calls.append(relayed.actor_rank.control("stacks"))
             elif kind == "kill" and relayed.killing_since is None:
                 relayed.killing_since = time.monotonic()
 
-    def _on_poll(self, relayed: _Relayed, ref: Any) -> None:
+    def _on_poll(self, relayed: _ActorRank, ref: Any) -> None:
         relayed.poll = None
         try:
             events, ended = self.ray.get(ref)
@@ -211,14 +175,14 @@ class ActorRelay:
             self._actor_gone(relayed, error)
             return
         for event in events:
-            self._write(relayed, event)
+            relayed.write(event)
         relayed.ended = ended
         if not ended and relayed.killing_since is None:
-            relayed.poll = relayed.rank.control("poll", POLL_WAIT)
+            relayed.poll = relayed.actor_rank.control("poll", POLL_WAIT)
         if ended and not relayed.running:
             self._finish(relayed, relayed.returned)
 
-    def _on_run(self, relayed: _Relayed, ref: Any) -> None:
+    def _on_run(self, relayed: _ActorRank, ref: Any) -> None:
         relayed.running = False
         try:
             relayed.returned = self.ray.get(ref)
@@ -228,29 +192,18 @@ class ActorRelay:
         if relayed.ended:
             self._finish(relayed, relayed.returned)
 
-    def _on_stacks(self, relayed: _Relayed, ref: Any) -> None:
+    def _on_stacks(self, relayed: _ActorRank, ref: Any) -> None:
         relayed.stack_calls.remove(ref)
         try:
             text = self.ray.get(ref)
         except Exception:  # its actor died meanwhile: the poll hears of it
             return
-        _write_all(relayed.stacks, text.encode("utf-8", "replace"))
+        relayed.write_stacks(text)
 
-    def _write(self, relayed: _Relayed, event: Any) -> None:
-        """One event the rank made, into the pipe the supervisor reads it from."""
-        try:
-            if isinstance(event, (OutputLine, OutputLines)):
-                fd = relayed.stdout if event.stream == "stdout" else relayed.stderr
-                _write_all(fd, ("\n".join(event.texts) + "\n").encode("utf-8", "surrogateescape"))
-            else:
-                relayed.events.send(event)
-        except OSError:  # the supervisor closed its read end (it gave the pipe up): nobody reads it
-            pass
-
-    def _actor_gone(self, relayed: _Relayed, error: BaseException) -> None:
+    def _actor_gone(self, relayed: _ActorRank, error: BaseException) -> None:
         relayed.running = False
         if not relayed.killed:
-            relayed.death = describe_actor_death(self.ray, relayed.rank, error)
+            relayed.death = describe_actor_death(self.ray, relayed.actor_rank, error)
         self._finish(relayed, None)
 
     def _kill_due(self) -> None:
@@ -263,32 +216,13 @@ class ActorRelay:
             if relayed.poll is None or now - relayed.killing_since >= DRAIN_WAIT:
                 relayed.killed = True
                 try:
-                    self.ray.kill(relayed.rank.actor, no_restart=True)
+                    self.ray.kill(relayed.actor_rank.actor, no_restart=True)
                 except Exception:
                     pass
 
-    def _finish(self, relayed: _Relayed, exitcode: Optional[int]) -> None:
+    def _finish(self, relayed: _ActorRank, exitcode: Optional[int]) -> None:
         """The rank is gone: EOF on its pipes, then its sentinel (the supervisor reads to EOF first)."""
-        if relayed.closed:
-            return
-        relayed.closed = True
-        for fd in (relayed.stdout, relayed.stderr, relayed.stacks):
-            _close(fd)
-        relayed.events.close()
-        relayed.process.gone(exitcode)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        written = os.write(fd, data)
-        data = data[written:]
-
-
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
+        relayed.finish(exitcode)
 
 
 def describe_actor_death(ray: Any, rank: RayRank, error: BaseException) -> str:

@@ -23,9 +23,10 @@ from ...errors import LaunchError
 from ...plan.plan import LaunchPlan
 from ...plan.sites import RayCluster
 from ...rank.actor import ActorRankSpec
+from ..relay import RelayedRankProcess
 from .actors import RayRank, actor_class, actor_resources
 from .placement import RankPlacement
-from .relay import ActorRelay, RayRankProcess
+from .relay import ActorRelay
 
 _live_worlds: "weakref.WeakSet[RayWorld]" = weakref.WeakSet()
 _lock = threading.Lock()
@@ -115,7 +116,7 @@ class RayWorld:
         return ActorRankSpec(rank=rank.rank, world_size=self.plan.world_size, env=rank.env,
                              send_result=self.plan.sends_result(rank.rank), node=rank.place.node, **more)
 
-    def run(self, payload_ref: Any, no_one_types: Optional[str] = None) -> List[RayRankProcess]:
+    def run(self, payload_ref: Any, no_one_types: Optional[str] = None) -> List[RelayedRankProcess]:
         """Every rank runs the launched function (its ``run`` call resolves when it ends); the handles the
         supervisor watches them through. ``no_one_types``: why no one can answer the ranks' prompts, if so."""
         for rank in self.ranks:
@@ -123,14 +124,14 @@ class RayWorld:
             rank.call = rank.actor.run.remote(spec, payload_ref)
         return self._relay()
 
-    def serve(self, group_backend: Optional[str], generation: int) -> List[RayRankProcess]:
+    def serve(self, group_backend: Optional[str], generation: int) -> List[RelayedRankProcess]:
         """Every rank becomes a warm session's rank: joins the process group, then serves tasks."""
         for rank in self.ranks:
             spec = self.spec(rank, group_backend=group_backend, group_generation=generation)
             rank.call = rank.actor.serve.remote(spec)
         return self._relay()
 
-    def _relay(self) -> List[RayRankProcess]:
+    def _relay(self) -> List[RelayedRankProcess]:
         self.relay = ActorRelay(self.ray, self.ranks)
         return self.relay.handles
 
@@ -175,6 +176,8 @@ class RayWorld:
             self.placement.remove()
         with _lock:
             _live_worlds.discard(self)
+
+    end = kill   # as ``relay.RelayedBackend`` ends a world
 
 
 @atexit.register

@@ -14,23 +14,19 @@ its node), Stop, timeout and stack dumps as local ranks. At the end, whatever ha
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
-from collections import defaultdict, deque
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ...errors import LaunchError
-from ...outcome.death import TAIL_LINES, quote_last_output
-from ...outcome.raising import root_cause_exception
-from ...outcome.root_cause import Outcome, is_system_exit
+from ...outcome.root_cause import Outcome
 from ...plan.plan import LaunchPlan
 from ...plan.sites import SlurmAllocation
 from ...plan.slurm_names import PER_TASK_GPU_VARIABLES
-from ...wire.events import OutputLine, OutputLines, RankEvent, SessionNotice, Status
-from ..base import Backend, LaunchSink, StopPolicy, restartable_failure, run_attempts
-from ..relay import NoKernelStore
-from ..supervisor import Supervisor
+from ...wire.events import SessionNotice, Status
+from ..base import LaunchSink, StopPolicy
+from ..relay import NoKernelStore, RelayedBackend, task_setup
+from ..supervisor import RankProcess
 from .allocation import Allocation, check_request, salloc_command
 from .step import SlurmStep
 from .tools import require_tools
@@ -91,8 +87,9 @@ def srun_environment(plan: LaunchPlan, environ: Optional[Dict[str, str]] = None)
     return environ
 
 
-class SlurmBackend(Backend):
-    """Every rank a task of one Slurm job step (see the module docstring).
+class SlurmBackend(RelayedBackend):
+    """Every rank a task of one Slurm job step (see the module docstring); the attempts, their supervision and the
+    root cause named with its node are ``relay.RelayedBackend``'s.
 
     Example::
 
@@ -104,9 +101,9 @@ class SlurmBackend(Backend):
     def __init__(self, plan: LaunchPlan) -> None:
         super().__init__(plan)
         self.site = site_of(plan)
-        self.step: Optional[SlurmStep] = None
+        self.world: Optional[SlurmStep] = None   # the current step
         self.allocation: Optional[Allocation] = None
-        self._supervisor: Optional[Supervisor] = None
+        self._job: Optional[str] = None   # the job the attempts' steps run in
         self._checked = False
 
     def open_rendezvous(self) -> NoKernelStore:  # type: ignore[override]
@@ -119,7 +116,7 @@ class SlurmBackend(Backend):
         else:
             require_tools(TOOLS)
         self._checked = True
-        return NoKernelStore()
+        return super().open_rendezvous()
 
     def allocate(self, stopped: Callable[[], bool], tick: Callable[[], None],
                  notice: Callable[[str], None], session: bool = False) -> Optional[str]:
@@ -140,103 +137,51 @@ class SlurmBackend(Backend):
         if allocation is not None:
             allocation.release()
 
-    def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
+    def _before_attempts(self, sink: LaunchSink, policy: StopPolicy) -> Optional[Outcome]:
+        """The job every attempt's step runs in (with ``max_restarts``, each attempt is a new step of it)."""
         if not self._checked:
             self.open_rendezvous()
-        job = self.allocate(lambda: policy.reason() is not None, sink.tick,
-                            lambda text: sink.deliver(SessionNotice(rank=-1, text=text)))
-        if job is None:  # stopped or timed out while the job pended: say so, not "ranks still running: none"
+        self._job = self.allocate(lambda: policy.reason() is not None, sink.tick,
+                                  lambda text: sink.deliver(SessionNotice(rank=-1, text=text)))
+        if self._job is None:  # stopped or timed out while the job pended: say so, not "ranks still running: none"
             return Outcome(policy.reason() or Status.STOPPED,
                            waiting=self.allocation.never_started() if self.allocation is not None else None)
-        # With max_restarts, each attempt is a new step of the same job (base.run_attempts announces it).
-        outcome, history = run_attempts(self.site.max_restarts, sink.deliver,
-                                        lambda attempt: self._run_step(job, attempt, sink, policy),
-                                        restartable_failure)
-        if outcome.local_exception is not None and hasattr(outcome.local_exception, "add_note"):
-            for number, line in enumerate(history, start=1):
-                outcome.local_exception.add_note(f"(notebook_accel: attempt {number} failed first: {line})")
-        return outcome
+        return None
 
-    def _run_step(self, job: str, attempt: int, sink: LaunchSink, policy: StopPolicy) -> Outcome:
-        """One attempt: a step of ``job`` with every rank, supervised to its end, then ended (nothing of it goes on
-        into the next attempt)."""
-        tails: Dict[int, Deque[str]] = defaultdict(lambda: deque(maxlen=TAIL_LINES))
+    def start_step(self, job: Optional[str], session: bool = False) -> SlurmStep:
+        """``srun`` of the launch's (or the session's) tasks in ``job``."""
+        self.world = SlurmStep(srun_command(self.plan, job, session=session), self.plan.world_size,
+                               env=srun_environment(self.plan))
+        return self.world
 
-        def deliver(event: RankEvent) -> None:  # each rank's last lines, for a death's message
-            if isinstance(event, (OutputLine, OutputLines)):
-                tails[event.rank].extend(event.texts)
-            sink.deliver(event)
-
-        self.step = step = SlurmStep(srun_command(self.plan, job), self.plan.world_size,
-                                     env=srun_environment(self.plan))
+    def _start_world(self, attempt: int, sink: LaunchSink, policy: StopPolicy) -> Optional[List[RankProcess]]:
+        """One attempt: a step of the job with every rank, running the launch."""
+        step = self.start_step(self._job)
         try:
-            try:
-                ready = step.wait_ready(lambda: policy.reason() is not None, sink.tick)
-            except RuntimeError as error:
-                raise LaunchError(f"the Slurm job step did not start: {error}") from None
-            if not ready:
-                return Outcome(policy.reason() or Status.STOPPED)
-            handles = step.attach()
-            step.send(("run", self.setup(step, attempt=attempt)))
-            self._supervisor = Supervisor(handles, deliver, sink.tick, policy=policy,
-                                          expect_results=self.plan.sends_result, asker=sink.asker)
-            try:
-                outcome = self._supervisor.run()
-            finally:
-                self._supervisor = None
-            return self._named(outcome, step, tails)
-        finally:
-            self._end_step()
+            ready = step.wait_ready(lambda: policy.reason() is not None, sink.tick)
+        except RuntimeError as error:
+            raise LaunchError(f"the Slurm job step did not start: {error}") from None
+        if not ready:
+            return None
+        handles = step.attach()
+        step.send(("run", self.setup(step, attempt=attempt)))
+        return list(handles)
 
     def setup(self, step: SlurmStep, attempt: int = 0, **more: Any) -> Dict[str, Any]:
-        """What every task needs to run: the launch's environment (its place is Slurm's), the rendezvous at rank 0's
-        node, the function; ``attempt``: which one this step is (``TORCHELASTIC_RESTART_COUNT``)."""
-        rank0 = step.hellos[0]
-        env = self.plan.rank_env(0, {"MASTER_ADDR": rank0.address, "MASTER_PORT": str(step.store_port),
-                                     "TORCHELASTIC_USE_AGENT_STORE": "True",
-                                     "TORCHELASTIC_RESTART_COUNT": str(attempt)})
-        for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "ROLE_WORLD_SIZE",
-                     "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
-            env.pop(name, None)   # each task's own, from Slurm's variables (``rank.slurm_task``)
-        return {"env": env, "ranks_per_node": self.site.ranks_per_node, "return_all": self.plan.return_all,
-                "post_mortem": self.plan.post_mortem, "no_one_types": None,
-                "payload": None if more.get("serve") else self.plan.payload.portable(), **more}
+        """What every task needs to run (``relay.task_setup``), its ranks per node Slurm's."""
+        return task_setup(self.plan, step, self.site.ranks_per_node, attempt, **more)
 
-    def _named(self, outcome: Outcome, step: SlurmStep, tails: Dict[int, Deque[str]]) -> Outcome:
-        """The outcome, its root cause raised naming the rank's node."""
-        root = outcome.root
-        if root is None:
-            return outcome
-        hello = step.hellos.get(root.rank)
-        node = hello.node if hello is not None else "?"
-        if root.event is None:
-            how = step.ended.get(root.rank) or "it ended without a result"
-            error: BaseException = LaunchError(f"rank {root.rank} on node {node} died: {how}"
-                                               f"{quote_last_output(list(tails[root.rank]))}", rank=root.rank)
-        else:
-            error = root_cause_exception(root, self.plan.world_size, last_output=list(tails[root.rank]),
-                                         where=f" on node {node}")
-            if not is_system_exit(root.event) and hasattr(error, "add_note"):
-                error.add_note(f"(notebook_accel: rank {root.rank} ran on node {node}, Slurm step {step.step_id})")
-        try:
-            error.node = node  # type: ignore[attr-defined]
-        except Exception:
-            pass
-        return dataclasses.replace(outcome, local_exception=error)
+    def node_of(self, rank: int) -> str:
+        hello = self.world.hellos.get(rank) if self.world is not None else None
+        return hello.node if hello is not None else "?"
 
-    def _end_step(self) -> None:
-        step, self.step = self.step, None
-        if step is not None:
-            running = step.srun.poll() is None
-            if running and (not step.handles or any(handle.process.is_alive() for handle in step.handles)):
-                step.cancel()   # stopped, timed out, failed or interrupted: nothing of the step may go on
-            step.close()
+    def death_of(self, rank: int) -> Optional[str]:
+        ended = self.world.ended.get(rank) if self.world is not None else None
+        return ended or "it ended without a result"
+
+    def ran_on(self, rank: int, node: str) -> str:
+        return f"rank {rank} ran on node {node}, Slurm step {self.world.step_id if self.world is not None else '?'}"
 
     def _close(self) -> None:
-        self._end_step()
+        super()._close()
         self.release()   # the job asked for is given back, whatever happened
-        self.plan.payload.close()
-
-    def dump_stacks(self, timeout: float = 2.0) -> Dict[int, str]:
-        supervisor = self._supervisor
-        return supervisor.request_stacks(timeout) if supervisor is not None else {}
