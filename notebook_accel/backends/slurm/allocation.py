@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import secrets
 import signal
 import subprocess
 import threading
@@ -119,6 +120,17 @@ def asks_for_gpus(request: Mapping[str, str]) -> bool:
     (True, True, False)
     """
     return any(key in request for key in GPU_REQUEST_OPTIONS if key != "gres") or "gpu" in request.get("gres", "")
+
+
+def allocation_name(base: str) -> str:
+    """The job's name in ``squeue``: ``base`` and a tag of its own. A job whose id ``salloc`` never printed (it
+    died first) is cancelled by name, and no other job of the user's may have that name — a second notebook
+    launching its own ``train`` would otherwise lose its job too.
+
+    >>> re.fullmatch(r"notebook_accel:train\\.[0-9a-f]{6}", allocation_name("notebook_accel:train")) is not None
+    True
+    """
+    return f"{base[:93]}.{secrets.token_hex(3)}"
 
 
 def salloc_command(request: Mapping[str, str], num_nodes: int, ranks_per_node: int, name: str,
@@ -227,7 +239,7 @@ class Allocation:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         self._reader.join(5.0)
-        if self.job_id is None and self.name is not None:   # salloc ended before naming the job: ours, by name
+        if self.job_id is None and self.name is not None:   # salloc ended before naming the job: ours, by its own name
             run_tool(["scancel", "--quiet", f"--name={self.name}", f"--user={os.getuid()}"], timeout=30)
         if self.process.stdout is not None:
             self.process.stdout.close()

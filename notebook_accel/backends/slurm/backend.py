@@ -27,7 +27,7 @@ from ...wire.events import SessionNotice, Status
 from ..base import LaunchSink, StopPolicy
 from ..relay import NoKernelStore, RelayedBackend, task_setup
 from ..supervisor import RankProcess
-from .allocation import Allocation, check_request, salloc_command
+from .allocation import Allocation, allocation_name, check_request, salloc_command
 from .step import SlurmStep
 from .tools import require_tools
 
@@ -124,7 +124,7 @@ class SlurmBackend(RelayedBackend):
         slurm = self.site
         if slurm.allocation is not None:
             return slurm.allocation
-        name = job_name(self.plan, session)
+        name = allocation_name(job_name(self.plan, session))  # unique: release may cancel it by name
         self.allocation = Allocation(salloc_command(slurm.request_options, slurm.num_nodes, slurm.ranks_per_node,
                                                     name, gpus=self.plan.device == "cuda"))
         granted = self.allocation.wait(stopped, tick, notice, how_to_stop="interrupting the kernel (Ctrl-C) ends the "
