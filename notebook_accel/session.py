@@ -342,6 +342,7 @@ class Session:
                                           restarts, sorted(set(launch.failed_ranks)))
                 if plan.post_mortem and launch.root_rank is not None:
                     leave_post_mortem_to_the_rank()
+                self._name_the_node(error, launch.root_rank)
                 for notice in notices:
                     _add_note(error, f"notebook_accel: {notice}")
                 raise show_from_the_call(without_launcher_frames(error))
@@ -353,6 +354,20 @@ class Session:
                 # Ranks on another machine sample themselves while they run: the row keeps their last figures.
                 self._samples.update({rank: sample for rank, sample in launch.resources.latest().items()
                                       if rank not in self._samples or sample.time >= self._samples[rank].time})
+
+    def _name_the_node(self, error: BaseException, rank: Optional[int]) -> None:
+        """On a cluster, the run's root cause says which node its rank ran on, as a launch's does (``error.node`` and a
+        note; ``backends/relay/backend.py``): ranks on this machine have no ``node_of``."""
+        node_of = getattr(self._ranks, "node_of", None)
+        node = node_of(rank) if node_of is not None and rank is not None else None
+        if node is None:
+            return
+        try:
+            error.node = node  # type: ignore[attr-defined]
+        except Exception:  # an exception type that takes no attributes
+            return
+        if f"node {node}" not in str(error):  # a death's message may say it already
+            _add_note(error, f"(notebook_accel: rank {rank} ran on node {node})")
 
     def _note_shadowed(self, names: Iterable[str]) -> None:
         """Say once per name that a run used the ranks' own value of a name the kernel has too."""

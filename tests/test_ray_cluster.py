@@ -529,6 +529,9 @@ def test_a_warm_session_across_two_nodes_keeps_state_and_group_and_recovers(ray)
         with pytest.raises(Boom) as raised:
             session.run(fail_in_all_reduce)
         assert any("process group was replaced" in note for note in raised.value.__notes__)
+        # as a launch's root cause does: the node it ran on (issue 45: a Session's said None)
+        assert raised.value.node == session._ranks.node_of(1) and raised.value.node
+        assert any(f"rank 1 ran on node {raised.value.node}" in note for note in raised.value.__notes__)
         assert session.run(scaled_plus_offset, return_all=True) == [65.0, 65.0]
         assert session.run(total) == 2.0  # the new group works
 

@@ -45,6 +45,10 @@ OWN_JOB = textwrap.dedent('''
         dist.all_reduce(total)
         return {"node": os.environ["SLURMD_NODENAME"], "job": os.environ["SLURM_JOB_ID"], "sum": total.item()}
 
+    def raise_on_rank_1():
+        if os.environ["RANK"] == "1":
+            raise ValueError("rank 1 found a bad batch")
+
     def interrupt_once_pending():   # Jupyter's interrupt is a SIGINT to the kernel
         deadline = time.monotonic() + 120
         while not any(line.endswith("PENDING") for line in ours()):
@@ -64,6 +68,10 @@ OWN_JOB = textwrap.dedent('''
     with Session(num_processes=2, num_nodes=2, cluster="slurm", display="text", slurm={"time": "00:05:00"}) as session:
         report["open"] = ours()
         report["ranks"] = session.run(where, return_all=True)
+        try:   # a failing run names the node its root cause ran on, as a launch does (issue 45)
+            session.run(raise_on_rank_1)
+        except ValueError as error:
+            report["failed_on"] = [getattr(error, "node", None), [note for note in error.__notes__ if "ran on" in note]]
     report["after_close"] = ours()
 
     left_open = Session(num_processes=2, num_nodes=2, cluster="slurm", display="none", slurm={"time": "00:05:00"})
@@ -88,10 +96,12 @@ def test_a_session_asks_for_its_own_job_and_gives_it_back_on_ctrl_c_close_and_ex
     report = json.loads(reports[0][len("REPORT "):])
     assert report.get("interrupted") and report["after_interrupt"] == []
     assert "pending in the queue (" in done.stderr and "interrupting the kernel (Ctrl-C) ends the wait" in done.stderr
-    assert len(report["open"]) == 1 and report["open"][0].split()[1:] == ["notebook_accel:session", "RUNNING"]
+    assert len(report["open"]) == 1 and report["open"][0].split()[2] == "RUNNING"
+    assert report["open"][0].split()[1].startswith("notebook_accel:session.")  # a tag of its own (allocation_name)
     job = report["open"][0].split()[0]
     assert [(rank["node"], rank["job"], rank["sum"]) for rank in report["ranks"]] == [
         (cluster.nodes[0], job, 2.0), (cluster.nodes[1], job, 2.0)]
+    assert report["failed_on"] == [cluster.nodes[1], [f"(notebook_accel: rank 1 ran on node {cluster.nodes[1]})"]]
     assert report["after_close"] == []
     assert [rank["node"] for rank in report["left_open"]] == cluster.nodes
     assert cluster.wait_no_jobs() == [], cluster.jobs()
