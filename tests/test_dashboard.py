@@ -592,3 +592,21 @@ def test_a_rank_gone_before_its_start_is_read_still_gets_the_peak_it_reported():
     sampler.observe(RankStarted(rank=0, pid=ended.pid))
     sampler.observe(PeakMemoryReport(rank=0, peak_rss=200 << 20))
     assert [(type(event), event.peak_rss) for event in delivered] == [(ResourceSample, 200 << 20)]
+
+
+def test_ranks_interrupted_by_a_stop_are_stopped_rows_as_the_headline_says(clock):
+    # issue 45: after Ctrl-C on Slurm the headline said "stopped" and every rank's row "failed" — a relayed rank is
+    # interrupted (it raises KeyboardInterrupt), not killed. A rank that raised something else stays failed.
+    view = WidgetView(display=False)
+    start(view)
+    for rank in range(2):
+        view.handle(update(rank, 1, 30, total=100))
+    view.handle(RankFailed(rank=0, exc_type="builtins.KeyboardInterrupt", message="", traceback="KeyboardInterrupt",
+                           exception=None))
+    view.handle(RankFailed(rank=1, exc_type="builtins.ValueError", message="bad batch", traceback="ValueError",
+                           exception=None))
+    for rank in range(2):
+        view.handle(RankExited(rank=rank, exitcode=1, stopped=True))
+    view.handle(LaunchFinished(rank=-1, status="stopped", elapsed=3.0))
+    summary = view.summary()
+    assert "[rank 0] stopped" in summary and "[rank 1] failed" in summary, summary

@@ -341,6 +341,9 @@ class LaunchState:
             if event.root_rank in self.ranks:  # on another node's dashboard the root rank has no row
                 self.ranks[event.root_rank].root_cause = True
             for state in self.ranks.values():
+                if _interrupted_by_the_stop(state, event.status):
+                    state.status = RankStatus.STOPPED  # the stop's own interrupt, raised in it: stopped, not failed
+                    continue
                 if state.root_cause or state.status in (RankStatus.FINISHED, RankStatus.FAILED):
                     continue
                 if event.status == Status.FINISHED:
@@ -558,3 +561,12 @@ class LaunchState:
 def launch_title(function_name: str) -> str:
     """``train()`` for a function; a script launch's ``python train.py --lr 3`` is shown as it is."""
     return f"{function_name}()" if function_name.replace(".", "").isidentifier() else function_name
+
+
+def _interrupted_by_the_stop(state: "RankState", status: Status) -> bool:
+    """A rank that raised ``KeyboardInterrupt`` in a launch ended by Ctrl-C, Stop or a timeout, without being its
+    root cause: the interrupt the stop sent it (a relayed rank on Ray or Slurm is interrupted, not killed). Its row
+    says "stopped", as the headline does, instead of "failed"."""
+    failure = state.failure
+    return (status in (Status.STOPPED, Status.TIMEOUT) and state.status == RankStatus.FAILED and not state.root_cause
+            and failure is not None and failure.exc_type.rsplit(".", 1)[-1] == "KeyboardInterrupt")
