@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _EXIT_CODE = re.compile(r"exit code (\d+)")
 LAUNCHER_END_WAIT = 5.0   # s the launcher may take to end after its tasks were told to end
 KILL_GRACE = 3.0          # s a task told to end may take before every task is ended
+STDOUT_DRAIN_WAIT = 30.0   # s, at most, for the launcher's stdout to be read to its end once the launcher ended
 TASK_END_GRACE = 1.0      # s between the launcher saying a task ended and counting it gone (its last output may come)
 # Each task's own place, from its launcher: never taken from the kernel's environment (``rank.slurm_task``).
 TASK_OWN_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "ROLE_WORLD_SIZE",
@@ -229,6 +230,10 @@ class StreamRelay:
                 self._launcher_said(line)
                 self._lock.notify_all()
         self.launcher.wait()
+        # The launcher has ended, but what its tasks wrote last (a result) may still be in its stdout pipe, which the
+        # other thread reads: a rank counted gone before that was read lost its result (a Slurm step's rank 1 under
+        # load, `return_all`). Its stdout reaches EOF once read, the launcher being gone.
+        self._threads[0].join(STDOUT_DRAIN_WAIT)
         with self._lock:
             self._launcher_done = True
             if self._relayed:
