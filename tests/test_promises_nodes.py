@@ -39,8 +39,9 @@ def train(job):
         path = os.path.join(job["log"], f"attempt{attempt}-rank{rank}")
         deadline = started + job.get("live", 0)
         while time.monotonic() < deadline:
-            with open(path, "w") as log:
+            with open(path + ".new", "w") as log:  # replaced whole: a rank killed mid-write leaves its last figure
                 log.write(f"{time.monotonic() - started:.2f}")
+            os.replace(path + ".new", path)
             if attempt == 0 and rank == job.get("fail_rank") and time.monotonic() - started > job["fail_after"]:
                 raise ValueError("attempt 0 fails late")
             time.sleep(0.2)
@@ -146,7 +147,7 @@ def test_no_restart_after_a_timeout_and_the_timeout_counts_over_every_attempt(tm
         job={"log": str(tmp_path), "live": 120, "fail_rank": 1, "fail_after": 12}, timeout=20, max_restarts=2)
     for outcome in (first, second):
         assert outcome.get("error") == "LaunchTimeout", (outcome, out0, out1)
-    lived = {path.name: float(path.read_text() or 0) for path in tmp_path.iterdir()}
+    lived = {path.name: float(path.read_text() or 0) for path in tmp_path.iterdir() if path.suffix != ".new"}
     assert sorted(lived) == [f"attempt{a}-rank{r}" for a in (0, 1) for r in range(4)], lived  # no attempt 2
     assert min(lived[f"attempt0-rank{r}"] for r in range(4)) > 10, lived  # attempt 0 used up 12 s of the 20
     assert max(lived[f"attempt1-rank{r}"] for r in range(4)) < 16, lived  # not a fresh 20 s
