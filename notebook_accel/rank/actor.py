@@ -235,7 +235,12 @@ class RankActor:
         self._resources = _SelfSampler(rank)
         # Every rank needs torch.distributed (rank 0 hosts the store with it, each joins the group): imported now,
         # in every actor at once, not by rank 0 first while the others wait, then by each in turn (a second here).
-        threading.Thread(target=_import_torch_distributed, name="notebook_accel-import-torch", daemon=True).start()
+        # Whoever needs torch next (the store, the rank's function, its result) joins this first: two threads importing
+        # torch at once can give one of them the half-imported module ("partially initialized module 'torch' has no
+        # attribute 'Tensor'", a Slurm rank's result once in a suite run), Python's import-deadlock escape.
+        self._torch_import = threading.Thread(target=_import_torch_distributed, name="notebook_accel-import-torch",
+                                              daemon=True)
+        self._torch_import.start()
 
     # ------------------------------------------------------------------------------------- default group
 
@@ -253,6 +258,7 @@ class RankActor:
         port the OS picks and this actor holds until it ends — no pick-then-release race. Returns the port."""
         from datetime import timedelta
 
+        self._torch_import.join()
         from torch.distributed import TCPStore
 
         self._store = TCPStore("0.0.0.0", 0, world_size, is_master=True, timeout=timedelta(seconds=300),
@@ -301,6 +307,7 @@ class RankActor:
         """Set the rank up as ``rank.process`` does (environment, fd capture); returns the threads that were there
         before (Ray's: the rank does not wait for them at its end). The kernel says it started (``RankStarted``):
         it knows the node, and the row is there even for a rank that dies at once."""
+        self._torch_import.join()  # before the rank's own code can import torch (see __init__)
         before = set(threading.enumerate())
         # Threads the function starts are non-daemon (waited for at its end), as in any program's main thread;
         # Ray runs this method in a thread of its own, a daemon.
