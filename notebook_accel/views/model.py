@@ -15,6 +15,7 @@ from tqdm.std import tqdm as _tqdm_format  # formatting helpers only (format_met
 
 from ..formatting import format_bytes, format_value  # noqa: F401  (views.model.format_* for views and tests)
 from ..monitor.metric_log import MetricSummary
+from ..outcome.root_cause import is_interrupt
 from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, OutputLines,
                            PeersWaiting, ProgressUpdate, PromptAnswered, RankEvent, RankExited, RankFailed, RankPrompt,
                            RankResult, RankStarted, RankStatus, ResourceSample, SessionNotice, Status)
@@ -569,4 +570,4 @@ def _interrupted_by_the_stop(state: "RankState", status: Status) -> bool:
     says "stopped", as the headline does, instead of "failed"."""
     failure = state.failure
     return (status in (Status.STOPPED, Status.TIMEOUT) and state.status == RankStatus.FAILED and not state.root_cause
-            and failure is not None and failure.exc_type.rsplit(".", 1)[-1] == "KeyboardInterrupt")
+            and failure is not None and is_interrupt(failure))
