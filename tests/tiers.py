@@ -43,6 +43,7 @@ FILES: Dict[str, str] = {
     "test_accelerator_distributed.py": "ranks",
     "test_accelerate_parity.py": "ranks",   # HF accelerate's Accelerator and ours, same snippets, 2 CPU ranks each
     "test_hf_test_scripts.py": "ranks",     # HF accelerate's own test scripts, check by check, on HF's and on ours
+    "test_hf_examples.py": "ranks",         # HF accelerate's example scripts (vendored), on HF's and on ours
     "test_backend_contract.py": "ranks",
     "test_cli.py": "ranks",
     "test_cuda_machine.py": "ranks",    # a real GPU (skipped without one)

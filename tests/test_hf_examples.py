@@ -1,0 +1,55 @@
+"""HF accelerate's example scripts (``nlp_example.py`` and ``by_feature/*``, vendored in tests/hf_examples/) run
+on our Accelerator wherever they run on HF's, with only the import changed (tests/hf_example_runs.py).
+
+One launch per script per library, 2 CPU ranks each, started by our ``notebook_launcher``: HF's real accelerate,
+then ours (``accelerate`` -> ``notebook_accel`` by the import alias of tests/hf_scripts.py). A script passes when
+its ``main()`` returns on every rank. One that fails on HF is skipped (with HF's error); one that passes on HF must
+pass on ours, except those in :data:`KNOWN_GAPS`, which must still fail (a gap that closes fails its test, saying
+to remove it from the list).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import pytest
+
+from hf_example_runs import EXAMPLES, run_example
+from notebook_accel import notebook_launcher
+
+pytest.importorskip("accelerate")
+pytestmark = pytest.mark.timeout(600)
+
+# script -> why it fails on ours while it passes on HF (docs/accelerate-parity.md says so too)
+KNOWN_GAPS: Dict[str, str] = {}
+
+
+def _launch(library: str, script: str, workdir: str) -> Optional[str]:
+    ranks: List[Optional[str]] = notebook_launcher(run_example, args=(library, script, workdir), num_processes=2,
+                                                   device="cpu", display="none", return_all=True)  # fmt: skip
+    return next((failure for failure in ranks if failure is not None), None)
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> Dict[str, Dict[str, Optional[str]]]:
+    """``{library: {script: None or the first failing rank's traceback}}``: 2 launches per script."""
+    return {library: {script: _launch(library, script, str(tmp_path_factory.mktemp(library))) for script in EXAMPLES}
+            for library in ("hf", "ours")}  # fmt: skip
+
+
+@pytest.mark.parametrize("script", list(EXAMPLES))
+def test_an_example_that_runs_on_hf_runs_on_ours(outcomes, script):
+    hf, ours = outcomes["hf"][script], outcomes["ours"][script]
+    if hf is not None:
+        pytest.skip(f"fails on HF accelerate too:\n{hf}")
+    if script in KNOWN_GAPS:
+        assert ours is not None, f"now passes on ours: remove it from KNOWN_GAPS ({KNOWN_GAPS[script]})"
+        pytest.xfail(KNOWN_GAPS[script])
+    assert ours is None, f"runs on HF, fails on ours:\n{ours}"
+
+
+def test_the_counts(outcomes):
+    """HF passes / ours passes, printed (``-s``) for the parity page."""
+    passes = {library: sum(failure is None for failure in by_script.values()) for library, by_script in outcomes.items()}
+    print(f"\nHF accelerate's examples on 2 CPU ranks: {passes['hf']} run on HF, {passes['ours']} on ours "
+          f"({len(EXAMPLES)} scripts)")
+    assert passes["hf"] == len(EXAMPLES), {script: failure for script, failure in outcomes["hf"].items() if failure}
