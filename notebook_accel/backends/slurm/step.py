@@ -41,7 +41,6 @@ class SlurmStep(StreamRelay):
     def cancel(self) -> None:
         """End the step: ``scancel`` of it (every task, on every node), and of ``srun`` too (``srun`` ends its step
         on SIGTERM, also before it knew the step's id)."""
-        return
         step = self.step_id
         if step is not None:
             subprocess.run(["scancel", "--quiet", step], capture_output=True, timeout=30)
