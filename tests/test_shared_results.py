@@ -561,3 +561,51 @@ def test_pull_to_the_gpu_leaves_what_is_not_a_cuda_tensor_as_pull_does_and_refus
         assert all(torch.equal(item["x"], torch.arange(3 * 2 ** 18)) for item in pulled)
         with pytest.raises(ValueError, match="device must be 'cuda' or 'cpu'"):
             session.pull("value", device="gpu")
+
+
+class StandInCudaTensor(torch.Tensor):
+    """A CPU tensor that says it is a CUDA one (``is_cuda``), and records each ``.cpu()`` of it: a rank's result
+    takes the route ``send_result_event`` chooses for a CUDA tensor, on a machine without a GPU."""
+
+    moved_to_host: list = []
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+    def cpu(self, *args, **kwargs):
+        StandInCudaTensor.moved_to_host.append(self.untyped_storage().nbytes())
+        return super().cpu(*args, **kwargs)
+
+
+def test_a_large_cuda_result_is_not_moved_to_the_host_where_its_route_is_chosen(monkeypatch):
+    """Issue 44: the device-route tests above build ``_DeviceSource`` by hand; this one goes through the choice
+    itself (``rank.run.send_result_event`` on a real event channel): a CUDA tensor of at least ``SHARED_MIN_BYTES``
+    is only detached (``goes_from_device``), to be copied from its GPU straight into shared memory — a ``.cpu()``
+    there would make a second, pageable host copy of it; a small one is moved to the host, into the pickle."""
+    import socket
+
+    from notebook_accel.rank.run import send_result_event
+    from notebook_accel.wire.channel import EventDecoder, EventSender, receive
+    from notebook_accel.wire.payload import SHARED_MIN_BYTES
+
+    monkeypatch.setattr(StandInCudaTensor, "moved_to_host", [])
+    large = torch.arange(SHARED_MIN_BYTES // 4 * 2, dtype=torch.float32).as_subclass(StandInCudaTensor)
+    small = torch.ones(3).as_subclass(StandInCudaTensor)
+    rank_end, kernel_end = socket.socketpair()
+    decoder = EventDecoder()
+    try:
+        send_result_event(EventSender(rank_end.fileno(), 0), {"large": large, "small": small})
+        events = []
+        while not events:
+            events = decoder.feed(*receive(kernel_end.fileno(), 1 << 20))
+        value = events[0].shared.load(events[0].payload)
+    finally:
+        decoder.close()
+        rank_end.close()
+        kernel_end.close()
+    assert large.untyped_storage().nbytes() not in StandInCudaTensor.moved_to_host, \
+        "a large CUDA result was moved to the host (.cpu()) where its route is chosen, not copied from the device"
+    assert StandInCudaTensor.moved_to_host == [small.untyped_storage().nbytes()], \
+        f"a small CUDA result was not moved to the host for the pickle ({StandInCudaTensor.moved_to_host})"
+    assert torch.equal(value["large"], large) and torch.equal(value["small"], small)

@@ -8,8 +8,11 @@ it launches three times (a run, a failure, a timeout) and reports what it saw, w
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 import textwrap
+from typing import Dict
 
 import pytest
 
@@ -23,9 +26,37 @@ pytestmark = [pytest.mark.skipif(slurm_cluster.unavailable() is not None, reason
 LINES = 30
 
 KERNEL = textwrap.dedent('''
-    import json, os, subprocess, time
+    import json, os, subprocess, threading, time
     from notebook_accel import notebook_launcher
     from notebook_accel.errors import LaunchTimeout
+
+    report = {"job": os.environ["SLURM_JOB_ID"]}
+
+    def give_up(why):   # a break that would hang the script: say it, leave no job of ours, end at once
+        report["broken"] = why
+        print("REPORT " + json.dumps(report), flush=True)
+        os._exit(0)
+
+    def no_new_job():   # inside an allocation a launch is a step of it: a job of its own would pend for ever
+        while True:
+            listed = subprocess.run(["squeue", "-h", "-o", "%%i %%j"], capture_output=True, text=True).stdout
+            new = [line for line in listed.splitlines() if line.split()[0] != report["job"]]
+            if new:
+                subprocess.run(["scancel"] + [line.split()[0] for line in new])
+                give_up(f"a launch inside allocation {report['job']} asked Slurm for a new job: {new}")
+            time.sleep(0.5)
+
+    def bounded(what, seconds):   # a launch that does not return in time: named, not a 600 s pytest timeout
+        timer = threading.Timer(seconds, give_up, (f"{what} had not returned after {seconds} s",))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def scancelled():   # the steps the launches scancelled so far (the test's recording scancel, first on PATH)
+        path = os.environ["SCANCEL_CALLS"]
+        return open(path).read().split() if os.path.exists(path) else []
+
+    threading.Thread(target=no_new_job, daemon=True).start()
 
     def steps():
         listed = subprocess.run(["squeue", "-h", "-s", "-j", os.environ["SLURM_JOB_ID"], "-o", "%%i"],
@@ -58,21 +89,28 @@ KERNEL = textwrap.dedent('''
             re.match(r"(a+)+$", "a" * 64 + "b")
         time.sleep(600)
 
-    report = {"job": os.environ["SLURM_JOB_ID"]}
+    bound = bounded("the first launch (a run of 4 ranks)", 300)
     report["ranks"] = notebook_launcher(train, (%(lines)d,), num_processes=4, num_nodes=2, cluster="slurm",
                                         display="text", return_all=True)
+    bound.cancel()
     report["steps_after_run"] = steps()
+    bound = bounded("the failing launch (rank 1 raised, rank 0 sleeps)", 180)
     try:
         notebook_launcher(fail, num_processes=2, num_nodes=2, cluster="slurm", display="text")
     except Exception as error:
         report["failure"] = {"type": type(error).__name__, "message": str(error), "node": getattr(error, "node", None),
                              "notes": getattr(error, "__notes__", [])}
+    bound.cancel()
     report["steps_after_failure"] = steps()
-    started = time.monotonic()
+    before = scancelled()
+    bound = bounded("the launch timed out at 40 s (rank 1 stuck holding the GIL: only a cancel of its step ends it)",
+                    40 + 120)
     try:
         notebook_launcher(hang, num_processes=2, num_nodes=2, cluster="slurm", display="text", timeout=40)
     except LaunchTimeout as error:
         report["timeout"] = str(error)
+    bound.cancel()
+    report["scancelled_at_timeout"] = scancelled()[len(before):]
     report["steps_after_timeout"] = steps()
     print("REPORT " + json.dumps(report), flush=True)
 ''') % {"lines": LINES}
@@ -88,13 +126,28 @@ def cluster(slurm):
 def inside(cluster, tmp_path_factory):
     """The kernel script's run inside a two-node allocation: its report, its output (stdout, then stderr), and the
     queue after."""
-    script = tmp_path_factory.mktemp("slurm") / "kernel.py"
+    folder = tmp_path_factory.mktemp("slurm")
+    script = folder / "kernel.py"
     script.write_text(KERNEL)
-    env = dict(script_env(), SLURM_CONF=cluster.conf)
+    env = dict(script_env(), SLURM_CONF=cluster.conf, **recording_scancel(folder))
     done = cluster.run(["salloc", "-N2", "-n4", sys.executable, str(script)], env=env, timeout=600)
     reports = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
     assert done.returncode == 0 and reports, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{cluster.logs()}"
-    return json.loads(reports[0][len("REPORT "):]), done.stdout + done.stderr, cluster.wait_no_jobs()
+    report = json.loads(reports[0][len("REPORT "):])
+    assert "broken" not in report, f"{report['broken']}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return report, done.stdout + done.stderr, cluster.wait_no_jobs()
+
+
+def recording_scancel(folder) -> Dict[str, str]:
+    """The variables of a kernel whose ``scancel`` (first on its ``PATH``) appends each call's last argument (the
+    job or step cancelled) to the file ``SCANCEL_CALLS`` names, then runs Slurm's."""
+    calls = folder / "scancel.calls"
+    tool = folder / "bin" / "scancel"
+    tool.parent.mkdir()
+    tool.write_text(f'#!/bin/sh\nfor last in "$@"; do :; done\necho "$last" >> {calls}\n'
+                    f'exec {shutil.which("scancel")} "$@"\n')
+    tool.chmod(0o755)
+    return {"PATH": f"{tool.parent}{os.pathsep}{os.environ['PATH']}", "SCANCEL_CALLS": str(calls)}
 
 
 def test_ranks_are_a_step_of_the_kernels_allocation_placed_by_slurm(cluster, inside):
@@ -142,6 +195,9 @@ def test_a_timeout_cancels_the_step_and_nothing_is_left_in_the_queue(inside):
     report, _, left = inside
     assert "timeout" in report
     assert report["steps_after_run"] == [] and report["steps_after_failure"] == []
+    # issue 44: without its scancel the step still ended, by srun's SIGTERM, 5 to 12 s later: no step was left
+    assert any(step.startswith(report["job"] + ".") for step in report["scancelled_at_timeout"]), \
+        f"the timed-out launch's step was not scancelled (scancel calls: {report['scancelled_at_timeout']})"
     assert report["steps_after_timeout"] == []
     assert left == []
 

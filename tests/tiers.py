@@ -79,6 +79,7 @@ FILES: Dict[str, str] = {
     "test_slurm_cluster.py": "cluster",    # a real Slurm cluster: slurmctld here, a slurmd per network namespace
     "test_slurm_launch.py": "cluster",     # cluster="slurm" on that cluster: a step of the kernel's allocation
     "test_slurm_session.py": "cluster",    # a Session in a job of its own; pdb in a rank on another node
+    "test_slurm_step.py": "unit",          # a Slurm step's end (a recorded scancel) and job, with a local launcher
     "test_ray_local.py": "cluster",        # a script whose launch starts a local Ray (no ray.init() of its own)
     "test_ray_client.py": "cluster",       # a script reaching the fake cluster only through ray:// (Ray Client)
 
