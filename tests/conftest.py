@@ -58,9 +58,11 @@ multiprocessing.util.Finalize(None, shutil.rmtree, args=(SESSION_TMP,), kwargs={
 def is_kept_helper(process: psutil.Process) -> bool:
     """multiprocessing's fork server and resource tracker stay up on purpose (warm second launch);
     they belong to this process and exit with it. So do a fake Ray cluster's process trees, and the nodes a module
-    keeps up on real hosts, until its test module ends (``ray_cluster.KEPT_TREES``, ``real_hosts.KEPT_TREES``;
-    looked up, not imported: ``conftest`` may name notebooks/' conftest there)."""
-    kept = set().union(*(getattr(sys.modules.get(name), "KEPT_TREES", ()) for name in ("ray_cluster", "real_hosts")))
+    keeps up on real hosts, and a module's shared Jupyter kernel, until its test module ends
+    (``ray_cluster.KEPT_TREES``, ``real_hosts.KEPT_TREES``, ``typing_kernel.KEPT_TREES``; looked up, not imported:
+    ``conftest`` may name notebooks/' conftest there)."""
+    kept = set().union(*(getattr(sys.modules.get(name), "KEPT_TREES", ())
+                         for name in ("ray_cluster", "real_hosts", "typing_kernel")))
     try:
         command = " ".join(process.cmdline())
         if kept and any(ancestor.pid in kept for ancestor in [process] + process.parents()):

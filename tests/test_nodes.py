@@ -361,11 +361,11 @@ def test_a_node_whose_launcher_dies_is_named_and_not_waited_for(tmp_path):
 
 def test_the_timeout_counts_over_the_whole_world():
     port = free_port()
-    nodes = [start_node(rank, "static", port, sleep=120, timeout=15) for rank in (0, 1)]
+    nodes = [start_node(rank, "static", port, sleep=120, timeout=8) for rank in (0, 1)]
     outcomes = [finish(node)[0] for node in nodes]
     for outcome in outcomes:
         assert outcome["error"] == "LaunchTimeout", outcome
-        assert "ran past timeout=15 s" in outcome["message"]
+        assert "ran past timeout=8 s" in outcome["message"]
 
 
 @pytest.mark.parametrize("options, message", [

@@ -12,21 +12,32 @@ import textwrap
 import pytest
 
 from scripts import script_env
-from typing_kernel import Answers, TypingKernel, plain
+from typing_kernel import Answers, SharedKernel, plain
 
 pytestmark = pytest.mark.timeout(300)
 
 IMPORTS = "import os\nfrom notebook_accel import Session, notebook_launcher\n"
 
 
-@pytest.fixture
-def kernel(tmp_path):
-    kernel = TypingKernel(cwd=str(tmp_path))
+@pytest.fixture(scope="module")
+def shared_kernel(tmp_path_factory):
+    shared = SharedKernel(cwd=str(tmp_path_factory.mktemp("kernel")), setup=IMPORTS)
     try:
-        kernel.run(IMPORTS, timeout=120)
-        yield kernel
+        yield shared
     finally:
-        kernel.close()
+        shared.close()
+
+
+@pytest.fixture
+def kernel(shared_kernel, request):
+    """The module's kernel, as a fresh one would be for this test (see ``SharedKernel``)."""
+    failed_before = request.session.testsfailed
+    kernel = shared_kernel.reset()
+    yield kernel
+    left = shared_kernel.ranks_left()
+    if left or request.session.testsfailed != failed_before:  # what it left is unknown: not for the next test
+        shared_kernel.close()
+    assert not left, f"processes the test left running in the kernel: {left}"
 
 
 def cell(code: str) -> str:

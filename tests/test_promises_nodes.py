@@ -140,17 +140,17 @@ def test_local_addr_is_where_the_other_nodes_reach_this_node(backend):
 # --------------------------------------------------------------------------------------- item 4: no restart when ...
 
 def test_no_restart_after_a_timeout_and_the_timeout_counts_over_every_attempt(tmp_path):
-    # Attempt 0 fails after 12 s (restarted: max_restarts=2); attempt 1 would run 120 s. With timeout=20 over
-    # the whole launch, attempt 1 gets what is left (about 8 s minus the restart), then the timeout ends the
-    # launch without a third attempt. A timeout counted per attempt would let attempt 1 run 20 s.
+    # Attempt 0 fails after 8 s (restarted: max_restarts=2); attempt 1 would run 120 s. With timeout=14 over
+    # the whole launch, attempt 1 gets what is left (about 6 s minus the restart), then the timeout ends the
+    # launch without a third attempt. A timeout counted per attempt would let attempt 1 run 14 s.
     (first, out0), (second, out1) = run_two_nodes(
-        job={"log": str(tmp_path), "live": 120, "fail_rank": 1, "fail_after": 12}, timeout=20, max_restarts=2)
+        job={"log": str(tmp_path), "live": 120, "fail_rank": 1, "fail_after": 8}, timeout=14, max_restarts=2)
     for outcome in (first, second):
         assert outcome.get("error") == "LaunchTimeout", (outcome, out0, out1)
     lived = {path.name: float(path.read_text() or 0) for path in tmp_path.iterdir() if path.suffix != ".new"}
     assert sorted(lived) == [f"attempt{a}-rank{r}" for a in (0, 1) for r in range(4)], lived  # no attempt 2
-    assert min(lived[f"attempt0-rank{r}"] for r in range(4)) > 10, lived  # attempt 0 used up 12 s of the 20
-    assert max(lived[f"attempt1-rank{r}"] for r in range(4)) < 16, lived  # not a fresh 20 s
+    assert min(lived[f"attempt0-rank{r}"] for r in range(4)) > 6, lived  # attempt 0 used up 8 s of the 14
+    assert max(lived[f"attempt1-rank{r}"] for r in range(4)) < 11, lived  # not a fresh 14 s
     assert "attempt 3/3" not in out0 + out1
 
 

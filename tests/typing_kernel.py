@@ -8,15 +8,21 @@
 """
 from __future__ import annotations
 
+import os
 import queue
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from jupyter_client.manager import start_new_kernel
+import psutil
+from jupyter_client.manager import KernelManager, start_new_kernel
 
 from scripts import script_env
+
+# The kernels a module keeps up for its tests (``SharedKernel``): conftest's leftover check looks them up here (as
+# ``ray_cluster.KEPT_TREES``); ``SharedKernel.ranks_left`` checks what runs under them after each test instead.
+KEPT_TREES: set = set()
 
 
 @dataclass
@@ -73,9 +79,23 @@ class Answers:
 class TypingKernel:
     """A kernel of the python under test, importing the notebook_accel under test."""
 
-    def __init__(self, cwd: str, env: Optional[dict] = None) -> None:
+    def __init__(self, cwd: str, env: Optional[dict] = None, connection_file: str = "") -> None:
+        """``connection_file``: where the kernel's ports are written (by default a new file in the system's temp
+        dir, removed at ``close``; a kernel kept across tests keeps it in its test dir)."""
         # Not the checkout as cwd: a kernel puts its cwd first on sys.path, and would import the checkout's package
-        self.manager, self.client = start_new_kernel(kernel_name="python3", env=env or script_env(), cwd=cwd)
+        options = {"env": env or script_env(), "cwd": cwd}
+        if not connection_file:
+            self.manager, self.client = start_new_kernel(kernel_name="python3", **options)
+            return
+        self.manager = KernelManager(kernel_name="python3", connection_file=connection_file)
+        self.manager.start_kernel(**options)
+        self.client = self.manager.client()
+        self.client.start_channels()
+        try:
+            self.client.wait_for_ready(timeout=60)
+        except RuntimeError:
+            self.close()
+            raise
 
     def run(self, code: str, answer: Optional[Callable[[str, str], str]] = None, *, timeout: float = 120.0,
             allow_stdin: bool = True) -> CellRun:
@@ -155,6 +175,67 @@ class TypingKernel:
     def close(self) -> None:
         self.client.stop_channels()
         self.manager.shutdown_kernel(now=True)
+
+
+class SharedKernel:
+    """One kernel for a module's tests (a kernel takes about a second to start, a test one or two to run): each test
+    gets it with what the last one left undone (``RESET``); when the reset fails, or the test failed, the next test
+    gets a fresh kernel (``close``, then ``reset`` starts one). ``setup``: the cell every fresh kernel runs first."""
+
+    # What a test's cells may leave: ``%pdb on``, the names they defined, the environment variables they set
+    # (os.environ goes back to what it was once the kernel started, kept in ``sys``: ``%reset`` clears the names)
+    KEEP_ENV = "import os, sys\nsys._typing_kernel_env = dict(os.environ)\n"
+    RESET = ("%pdb off\n%reset -f\nimport os, sys\n"
+             "os.environ.clear(); os.environ.update(sys._typing_kernel_env)\n")
+
+    def __init__(self, cwd: str, setup: str = "") -> None:
+        self.cwd, self.setup = cwd, setup
+        self.started = 0  # kernels started: a failed test's kernel is replaced
+        self.kernel: Optional[TypingKernel] = None
+
+    def reset(self) -> TypingKernel:
+        """The kernel, as a fresh one would be after ``setup``."""
+        if self.kernel is not None and self.kernel.manager.is_alive():
+            try:
+                if self.kernel.run(self.RESET + self.setup, allow_stdin=False, timeout=30).error is None:
+                    return self.kernel
+            except TimeoutError:
+                pass
+        self.close()
+        self.started += 1
+        self.kernel = TypingKernel(cwd=self.cwd, connection_file=os.path.join(self.cwd, f"kernel-{self.started}.json"))
+        KEPT_TREES.add(self.kernel.manager.provisioner.pid)
+        self.kernel.run(self.KEEP_ENV + self.setup, timeout=120)
+        return self.kernel
+
+    def ranks_left(self, timeout: float = 5.0) -> List[str]:
+        """The kernel's child processes still running after ``timeout`` s (a test's ranks must all end with it), but
+        multiprocessing's own helpers, which stay up on purpose in any kernel that used them."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = []
+            if self.kernel is not None:
+                try:
+                    children = psutil.Process(self.kernel.manager.provisioner.pid).children(recursive=True)
+                except psutil.NoSuchProcess:
+                    children = []
+                for child in children:
+                    try:
+                        command = " ".join(child.cmdline())
+                        if child.status() != psutil.STATUS_ZOMBIE and not re.search(
+                                r"multiprocessing\.(forkserver|resource_tracker)", command):
+                            left.append(f"{child.pid}: {command}")
+                    except psutil.Error:
+                        pass
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        if self.kernel is not None:
+            KEPT_TREES.discard(self.kernel.manager.provisioner.pid)
+            self.kernel.close()
+            self.kernel = None
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
