@@ -246,3 +246,25 @@ def pytest_sessionfinish(session, exitstatus):
     if built:
         print(f"\na C++ extension was built during the run (in TORCH_EXTENSIONS_DIR, by a notebook?): {built}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ------------------------------------------------------------------------------------------------ the run's timeline
+
+TIMELINE = os.environ.get("NOTEBOOK_ACCEL_TIMELINE")   # a path: each test's worker, start and end appended there
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if TIMELINE:
+        _timeline_started[nodeid] = time.time()
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    """With ``NOTEBOOK_ACCEL_TIMELINE=path``, a line per test (worker, start, end, test) — what ``--durations`` cannot
+    say: which worker's files end last, and so where the wall time of a parallel run goes (scripts/timeline.py)."""
+    if TIMELINE:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(TIMELINE, "a") as out:
+            out.write(f"{worker}\t{_timeline_started.pop(nodeid, time.time()):.3f}\t{time.time():.3f}\t{nodeid}\n")
+
+
+_timeline_started: dict = {}

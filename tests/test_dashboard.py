@@ -378,6 +378,18 @@ def test_text_view_says_nothing_of_a_bar_that_opens_nor_of_a_leave_false_bar_tha
     assert 2 <= len(bars) <= 2 * (3 / 2 + 1) + 2, lines  # 3 s: a line a bar every 2 s, the close, the summary
 
 
+def test_text_view_writes_the_librarys_notices_to_stderr_as_a_session_does(clock):
+    # issue 45: a launch's "pending in the queue" went to stdout, a Session's (no view yet) to stderr
+    from notebook_accel.wire.events import SessionNotice
+
+    out, err = io.StringIO(), io.StringIO()
+    view = TextView(stdout=out, stderr=err)
+    start(view)
+    view.handle(SessionNotice(rank=-1, text="Slurm job 7 is pending in the queue (Resources)"))
+    assert err.getvalue() == "notebook_accel: Slurm job 7 is pending in the queue (Resources)\n"
+    assert "pending" not in out.getvalue()
+
+
 def test_text_view_prints_throttled_progress_labelled_logs_and_a_summary(clock):
     out, err = io.StringIO(), io.StringIO()
     view = TextView(stdout=out, stderr=err)

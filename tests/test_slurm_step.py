@@ -101,3 +101,24 @@ def test_a_launch_inside_an_allocation_runs_a_step_of_it_and_asks_for_no_job(mon
     assert backend.allocation is None
     argv = slurm_backend.srun_command(plan, job)
     assert "--jobid=7" in argv, f"srun of a launch inside allocation 7 does not name the job: {argv}"
+
+
+def test_a_launch_returns_only_once_squeue_no_longer_lists_its_step(tmp_path, monkeypatch):
+    """``srun`` ends before the controller drops its step from the queue (a failed launch's step was still listed
+    right after it raised, once in a suite run): ending a step waits, bounded, until ``squeue`` stops listing it.
+    The ``squeue`` here lists step 412.0 for its first three calls, as a controller still hearing from its nodes."""
+    from notebook_accel.backends.slurm.step import wait_until_unlisted
+
+    calls = tmp_path / "squeue.calls"
+    tool = tmp_path / "bin" / "squeue"
+    tool.parent.mkdir()
+    tool.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n"
+                    f"[ $(wc -l < {calls}) -le 3 ] && printf '412.0\\n412.extern\\n' || echo 412.extern\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+    assert wait_until_unlisted("412.0", within=ENDED_WITHIN), "squeue still listed the step after the bound"
+    asked = calls.read_text().splitlines()
+    assert asked[0] == "-h -s -j 412 -o %i" and len(asked) == 4, \
+        f"the step's end did not wait until squeue stopped listing it (squeue calls: {asked})"
+    assert wait_until_unlisted("local.0", within=ENDED_WITHIN) and len(calls.read_text().splitlines()) == 4, \
+        "a step id no controller knows was asked of squeue"

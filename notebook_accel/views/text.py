@@ -83,7 +83,8 @@ class TextView:
             elif isinstance(event, PromptAnswered) and event.ran_on:
                 self._in_pdb.discard(event.rank)
             elif isinstance(event, (PeersWaiting, SessionNotice)):
-                self._write("stdout", f"notebook_accel: {event.text}\n")
+                # the library's own notes go where a Session's and Ray's do (the cell's stderr), apart from ranks' lines
+                self._write("stderr", f"notebook_accel: {event.text}\n")
             elif isinstance(event, LaunchFinished):
                 self._pending.clear()
                 # each closed loop's last line was printed as it closed: the summary does not repeat it

@@ -144,7 +144,8 @@ class RankPlacement:
             if not said and time.monotonic() - started >= WAIT_NOTICE_SECONDS:
                 said = True
                 say(f"waiting for the cluster to free {describe_request(self.world_size, self.resources, self.strategy)}"
-                    f" (Ray: {state or 'pending'}); Stop or a timeout ends the wait")
+                    f" (Ray: {state or 'pending'}); interrupting the kernel (Ctrl-C) ends the wait, as do Stop "
+                    f"and the timeout")
 
     def _state(self) -> Optional[str]:
         from ray.util.placement_group import placement_group_table

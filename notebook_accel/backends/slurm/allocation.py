@@ -180,7 +180,7 @@ class Allocation:
                     self.said.append(line)
 
     def wait(self, stopped: Callable[[], bool], tick: Callable[[], None], notice: Callable[[str], None],
-             how_to_stop: str = "Stop or a timeout ends the wait") -> bool:
+             how_to_stop: str = "interrupting the kernel (Ctrl-C) ends the wait") -> bool:
         """Until the allocation is granted (True) or ``stopped()`` (False); ``notice`` gets "pending in the queue
         (reason)" each time the reason changes, and ``how_to_stop``. A refusal by Slurm is a ``LaunchConfigError``
         with its words."""

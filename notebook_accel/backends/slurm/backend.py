@@ -127,8 +127,9 @@ class SlurmBackend(RelayedBackend):
         name = allocation_name(job_name(self.plan, session))  # unique: release may cancel it by name
         self.allocation = Allocation(salloc_command(slurm.request_options, slurm.num_nodes, slurm.ranks_per_node,
                                                     name, gpus=self.plan.device == "cuda"))
-        granted = self.allocation.wait(stopped, tick, notice, how_to_stop="interrupting the kernel (Ctrl-C) ends the "
-                                       "wait" if session else "Stop or a timeout ends the wait")
+        # the same words for a launch and a session, with what only a launch has (its Stop button, its timeout)
+        how_to_stop = "interrupting the kernel (Ctrl-C) ends the wait" + ("" if session else ", as do Stop and the timeout")
+        granted = self.allocation.wait(stopped, tick, notice, how_to_stop=how_to_stop)
         return self.allocation.job_id if granted else None
 
     def release(self) -> None:

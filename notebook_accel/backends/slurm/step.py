@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from typing import List, Optional
 
 from ..relay.stream import StreamRelay
+from .tools import run_tool
 
+STEP_UNLISTED_WAIT = 10.0   # s, at most, for the controller to drop an ended step from ``squeue``
+
+# A step of a real job: "412.0" (a test's stand-in launcher says "local.0", and no ``squeue`` knows it).
+_SLURM_STEP_ID = re.compile(r"^(?P<job>\d+)\.\d+$")
 # srun's own words when a task ended without saying so itself: "srun: error: n1: task 3: Exited with exit code 2",
 # "srun: error: n1: tasks 0-1: Killed".
 _TASK_ENDED = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-]+): (?P<how>.*)$")
@@ -45,6 +51,36 @@ class SlurmStep(StreamRelay):
         if step is not None:
             subprocess.run(["scancel", "--quiet", step], capture_output=True, timeout=30)
         super().cancel()
+
+    def close(self) -> None:
+        """``StreamRelay.close``, then until ``squeue`` no longer lists the step (``wait_until_unlisted``)."""
+        super().close()
+        step = self.step_id
+        if step is not None:
+            wait_until_unlisted(step)
+
+
+def wait_until_unlisted(step: str, within: float = STEP_UNLISTED_WAIT) -> bool:
+    """Until ``squeue`` no longer lists ``step`` (True), or ``within`` s (False).
+
+    ``srun`` ends when its tasks have ended, but the controller drops the step from the queue only when each node's
+    slurmd has told it so, a moment later: a launch that failed fast returned while ``squeue`` still listed its step
+    (once in a full suite run). A launch returns when nothing of it is left, as Slurm shows it too. A step id that is
+    not a real job's, or a ``squeue`` that cannot answer, ends the wait at once."""
+    listed_job = _SLURM_STEP_ID.match(step)
+    if listed_job is None:
+        return True
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            listed = run_tool(["squeue", "-h", "-s", "-j", listed_job.group("job"), "-o", "%i"], timeout=within)
+        except (OSError, subprocess.SubprocessError):
+            return True
+        if listed.returncode != 0 or step not in listed.stdout.split():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def _task_ids(text: str) -> List[int]:

@@ -1,0 +1,43 @@
+"""Where a parallel ``pytest`` run's wall time went: each worker's files in the order it ran them, how long each took,
+and when each worker went idle — the worker that ends last sets the run's time, whatever ``--durations`` shows.
+
+Usage: ``NOTEBOOK_ACCEL_TIMELINE=/tmp/t.tsv pytest -q``, then ``python scripts/timeline.py /tmp/t.tsv [N]`` (the N
+slowest files, 15 by default). tests/conftest.py writes the lines (worker, start, end, test id).
+"""
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from typing import Dict, List, Tuple
+
+
+def read(path: str) -> List[Tuple[str, float, float, str]]:
+    rows = []
+    with open(path) as lines:
+        for line in lines:
+            worker, start, end, nodeid = line.rstrip("\n").split("\t", 3)
+            rows.append((worker, float(start), float(end), nodeid))
+    return rows
+
+
+def main(path: str, slowest: int = 15) -> None:
+    rows = read(path)
+    began = min(start for _, start, _, _ in rows)
+    files: Dict[Tuple[str, str], List[float]] = {}
+    for worker, start, end, nodeid in rows:
+        span = files.setdefault((worker, nodeid.split("::")[0]), [start, end])
+        span[0], span[1] = min(span[0], start), max(span[1], end)
+    by_worker: Dict[str, List[Tuple[float, float, str]]] = defaultdict(list)
+    for (worker, name), (start, end) in files.items():
+        by_worker[worker].append((start, end, name))
+    print("worker  busy(s)  ends at(s)  files")
+    for worker, spans in sorted(by_worker.items()):
+        busy = sum(end - start for start, end, _ in spans)
+        print(f"{worker:7} {busy:8.1f} {max(end for _, end, _ in spans) - began:10.1f}  {len(spans)}")
+    print(f"\nthe {slowest} slowest files (worker, seconds from its first test's start to its last's end):")
+    for (worker, name), (start, end) in sorted(files.items(), key=lambda item: item[1][0] - item[1][1])[:slowest]:
+        print(f"{end - start:7.1f}  {worker:5}  {name}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 15)
