@@ -25,6 +25,21 @@ EXAMPLES: Dict[str, List[str]] = {
     "early_stopping.py": ["--cpu"],
     "multi_process_metrics.py": ["--cpu"],
     "local_sgd.py": ["--cpu", "--local_sgd_steps", "2"],
+    "memory.py": ["--cpu"],
+    "tracking.py": ["--cpu", "--with_tracking", "--project_dir", "{workdir}/logs"],
+    "cross_validation.py": ["--cpu", "--num_folds", "2"],
+    "ddp_comm_hook.py": ["--cpu", "--ddp_comm_hook", "power_sgd"],
+    "automatic_gradient_accumulation.py": ["--cpu"],
+    "gradient_accumulation_for_autoregressive_models.py": ["--cpu", "--gradient_accumulation_steps", "2"],
+    "profiler.py": ["--cpu", "--record_shapes", "--output_trace_dir", "{workdir}/trace"],
+    "schedule_free.py": ["--cpu"],
+}
+
+# script -> environment its ranks need offline ("{workdir}" as above): log_with="all" finds W&B and MLflow installed;
+# W&B would ask for a login, so it runs disabled (its calls still made); MLflow writes under the launch's folder
+ENVIRONMENT: Dict[str, Dict[str, str]] = {
+    "tracking.py": {"WANDB_MODE": "disabled", "WANDB_DIR": "{workdir}", "MLFLOW_TRACKING_URI": "file:{workdir}/mlruns",
+                    "MLFLOW_ALLOW_FILE_STORE": "true"},
 }
 
 
@@ -38,6 +53,7 @@ def run_example(library: str, script: str, workdir: str) -> Optional[str]:
 
     torch.set_num_threads(1)
     os.chdir(workdir)
+    os.environ.update({name: value.format(workdir=workdir) for name, value in ENVIRONMENT.get(script, {}).items()})
     if not dist.is_initialized():  # a short timeout: a rank left waiting on a failed one fails, not hangs
         dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     if library == "ours":
