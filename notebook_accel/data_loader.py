@@ -12,11 +12,13 @@ from .accelerator import data_loader as _ours
 from .accelerator import operations
 from .accelerator.absent import refuse_name
 from .accelerator.data_loader import PreparedDataLoader, SkippedLoader, _loader_settings
+from .accelerator.dispatch import DispatchedDataLoader
 from .accelerator.gradient_state import GradientState
 
-__all__ = ["DataLoaderShard", "SeedableRandomSampler", "SkipDataLoader", "prepare_data_loader", "skip_first_batches"]
+__all__ = ["DataLoaderDispatcher", "DataLoaderShard", "SeedableRandomSampler", "SkipDataLoader", "prepare_data_loader", "skip_first_batches"]
 
 DataLoaderShard = PreparedDataLoader  # HF's name for a prepared loader (isinstance checks)
+DataLoaderDispatcher = DispatchedDataLoader  # HF's name for a loader rank 0 reads for everyone
 SkipDataLoader = SkippedLoader
 
 
@@ -69,18 +71,17 @@ def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] =
                         even_batches: bool = True, slice_fn_for_dispatch: Optional[Callable[..., Any]] = None,
                         use_seedable_sampler: bool = False, data_seed: Optional[int] = None,
                         non_blocking: bool = False, use_stateful_dataloader: bool = False,
-                        torch_device_mesh: Any = None) -> PreparedDataLoader:  # fmt: skip
+                        torch_device_mesh: Any = None) -> Union[PreparedDataLoader, DispatchedDataLoader]:  # fmt: skip
     """This rank's shard of ``dataloader`` without an Accelerator (HF's function): ``num_processes`` /
     ``process_index`` default to the launch's, batches move to ``device`` with ``put_on_device``. The shuffling is
     always synchronized between the ranks (``rng_types`` is accepted: the order comes from ``data_seed``, else rank
     0's torch seed); ``use_seedable_sampler`` makes a plain ``RandomSampler`` a :class:`SeedableRandomSampler` with
-    that seed, as HF does."""
+    that seed, as HF does. ``dispatch_batches=True``: rank 0 alone reads the loader and sends each rank its slice of
+    every step (:class:`~notebook_accel.accelerator.dispatch.DispatchedDataLoader`, HF's ``DataLoaderDispatcher``)."""
     from .accelerator.partial_state import PartialState
 
     for name, given, why in (
-            ("dispatch_batches=True", dispatch_batches, "every rank reads its own shard (batches are never "
-                                                        "dispatched from rank 0)"),
-            ("slice_fn_for_dispatch", slice_fn_for_dispatch, "batches are never dispatched from rank 0"),
+            ("slice_fn_for_dispatch", slice_fn_for_dispatch, "a dispatched step is sliced along its first dimension"),
             ("use_stateful_dataloader=True", use_stateful_dataloader, "torchdata's StatefulDataLoader is not offered; "
                                                                       "resume mid-epoch with skip_first_batches"),
             ("torch_device_mesh", torch_device_mesh, "device meshes (tensor/context parallelism) are not offered")):
@@ -91,6 +92,10 @@ def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] =
     process_index = state.process_index if process_index is None else process_index
     if device is None:
         device = state.device
+    if dispatch_batches:
+        return DispatchedDataLoader(dataloader, process_index=process_index, num_processes=num_processes,
+                                    split_batches=split_batches, even_batches=even_batches,
+                                    device=device if put_on_device else None, gradient_state=GradientState())
     base_seed = operations.broadcast_object(torch.initial_seed()) if data_seed is None else data_seed
     if use_seedable_sampler:
         dataloader = _with_seedable_sampler(dataloader, base_seed)
