@@ -2,20 +2,23 @@
 ``SeedableRandomSampler``, on our sharded loader (:mod:`notebook_accel.accelerator.data_loader`)."""
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Iterator, List, Optional, Union
 
 import torch
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from .accelerator import data_loader as _ours
 from .accelerator import operations
 from .accelerator.absent import refuse_name
-from .accelerator.data_loader import PreparedDataLoader, SkippedLoader
+from .accelerator.data_loader import PreparedDataLoader, SkippedLoader, _loader_settings
+from .accelerator.dispatch import DispatchedDataLoader
 from .accelerator.gradient_state import GradientState
 
-__all__ = ["DataLoaderShard", "SeedableRandomSampler", "SkipDataLoader", "prepare_data_loader", "skip_first_batches"]
+__all__ = ["DataLoaderDispatcher", "DataLoaderShard", "SeedableRandomSampler", "SkipDataLoader", "prepare_data_loader", "skip_first_batches"]
 
 DataLoaderShard = PreparedDataLoader  # HF's name for a prepared loader (isinstance checks)
+DataLoaderDispatcher = DispatchedDataLoader  # HF's name for a loader rank 0 reads for everyone
 SkipDataLoader = SkippedLoader
 
 
@@ -40,6 +43,22 @@ class SeedableRandomSampler(RandomSampler):
         self.epoch = epoch
 
 
+def _with_seedable_sampler(dataloader: DataLoader, data_seed: int) -> DataLoader:
+    """HF's ``use_seedable_sampler``: the loader's plain ``RandomSampler`` (under a plain ``BatchSampler``) swapped
+    for a :class:`SeedableRandomSampler` seeded ``data_seed``, which the prepared loader keeps (HF's checks read it
+    at ``prepared.batch_sampler.batch_sampler.sampler``). Any other sampler is left as it is."""
+    batch_sampler = dataloader.batch_sampler
+    if type(batch_sampler) is not BatchSampler or type(batch_sampler.sampler) is not RandomSampler:
+        return dataloader
+    sampler = batch_sampler.sampler
+    seedable = copy.copy(batch_sampler)  # leave the user's DataLoader untouched
+    seedable.sampler = SeedableRandomSampler(sampler.data_source, replacement=sampler.replacement,
+                                             num_samples=sampler._num_samples, generator=sampler.generator,
+                                             data_seed=data_seed)  # fmt: skip
+    return DataLoader(dataloader.dataset, batch_sampler=seedable, collate_fn=dataloader.collate_fn,
+                      **_loader_settings(dataloader))
+
+
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     """One epoch of ``dataloader`` (a prepared one) without its first ``num_batches`` batches (resume mid-epoch)."""
     return SkippedLoader(dataloader, num_batches)
@@ -52,17 +71,17 @@ def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] =
                         even_batches: bool = True, slice_fn_for_dispatch: Optional[Callable[..., Any]] = None,
                         use_seedable_sampler: bool = False, data_seed: Optional[int] = None,
                         non_blocking: bool = False, use_stateful_dataloader: bool = False,
-                        torch_device_mesh: Any = None) -> PreparedDataLoader:  # fmt: skip
+                        torch_device_mesh: Any = None) -> Union[PreparedDataLoader, DispatchedDataLoader]:  # fmt: skip
     """This rank's shard of ``dataloader`` without an Accelerator (HF's function): ``num_processes`` /
     ``process_index`` default to the launch's, batches move to ``device`` with ``put_on_device``. The shuffling is
-    always synchronized between the ranks (``rng_types`` / ``use_seedable_sampler`` are accepted: the order comes
-    from ``data_seed``, else rank 0's torch seed)."""
+    always synchronized between the ranks (``rng_types`` is accepted: the order comes from ``data_seed``, else rank
+    0's torch seed); ``use_seedable_sampler`` makes a plain ``RandomSampler`` a :class:`SeedableRandomSampler` with
+    that seed, as HF does. ``dispatch_batches=True``: rank 0 alone reads the loader and sends each rank its slice of
+    every step (:class:`~notebook_accel.accelerator.dispatch.DispatchedDataLoader`, HF's ``DataLoaderDispatcher``)."""
     from .accelerator.partial_state import PartialState
 
     for name, given, why in (
-            ("dispatch_batches=True", dispatch_batches, "every rank reads its own shard (batches are never "
-                                                        "dispatched from rank 0)"),
-            ("slice_fn_for_dispatch", slice_fn_for_dispatch, "batches are never dispatched from rank 0"),
+            ("slice_fn_for_dispatch", slice_fn_for_dispatch, "a dispatched step is sliced along its first dimension"),
             ("use_stateful_dataloader=True", use_stateful_dataloader, "torchdata's StatefulDataLoader is not offered; "
                                                                       "resume mid-epoch with skip_first_batches"),
             ("torch_device_mesh", torch_device_mesh, "device meshes (tensor/context parallelism) are not offered")):
@@ -73,7 +92,13 @@ def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] =
     process_index = state.process_index if process_index is None else process_index
     if device is None:
         device = state.device
+    if dispatch_batches:
+        return DispatchedDataLoader(dataloader, process_index=process_index, num_processes=num_processes,
+                                    split_batches=split_batches, even_batches=even_batches,
+                                    device=device if put_on_device else None, gradient_state=GradientState())
     base_seed = operations.broadcast_object(torch.initial_seed()) if data_seed is None else data_seed
+    if use_seedable_sampler:
+        dataloader = _with_seedable_sampler(dataloader, base_seed)
     prepared = _ours.prepare_data_loader(dataloader, process_index=process_index, num_processes=num_processes,
                                          device=device if put_on_device else None, gradient_state=GradientState(),
                                          base_seed=base_seed, split_batches=split_batches)  # fmt: skip

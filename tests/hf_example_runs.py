@@ -4,7 +4,8 @@ launch: on HF's accelerate, or on ours by the import alias of :mod:`hf_scripts`.
 The scripts import ``transformers``, ``datasets`` and ``evaluate``, which are not installed (and the tests have no
 network): ``tests/hf_examples/stand_ins/`` is put first on ``sys.path`` for these runs only. Each script's own
 ``main()`` runs with its own argument parser (:data:`EXAMPLES` gives the command line); its constants already make
-a short run on the stand-ins' few dozen rows (3 epochs of 2 steps per rank).
+a short run on the stand-ins' few dozen rows (3 epochs of 2 steps per rank). All scripts of one library run in one
+launch, as HF's own tests run several trainings in one process.
 """
 from __future__ import annotations
 
@@ -25,25 +26,57 @@ EXAMPLES: Dict[str, List[str]] = {
     "early_stopping.py": ["--cpu"],
     "multi_process_metrics.py": ["--cpu"],
     "local_sgd.py": ["--cpu", "--local_sgd_steps", "2"],
+    "memory.py": ["--cpu"],
+    "tracking.py": ["--cpu", "--with_tracking", "--project_dir", "{workdir}/logs"],
+    "cross_validation.py": ["--cpu", "--num_folds", "2"],
+    "ddp_comm_hook.py": ["--cpu", "--ddp_comm_hook", "power_sgd"],
+    "automatic_gradient_accumulation.py": ["--cpu"],
+    "gradient_accumulation_for_autoregressive_models.py": ["--cpu", "--gradient_accumulation_steps", "2"],
+    "profiler.py": ["--cpu", "--record_shapes", "--output_trace_dir", "{workdir}/trace"],
+    "schedule_free.py": ["--cpu"],
+}
+
+# a short timeout: a rank left waiting on a failed one fails, not hangs
+_TIMEOUT = timedelta(seconds=30)
+
+# script -> environment its ranks need offline ("{workdir}" as above): log_with="all" finds W&B and MLflow installed;
+# W&B would ask for a login, so it runs disabled (its calls still made); MLflow writes under the launch's folder
+ENVIRONMENT: Dict[str, Dict[str, str]] = {
+    "tracking.py": {"WANDB_MODE": "disabled", "WANDB_DIR": "{workdir}", "MLFLOW_TRACKING_URI": "file:{workdir}/mlruns",
+                    "MLFLOW_ALLOW_FILE_STORE": "true"},
 }
 
 
-def run_example(library: str, script: str, workdir: str) -> Optional[str]:
-    """In each rank: HF's example ``script`` on ``library`` ("hf" or "ours"); None when its main() returns, else the
-    traceback."""
+def run_examples(library: str, scripts: List[str], workdir: str) -> Dict[str, Optional[str]]:
+    """In each rank: HF's example ``scripts`` on ``library`` ("hf" or "ours"), one after the other in this one launch
+    (HF's states reset between them, as HF's own tests do); ``{script: None when its main() returns, else the
+    traceback}``. Each runs in its own folder under ``workdir``, with its :data:`ENVIRONMENT` for its time only."""
     import torch
     import torch.distributed as dist
 
     from hf_scripts import alias_accelerate_to_ours
 
     torch.set_num_threads(1)
-    os.chdir(workdir)
-    if not dist.is_initialized():  # a short timeout: a rank left waiting on a failed one fails, not hangs
-        dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    os.environ["FORK_LAUNCHED"] = "1"  # as HF's notebook_launcher sets in its ranks: end_training() keeps the group
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=_TIMEOUT)
+    store = dist.distributed_c10d._get_default_store()  # held: the groups after a script's end_training() use it
     if library == "ours":
         alias_accelerate_to_ours()
     sys.path.insert(0, os.path.join(HERE, "stand_ins"))
-    sys.argv = [script] + [argument.format(workdir=workdir) for argument in EXAMPLES[script]]
+    return {script: _run_one(script, os.path.join(workdir, os.path.splitext(script)[0]), store) for script in scripts}
+
+
+def _run_one(script: str, folder: str, store: object) -> Optional[str]:
+    """One script's main(), then HF's states reset for the next and the ranks met again (one may have failed)."""
+    import torch.distributed as dist
+    from accelerate.state import AcceleratorState, GradientState  # HF's, or ours through the alias
+
+    os.makedirs(folder, exist_ok=True)
+    os.chdir(folder)
+    environment = dict(os.environ)
+    os.environ.update({name: value.format(workdir=folder) for name, value in ENVIRONMENT.get(script, {}).items()})
+    sys.argv = [script] + [argument.format(workdir=folder) for argument in EXAMPLES[script]]
     try:
         runpy.run_path(os.path.join(HERE, script), run_name="__main__")
         return None
@@ -51,3 +84,15 @@ def run_example(library: str, script: str, workdir: str) -> Optional[str]:
         raise
     except BaseException:  # noqa: B036  SystemExit from argparse too
         return traceback.format_exc()
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        # a script's end_training() on ours destroys the process group: a new one for the next script, on the first
+        # group's store under a prefix of its own (no leftover keys)
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", store=dist.PrefixStore(script + "/", store),
+                                    rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=_TIMEOUT)  # fmt: skip
+        dist.barrier()

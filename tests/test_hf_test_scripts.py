@@ -21,14 +21,7 @@ pytestmark = pytest.mark.timeout(600)
 
 # script::check -> why it fails on ours while it passes on HF. Each is a feature we do not offer (docs/accelerate-parity.md
 # says so); a gap that starts passing fails its test, saying to remove it from the list.
-KNOWN_GAPS: Dict[str, str] = {
-    "test_script.py::central_dl_preparation_check()": (
-        "prepare_data_loader(dispatch_batches=True) (rank 0 reads every batch and sends slices) is refused by name: "
-        "every rank reads its own shard (the Accelerator's dataloader_config ignores it: the same batches result)"),
-    "test_script.py::check_seedable_sampler_in_batch_sampler_shard()": (
-        "reads HF's BatchSamplerShard internals (its .batch_sampler.sampler): our prepared loader shards at the "
-        "sampler, with no BatchSamplerShard"),
-}
+KNOWN_GAPS: Dict[str, str] = {}
 
 Outcome = Dict[str, Optional[str]]  # check -> None (passed on every rank) or the first failing rank's traceback
 

@@ -44,6 +44,7 @@ FILES: Dict[str, str] = {
     "test_accelerate_parity.py": "ranks",   # HF accelerate's Accelerator and ours, same snippets, 2 CPU ranks each
     "test_hf_test_scripts.py": "ranks",     # HF accelerate's own test scripts, check by check, on HF's and on ours
     "test_hf_examples.py": "ranks",         # HF accelerate's example scripts (vendored), on HF's and on ours
+    "test_dispatch_batches.py": "ranks",    # prepare_data_loader(dispatch_batches=True): rank 0 reads for everyone
     "test_backend_contract.py": "ranks",
     "test_cli.py": "ranks",
     "test_cuda_machine.py": "ranks",    # a real GPU (skipped without one)

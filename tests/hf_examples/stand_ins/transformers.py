@@ -1,5 +1,6 @@
 """Stand-in for the absent ``transformers`` package (not installed; no network): just what HF accelerate's
-examples call — a word-hashing tokenizer, a tiny sequence classifier, the linear warm-up schedule, ``set_seed``."""
+examples call — a word-hashing tokenizer, a tiny sequence classifier and causal language model, the linear warm-up
+and constant schedules, ``set_seed``."""
 from __future__ import annotations
 
 import random
@@ -19,9 +20,21 @@ class BatchEncoding(dict):
 
 
 class _Tokenizer:
-    def __call__(self, first: List[str], second: List[str], truncation: bool = True,
-                 max_length: Optional[int] = None) -> Dict[str, List[List[int]]]:
-        ids = [[1 + sum(map(ord, word)) % (VOCAB - 1) for word in f"{a} | {b}".split()] for a, b in zip(first, second)]
+    """Word ids 1..VOCAB-1; id 0 is the end-of-sequence token (the autoregressive example pads with it)."""
+
+    eos_token = "</s>"
+    pad_token: Optional[str] = None
+
+    @property
+    def pad_token_id(self) -> Optional[int]:
+        return 0 if self.pad_token == self.eos_token else None
+
+    def __call__(self, first: List[str], second: Optional[List[str]] = None, truncation: bool = True,
+                 max_length: Optional[int] = None, return_attention_mask: bool = True) -> Dict[str, List[List[int]]]:
+        texts = first if second is None else [f"{a} | {b}" for a, b in zip(first, second)]
+        ids = [[1 + sum(map(ord, word)) % (VOCAB - 1) for word in text.split()] for text in texts]
+        if not return_attention_mask:
+            return {"input_ids": ids}
         return {"input_ids": ids, "attention_mask": [[1] * len(row) for row in ids]}
 
     def pad(self, examples: List[Dict[str, Any]], padding: str = "longest", max_length: Optional[int] = None,
@@ -30,8 +43,9 @@ class _Tokenizer:
         if pad_to_multiple_of:
             length = -(-length // pad_to_multiple_of) * pad_to_multiple_of
         batch = {key: [list(example[key]) + [0] * (length - len(example[key])) for example in examples]
-                 for key in ("input_ids", "attention_mask")}  # fmt: skip
-        batch["labels"] = [example["labels"] for example in examples]
+                 for key in ("input_ids", "attention_mask") if key in examples[0]}  # fmt: skip
+        if "labels" in examples[0]:
+            batch["labels"] = [example["labels"] for example in examples]
         return BatchEncoding({key: torch.tensor(value) for key, value in batch.items()})
 
 
@@ -65,6 +79,40 @@ class AutoModelForSequenceClassification:
     @staticmethod
     def from_pretrained(name: str, **kwargs: Any) -> _Classifier:
         return _Classifier()
+
+
+class _CausalLM(torch.nn.Module):
+    """Next-token logits from each token's embedding alone; the loss sums over the labels not -100 and divides by
+    ``num_items_in_batch`` when given (as Transformers' models do), else by their count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.embed = torch.nn.Embedding(VOCAB, 8)
+        self.head = torch.nn.Linear(8, VOCAB)
+        with torch.no_grad():
+            for parameter in self.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+
+    def forward(self, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
+                num_items_in_batch: Optional[int] = None, **kwargs: Any) -> SimpleNamespace:
+        logits = self.head(self.embed(input_ids))
+        loss = None
+        if labels is not None:
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
+                                                     reduction="sum")  # fmt: skip
+            loss = loss / (num_items_in_batch if num_items_in_batch is not None else labels.ne(-100).sum())
+        return SimpleNamespace(loss=loss, logits=logits)
+
+
+class AutoModelForCausalLM:
+    @staticmethod
+    def from_pretrained(name: str, **kwargs: Any) -> _CausalLM:
+        return _CausalLM()
+
+
+def get_constant_schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
 
 def get_linear_schedule_with_warmup(optimizer: torch.optim.Optimizer, num_warmup_steps: int,
