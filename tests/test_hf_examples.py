@@ -16,9 +16,11 @@ import pytest
 
 from hf_example_runs import EXAMPLES, run_examples
 from notebook_accel import notebook_launcher
+from notebook_accel.errors import LaunchTimeout
 
 pytest.importorskip("accelerate")
 pytestmark = pytest.mark.timeout(600)
+LAUNCH_BOUND = 240   # s for one library's launch (about 10 s each on a quiet machine): a hang, named with its stacks
 
 # script -> why it fails on ours while it passes on HF (docs/accelerate-parity.md says so too)
 KNOWN_GAPS: Dict[str, str] = {}
@@ -30,9 +32,13 @@ RUNNABLE = [script for script in EXAMPLES if script not in NEEDS or importlib.ut
 
 def _launch(library: str, workdir: str) -> Dict[str, Optional[str]]:
     """``{script: None or the first failing rank's traceback}``: every script, in one launch of 2 ranks."""
-    ranks: List[Dict[str, Optional[str]]] = notebook_launcher(
-        run_examples, args=(library, RUNNABLE, workdir), num_processes=2, device="cpu", display="none",
-        return_all=True)  # fmt: skip
+    try:
+        ranks: List[Dict[str, Optional[str]]] = notebook_launcher(
+            run_examples, args=(library, RUNNABLE, workdir), num_processes=2, device="cpu", display="none",
+            return_all=True, timeout=LAUNCH_BOUND)  # fmt: skip
+    except LaunchTimeout as error:
+        where = "\n".join(f"--- rank {rank}:\n{stack}" for rank, stack in sorted(error.stacks.items()))
+        pytest.fail(f"{library}'s examples had not returned after {LAUNCH_BOUND} s; where each rank was:\n{where}")
     return {script: next((rank[script] for rank in ranks if rank[script] is not None), None) for script in RUNNABLE}
 
 
