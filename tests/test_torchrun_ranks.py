@@ -166,7 +166,7 @@ def test_a_large_pickled_payload_names_what_makes_it_large():
     out = run_script("""
         import warnings
         from notebook_accel import notebook_launcher
-        rows = [str(i) * 10 for i in range(8_000_000)]   # a big list of Python objects: pickled bytes
+        rows = [str(i) * 10 for i in range(1_500_000)]   # a big list of Python objects: ~100 MB pickled (over 64 MiB)
         def train():
             return len(rows)
         with warnings.catch_warnings(record=True) as caught:
@@ -175,7 +175,7 @@ def test_a_large_pickled_payload_names_what_makes_it_large():
         print("WARNING", [str(w.message) for w in caught])
     """, timeout=170)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "RESULT 8000000" in out.stdout
+    assert "RESULT 1500000" in out.stdout
     assert re.search(r"is \d+ MiB once pickled.*global 'rows' \(list, \d+ MiB\)", out.stdout), out.stdout[-2000:]
 
 
