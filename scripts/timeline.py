@@ -3,9 +3,12 @@ and when each worker went idle — the worker that ends last sets the run's time
 
 Usage: ``NOTEBOOK_ACCEL_TIMELINE=/tmp/t.tsv pytest -q``, then ``python scripts/timeline.py /tmp/t.tsv [N]`` (the N
 slowest files, 15 by default). tests/conftest.py writes the lines (worker, start, end, test id).
+``python scripts/timeline.py /tmp/t.tsv --costs > tests/file_seconds.json`` writes each file's seconds for the
+suite's scheduler (tests/suite_schedule.py), from a run on a quiet machine.
 """
 from __future__ import annotations
 
+import json
 import sys
 from collections import defaultdict
 from typing import Dict, List, Tuple
@@ -20,10 +23,23 @@ def read(path: str) -> List[Tuple[str, float, float, str]]:
     return rows
 
 
-def main(path: str, slowest: int = 15) -> None:
+def workers_rows(path: str) -> List[Tuple[str, float, float, str]]:
     rows = read(path)
     if any(worker != "main" for worker, *_ in rows):   # under xdist the controller logs every test again
         rows = [row for row in rows if row[0] != "main"]
+    return rows
+
+
+def costs(path: str) -> Dict[str, float]:
+    """Each file's seconds: the sum of its tests' (setup to teardown), rounded up to a tenth."""
+    seconds: Dict[str, float] = defaultdict(float)
+    for _, start, end, nodeid in workers_rows(path):
+        seconds[nodeid.split("::")[0]] += end - start
+    return {name: round(value + 0.05, 1) for name, value in sorted(seconds.items())}
+
+
+def main(path: str, slowest: int = 15) -> None:
+    rows = workers_rows(path)
     began = min(start for _, start, _, _ in rows)
     files: Dict[Tuple[str, str], List[float]] = {}
     for worker, start, end, nodeid in rows:
@@ -42,4 +58,7 @@ def main(path: str, slowest: int = 15) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 15)
+    if sys.argv[2:] == ["--costs"]:
+        print(json.dumps(costs(sys.argv[1]), indent=1))
+    else:
+        main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 15)

@@ -106,6 +106,8 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
         signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    if os.environ.get("NOTEBOOK_ACCEL_TIMELINE"):
+        config.pluginmanager.register(Timeline(os.environ["NOTEBOOK_ACCEL_TIMELINE"]), "notebook_accel-timeline")
 
 
 @pytest.fixture(autouse=True)
@@ -250,21 +252,29 @@ def pytest_sessionfinish(session, exitstatus):
 
 # ------------------------------------------------------------------------------------------------ the run's timeline
 
-TIMELINE = os.environ.get("NOTEBOOK_ACCEL_TIMELINE")   # a path: each test's worker, start and end appended there
-
-
-def pytest_runtest_logstart(nodeid, location):
-    if TIMELINE:
-        _timeline_started[nodeid] = time.time()
-
-
-def pytest_runtest_logfinish(nodeid, location):
+class Timeline:
     """With ``NOTEBOOK_ACCEL_TIMELINE=path``, a line per test (worker, start, end, test) — what ``--durations`` cannot
-    say: which worker's files end last, and so where the wall time of a parallel run goes (scripts/timeline.py)."""
-    if TIMELINE:
+    say: which worker's files end last, and so where the wall time of a parallel run goes (scripts/timeline.py).
+    A plugin of its own (registered in ``pytest_configure``): a conftest's own ``pytest_runtest_log*`` hooks are
+    called for its directory's tests only, and the notebooks' cells are not under tests/."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.started: dict = {}
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        self.started[nodeid] = time.time()
+
+    def pytest_runtest_logfinish(self, nodeid, location):
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        with open(TIMELINE, "a") as out:
-            out.write(f"{worker}\t{_timeline_started.pop(nodeid, time.time()):.3f}\t{time.time():.3f}\t{nodeid}\n")
+        with open(self.path, "a") as out:
+            out.write(f"{worker}\t{self.started.pop(nodeid, time.time()):.3f}\t{time.time():.3f}\t{nodeid}\n")
 
 
-_timeline_started: dict = {}
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadfile`` (setup.cfg), the suite's own order of files (tests/suite_schedule.py)."""
+    if config.getvalue("dist") == "loadfile":
+        from suite_schedule import SuiteScheduling
+
+        return SuiteScheduling(config, log)
+    return None
