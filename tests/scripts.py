@@ -54,3 +54,14 @@ class Recorder:
 
     def of(self, kind: type) -> List[Any]:
         return [event for event in self.events if isinstance(event, kind)]
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie. One question to psutil: asked as two (``pid_exists``, then ``status``), a process
+    that ended in between raised ``NoSuchProcess`` (a full run's one failure)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

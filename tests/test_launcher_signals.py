@@ -7,10 +7,9 @@ import signal
 import sys
 import time
 
-import psutil
 import pytest
 
-from scripts import start_script
+from scripts import running, start_script
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,7 +51,7 @@ def wait_for_ready_ranks(process, count=2):
 def assert_gone(pids, within=10.0):
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+        alive = [pid for pid in pids if running(pid)]
         if not alive:
             return
         time.sleep(0.05)

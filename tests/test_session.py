@@ -23,7 +23,7 @@ from notebook_accel import LaunchTimeout, Session
 from notebook_accel.errors import LaunchConfigError, LaunchError
 from notebook_accel.plan.devices import cuda_device_count
 from notebook_accel.wire.events import SessionStatus
-from scripts import run_script
+from scripts import run_script, running
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -132,7 +132,7 @@ def test_state_lives_on_the_ranks_across_runs_and_cells(start_method, capsys):
         assert session.runs == 5  # run, run, run, execute, run: pull and push are not runs
         assert repr(session).endswith("idle, 5 runs, 0 restarts)")
     assert session.status == "closed" and session.status is SessionStatus.CLOSED
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    assert not any(running(pid)
                    for pid in pids)
 
 
@@ -400,7 +400,7 @@ def test_restart_starts_new_processes_with_a_new_group_and_the_state_is_gone():
         session.restart()
         assert session.restarts == 1 and session.status == "idle"
         assert set(session.pids).isdisjoint(before) and len(session.pids) == 2
-        assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        assert not any(running(pid)
                        for pid in before)  # the old ranks are gone
         assert session.run(names_set_on_the_rank, return_all=True) == [(False, False)] * 2
         with pytest.raises(NameError):
@@ -537,7 +537,7 @@ def test_a_killed_kernel_takes_its_ranks_along():
     """)
     pids = [int(pid) for pid in started.stdout.split()]
     assert len(pids) == 2, started.stderr
-    wait_until(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+    wait_until(lambda: not any(running(pid)
                                for pid in pids), 20, "the killed kernel's ranks to end")
 
 
