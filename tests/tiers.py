@@ -71,6 +71,7 @@ FILES: Dict[str, str] = {
     "test_sharding_config.py": "ranks",
     "test_shared_results.py": "ranks",
     "test_torchrun_ranks.py": "ranks",
+    "test_time_limit.py": "ranks",      # SIGUSR2 before a time limit: agreed checkpoint, TimeLimitReached, resume
     "test_xla_detection.py": "ranks",
     "test_xla_launch.py": "ranks",
 

@@ -23,7 +23,6 @@ class Status(Choice):
     FINISHED = "finished"
     FAILED = "failed"
     STOPPED = "stopped"
-    CHECKPOINTED = "checkpointed"  # warned of its time limit, saved a checkpoint and stopped (TimeLimitReached)
     TIMEOUT = "timeout"
 
 
@@ -40,6 +39,7 @@ class RankStatus(Choice):
     FAILED = "failed"
     EXITED = "exited"
     STOPPED = "stopped"
+    CHECKPOINTED = "checkpointed"  # warned of its time limit, saved a checkpoint and stopped (TimeLimitReached)
 
 
 class PromptKind(Choice):
