@@ -9,10 +9,10 @@ one rank than on its peers would deadlock in the save's barrier, or mix two step
 How they agree: :class:`TimeLimitWatch` counts the prepared optimizer's real steps (the same count on every rank)
 and, every ``every`` steps, all-reduces (max) the local flag. One reduce of one number, not a store key: a key the
 first warned rank sets is read by its peers at different moments (rank 1 may read it before, rank 0 after it was
-set), so a store needs a second round to agree on the step anyway. Measured on 2 CPU ranks (gloo, loopback, a
-2-core machine under load): 60-150 µs per reduce, against a few ms for the smallest training step; on NCCL the
-reduce also waits for the step's kernels (``.item()``), which is why ``every`` exists (``AGREE_EVERY``: the
-reduce once per 8 steps; the warning comes 90 s ahead, steps are shorter than 90 s / 8 in most trainings).
+set), so a store needs a second round to agree on the step anyway. Measured on 2 CPU ranks (gloo, loopback, the
+2-core machine at load 1.4): 330-470 µs per reduce, about 50 µs per step once spread over ``AGREE_EVERY`` = 8
+steps; on NCCL the reduce also waits for the step's kernels (``.item()``), which is the other reason it is not done
+every step. The warning comes 90 s ahead by default, so steps of up to ~10 s still leave time to save.
 
 SIGTERM is not a warning here: it is how the launcher stops a rank (``rank/process.py`` leaves it at its
 default), and Slurm's own SIGTERM at the time limit is followed by SIGKILL ``KillWait`` seconds later — too late to
