@@ -129,6 +129,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, TimeLimitMemb
       ``on_process``, ``set_trigger``, ``split_between_processes``, ``trigger_sync_in_backward``
     - :mod:`.project` (``ProjectMembers``): ``logging_dir``, ``project_dir``, ``register_for_checkpointing``,
       ``register_load_state_pre_hook``, ``register_save_state_pre_hook``, ``save_iteration``
+    - :mod:`.time_limit` (``TimeLimitMembers``): ``optimizer_steps``, ``should_checkpoint``
     - :mod:`.tracking` (``TrackingMembers``): ``get_tracker``, ``init_trackers``, ``log``
     - :mod:`.absent` (``AbsentMembers``): ``context_parallel_rank``, ``data_parallel_rank``,
       ``data_parallel_shard_rank``, ``deepspeed_ulysses_dl_adapter``, ``lomo_backward``, ``maybe_context_parallel``,

@@ -22,50 +22,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import threading
 from typing import Any, Callable, Optional
 
 import torch
 
 from ..errors import TimeLimitReached
+from ..rank.time_warning import install_warning_handler, was_warned
 
-WARNING_SIGNAL = signal.SIGUSR2
 AGREE_EVERY = 8  # optimizer steps between two agreements (one all-reduce of one number each)
-
-_warned = threading.Event()
-_installed = False
-
-
-def _on_warning(signum: int, frame: Any, previous: Any = None) -> None:
-    _warned.set()
-    if callable(previous):  # a handler the user's code installed before ours still runs
-        previous(signum, frame)
-
-
-def install_warning_handler() -> bool:
-    """Catch :data:`WARNING_SIGNAL` in this process (once; it raises the flag :func:`was_warned` reads).
-    False where Python cannot install a handler (not the main thread: a rank that is a thread of the kernel)."""
-    global _installed
-    if _installed:
-        return True
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    previous = signal.getsignal(WARNING_SIGNAL)
-    chained = previous if callable(previous) and previous is not _on_warning else None
-    signal.signal(WARNING_SIGNAL, lambda signum, frame: _on_warning(signum, frame, chained))
-    _installed = True
-    return True
-
-
-def was_warned() -> bool:
-    """True once this process received the warning signal (or :func:`warn` was called)."""
-    return _warned.is_set()
-
-
-def warn() -> None:
-    """Raise this process's flag as the signal does (for code that learns of the time limit another way)."""
-    _warned.set()
 
 
 class TimeLimitWatch:
