@@ -103,3 +103,12 @@ def test_a_checkpointed_rank_is_shown_as_checkpointed_not_failed():
     for rank in (0, 1):
         state.apply(RankExited(rank=rank, exitcode=1, signal_name=None, stopped=True))
     assert [state.rank(rank).status for rank in (0, 1)] == [RankStatus.CHECKPOINTED, RankStatus.FAILED]
+
+
+def test_a_slurm_job_with_a_time_limit_asks_for_the_warning():
+    from notebook_accel.backends.slurm.allocation import salloc_command
+
+    assert "--signal=USR2@90" in salloc_command({"time": "01:00:00"}, 1, 2, "job")
+    assert "--signal=USR2@30" in salloc_command({"time": "1"}, 1, 2, "job")  # half of a short limit
+    assert not any(arg.startswith("--signal") for arg in salloc_command({}, 1, 2, "job"))
+    assert salloc_command({"time": "5", "signal": "USR2@200"}, 1, 2, "job").count("--signal=USR2@200") == 1
