@@ -130,7 +130,9 @@ def time_limit_warning(request: Mapping[str, str]) -> Optional[str]:
     return f"--signal=USR2@{max(1, min(WARNING_SECONDS, int(minutes(limit) * 60) // 2))}"
 
 
-HOLD = ["sh", "-c", "cat >/dev/null"]   # salloc's command: holds the allocation until its stdin (our pipe) ends
+# salloc's command: holds the allocation until its stdin (our pipe) ends. It ignores the time limit's warning: under
+# LaunchParameters=use_interactive_step it is a step of the job, and SIGUSR2's default action would end it, and the job.
+HOLD = ["sh", "-c", "trap '' USR2; cat >/dev/null"]
 
 
 def asks_for_gpus(request: Mapping[str, str]) -> bool:
