@@ -1178,9 +1178,10 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, TimeLimitMemb
             for hook in self._save_state_pre_hooks.values():
                 hook(self._models, weights, directory)
         save_checkpoint(directory, **self._checkpointed(), process_index=self.process_index,
-                        safe_serialization=safe_serialization, step=self._accumulation_count)  # fmt: skip
+                        safe_serialization=safe_serialization, step=self._accumulation_count,
+                        optimizer_steps=self.optimizer_steps)  # fmt: skip
         self._save_custom_objects(directory, self.process_index)
-        self._save_steps(directory)
+        self._time_limit.saved = self._time_limit.should_checkpoint  # the user saved at the warning: not us again
         self.project_configuration.iteration += 1
         self.wait_for_everyone()
         return Path(directory)
@@ -1200,8 +1201,8 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, TimeLimitMemb
                                    load_model_kwargs=load_model_func_kwargs)  # fmt: skip
         if "step" in override:
             self._accumulation_count = override["step"]
+        self._time_limit.steps = override.get("optimizer_steps", self._time_limit.steps)
         self._load_custom_objects(directory)
-        self._load_steps(directory)
         if input_dir is None:  # the next automatic checkpoint follows the one resumed (HF would reuse its number)
             self.project_configuration.iteration = max(self.project_configuration.iteration,
                                                        checkpoint_number(directory) + 1)

@@ -20,8 +20,6 @@ save. A preemption warned with ``--signal`` (or ``scancel --signal=USR2``) is ha
 """
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Callable, Optional
 
 import torch
@@ -60,9 +58,6 @@ class TimeLimitWatch:
         self._since_agreement = 0
         if self.agree(was_warned()):
             self.agreed_at = self.steps
-
-
-STEPS_FILE = "notebook_accel_steps.json"  # in a checkpoint: the optimizer steps done when it was saved
 
 
 class TimeLimitMembers:
@@ -118,15 +113,3 @@ class TimeLimitMembers:
         raise TimeLimitReached(f"time limit reached at step {watch.steps}; checkpoint at {directory}; "
                                "accelerator.load_state() in a new launch resumes at the next step",
                                step=watch.steps, checkpoint=str(directory))  # fmt: skip
-
-    def _save_steps(self, directory: str) -> None:
-        self._time_limit.saved = self._time_limit.should_checkpoint
-        if self.is_main_process:  # type: ignore[attr-defined]
-            with open(os.path.join(directory, STEPS_FILE), "w") as file:
-                json.dump({"optimizer_steps": self._time_limit.steps}, file)
-
-    def _load_steps(self, directory: str) -> None:
-        path = os.path.join(directory, STEPS_FILE)
-        if os.path.exists(path):
-            with open(path) as file:
-                self._time_limit.steps = int(json.load(file)["optimizer_steps"])
