@@ -26,6 +26,7 @@ import torch
 
 from ..errors import TimeLimitReached
 from ..rank.time_warning import install_warning_handler, was_warned
+from . import operations
 
 AGREE_EVERY = 8  # optimizer steps between two agreements (one all-reduce of one number each)
 
@@ -74,8 +75,6 @@ class TimeLimitMembers:
     def _any_rank_warned(self, flag: bool) -> bool:
         if self.num_processes == 1:  # type: ignore[attr-defined]
             return flag
-        from . import operations
-
         total = operations.reduce(torch.tensor(int(flag), device=self.device), "max")  # type: ignore[attr-defined]
         return bool(int(total.item()))
 
