@@ -27,6 +27,7 @@ _EXPORTS = {
     "Launch": ".launcher",
     "LaunchError": ".errors",
     "LaunchTimeout": ".errors",
+    "TimeLimitReached": ".errors",
     "LaunchConfigError": ".errors",
     "LaunchConfigTypeError": ".errors",
     "Accelerator": ".accelerator",
@@ -71,7 +72,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .accelerator import Accelerator, AcceleratorState, DeepSpeedPlugin, FullyShardedDataParallelPlugin, PartialState
-    from .errors import LaunchConfigError, LaunchConfigTypeError, LaunchError, LaunchTimeout
+    from .errors import LaunchConfigError, LaunchConfigTypeError, LaunchError, LaunchTimeout, TimeLimitReached
     from .launcher import Launch, last_launch, notebook_launcher, start_launch
     from .panel import launch_panel
     from .plan.config import write_basic_config

@@ -30,6 +30,18 @@ class LaunchTimeout(LaunchError, TimeoutError):
         self.stacks = dict(stacks or {})
 
 
+class TimeLimitReached(LaunchError):
+    """The job's time limit (or a preemption) is near: the ranks were warned (SIGUSR2; Slurm's
+    ``--signal=USR2@N``), agreed on a step, saved a checkpoint there and stopped. ``step``: the optimizer steps
+    done (counting those a ``load_state()`` restored); ``checkpoint``: the directory saved.
+    ``accelerator.load_state()`` in a new launch resumes at the next step."""
+
+    def __init__(self, message: str, *, step: int = 0, checkpoint: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.checkpoint = checkpoint
+
+
 class LaunchConfigError(ValueError):
     """Bad input to the launcher, raised before any process starts.
 

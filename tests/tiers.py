@@ -72,12 +72,14 @@ FILES: Dict[str, str] = {
     "test_sharding_config.py": "ranks",
     "test_shared_results.py": "ranks",
     "test_torchrun_ranks.py": "ranks",
+    "test_time_limit.py": "ranks",      # SIGUSR2 before a time limit: agreed checkpoint, TimeLimitReached, resume
     "test_xla_detection.py": "ranks",
     "test_xla_launch.py": "ranks",
 
     "test_ray_cluster.py": "cluster",      # Ray actors on a fake two-node ray.cluster_utils.Cluster
     "test_real_hosts.py": "cluster",       # network namespaces on a bridge: Ray nodes and torch-elastic nodes per host
     "test_slurm_cluster.py": "cluster",    # a real Slurm cluster: slurmctld here, a slurmd per network namespace
+    "test_time_limit_slurm.py": "cluster",  # a real 1-minute time limit: warned, checkpointed, resumed
     "test_slurm_launch.py": "cluster",     # cluster="slurm" on that cluster: a step of the kernel's allocation
     "test_slurm_session.py": "cluster",    # a Session in a job of its own; pdb in a rank on another node
     "test_slurm_step.py": "unit",          # a Slurm step's end (a recorded scancel) and job, with a local launcher

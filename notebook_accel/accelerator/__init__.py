@@ -25,6 +25,7 @@ One module per job (every module of this package is listed here; a test checks i
 - :mod:`.partial_state` ``PartialState`` / ``AcceleratorState`` (HF's names for this rank's place)
 - :mod:`.process_control` split_between_processes, the on_* decorators, triggers, no_sync, join_uneven_inputs
 - :mod:`.project`       project_dir, automatic checkpoint naming, registered objects, save/load hooks
+- :mod:`.time_limit`    the warning before a time limit (SIGUSR2), agreed by every rank; the checkpoint made then
 - :mod:`.tracking`      log_with: TensorBoard, W&B, MLflow, GeneralTracker; ``log`` also feeds the dashboard
 - :mod:`.op_checker`    debug mode (``ACCELERATE_DEBUG_MODE``): collectives check the ranks' shapes first
 - :mod:`.absent`        HF members we do not offer, each raising NotImplementedError with what to use instead

@@ -36,7 +36,8 @@ from .configs import (
 from .partial_state import AcceleratorState, remember_state
 from .placement import check_model_placement
 from .process_control import ProcessControl
-from .project import ProjectMembers
+from .project import ProjectMembers, checkpoint_number
+from .time_limit import TimeLimitMembers
 from .precision import (
     add_autocast_to_forward,
     add_low_precision_forward,
@@ -84,7 +85,7 @@ _HANDLER_ATTRIBUTES = {
 _RNG_TYPES = ("torch", "cuda", "xla", "generator")
 
 
-class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers):
+class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, TimeLimitMembers, AbsentMembers):
     """Run a plain PyTorch training loop on CPU, one GPU, N GPUs or TPU cores, with mixed precision.
 
     Inside a function started by ``notebook_launcher`` (or torchrun, or nothing at all: one process),
@@ -128,6 +129,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
       ``on_process``, ``set_trigger``, ``split_between_processes``, ``trigger_sync_in_backward``
     - :mod:`.project` (``ProjectMembers``): ``logging_dir``, ``project_dir``, ``register_for_checkpointing``,
       ``register_load_state_pre_hook``, ``register_save_state_pre_hook``, ``save_iteration``
+    - :mod:`.time_limit` (``TimeLimitMembers``): ``optimizer_steps``, ``should_checkpoint``
     - :mod:`.tracking` (``TrackingMembers``): ``get_tracker``, ``init_trackers``, ``log``
     - :mod:`.absent` (``AbsentMembers``): ``context_parallel_rank``, ``data_parallel_rank``,
       ``data_parallel_shard_rank``, ``deepspeed_ulysses_dl_adapter``, ``lomo_backward``, ``maybe_context_parallel``,
@@ -255,6 +257,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         self._schedulers: List[AcceleratedScheduler] = []
         self._data_loaders: List[PreparedDataLoader] = []
         self._accumulation_count = 0
+        self._watch_time_limit()
         self._moved_parameters: Dict[torch.nn.Parameter, torch.nn.Parameter] = {}  # old -> new, see prepare_model
         self._recordings: List[ShardedInit] = []  # models built by init_module under FSDP2, until prepared
         self._trim_after_first_backward = False
@@ -736,6 +739,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
         sharded = [model for model in self._models if is_sharded(model)]
         if sharded:
             wrapped.after_first_step = lambda: self._after_first_sharded_step("FSDP2", sharded[0], optimizer)
+        self._watch_optimizer(wrapped)
         self._optimizers.append(wrapped)
         return wrapped
 
@@ -1174,8 +1178,10 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
             for hook in self._save_state_pre_hooks.values():
                 hook(self._models, weights, directory)
         save_checkpoint(directory, **self._checkpointed(), process_index=self.process_index,
-                        safe_serialization=safe_serialization, step=self._accumulation_count)  # fmt: skip
+                        safe_serialization=safe_serialization, step=self._accumulation_count,
+                        optimizer_steps=self.optimizer_steps)  # fmt: skip
         self._save_custom_objects(directory, self.process_index)
+        self._time_limit.saved = self._time_limit.should_checkpoint  # the user saved at the warning: not us again
         self.project_configuration.iteration += 1
         self.wait_for_everyone()
         return Path(directory)
@@ -1195,7 +1201,11 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, AbsentMembers
                                    load_model_kwargs=load_model_func_kwargs)  # fmt: skip
         if "step" in override:
             self._accumulation_count = override["step"]
+        self._time_limit.steps = override.get("optimizer_steps", self._time_limit.steps)
         self._load_custom_objects(directory)
+        if input_dir is None:  # the next automatic checkpoint follows the one resumed (HF would reuse its number)
+            self.project_configuration.iteration = max(self.project_configuration.iteration,
+                                                       checkpoint_number(directory) + 1)
 
     def _checkpointed(self) -> Dict[str, Any]:
         return dict(

@@ -64,6 +64,7 @@ _DDP_PREFIX = "module."
 # model or a DeepSpeed engine find its parameters' state)
 _LOADERS_KEY = "notebook_accel_loaders"
 _OPTIMIZER_NAMES_KEY = "notebook_accel_optimizer_parameter_names"
+_OPTIMIZER_STEPS_KEY = "notebook_accel_optimizer_steps"  # accelerator.optimizer_steps: where a resumed loop starts
 
 
 def _numbered(name: str, index: int) -> str:
@@ -297,9 +298,11 @@ def save_checkpoint(
     process_index: int,
     safe_serialization: bool = True,
     step: int = 0,
+    optimizer_steps: int = 0,
 ) -> str:
     """Write the checkpoint (see the module docstring); every rank must call it. Returns ``directory``.
-    ``step``: HF's accumulation step counter, saved in the RNG files as HF does."""
+    ``step``: HF's accumulation step counter, saved in the RNG files as HF does; ``optimizer_steps``: ours, beside
+    it (``accelerator.optimizer_steps``)."""
     barrier()  # every rank has finished the step being saved
     os.makedirs(directory, exist_ok=True)
     for index, model in enumerate(models):
@@ -330,7 +333,8 @@ def save_checkpoint(
         plain = owner is not None and not is_sharded(owner) and not is_engine(owner)
         names.append(optimizer_parameter_names(optimizer, owner) if plain else None)
     per_rank = {"step": step, **_hf_rng_states(capture_rng_states()),
-                _LOADERS_KEY: [_loader_state(loader) for loader in loaders], _OPTIMIZER_NAMES_KEY: names}
+                _LOADERS_KEY: [_loader_state(loader) for loader in loaders], _OPTIMIZER_NAMES_KEY: names,
+                _OPTIMIZER_STEPS_KEY: optimizer_steps}
     torch.save(per_rank, os.path.join(directory, _rng_file(process_index)))
     barrier()  # the files are complete before anyone reads them
     return directory
@@ -455,7 +459,8 @@ def load_checkpoint(
     load_model_kwargs: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """Restore what :func:`save_checkpoint` (or HF's ``save_state``) wrote into the (already prepared) objects, on
-    every rank. Returns what HF's ``load_accelerator_state`` returns: ``{"step": ...}`` when the file has it.
+    every rank. Returns what HF's ``load_accelerator_state`` returns: ``{"step": ...}`` when the file has it, and
+    ``"optimizer_steps"`` when ours wrote it.
     ``load_model_kwargs``: for the models' ``load_state_dict`` (``strict=``)."""
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"no checkpoint directory at {directory!r}")
@@ -483,6 +488,8 @@ def load_checkpoint(
         restore_rng_states(_our_rng_states(per_rank))
         if "step" in per_rank:
             override["step"] = per_rank["step"]
+        if _OPTIMIZER_STEPS_KEY in per_rank:
+            override["optimizer_steps"] = per_rank[_OPTIMIZER_STEPS_KEY]
         saved_loaders: List[Dict[str, Any]] = per_rank.get(_LOADERS_KEY, [])
         for loader, state in zip(loaders, saved_loaders):
             _restore_loader(loader, state)

@@ -70,6 +70,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self._gradients_reduced = False
         # called once, after the first real step (the Accelerator's line of what a sharded rank holds)
         self.after_first_step: Optional[Callable[[], None]] = None
+        # the Accelerator's time-limit watch (``time_limit.py``): told of every real step; the step boundary (the
+        # next zero_grad() or step()) is where it makes the checkpoint the ranks agreed on
+        self.after_each_step: Optional[Callable[[], None]] = None
+        self.at_step_boundary: Optional[Callable[[], None]] = None
 
     # --- the wrapped optimizer's data, shared (not copied) so schedulers and users see one truth
     @property
@@ -110,6 +114,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         # an LR scheduler built on this wrapper patches `step` on the instance (to count calls); like
         # torch.optim.Optimizer.__getstate__, leave that closure out of the pickle
         state.pop("step", None)
+        for callback in ("after_first_step", "after_each_step", "at_step_boundary"):  # the Accelerator's closures
+            state[callback] = None
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
@@ -127,6 +133,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """Clear gradients, except on accumulation steps (they are still being summed); ``set_to_none=None``: the
         optimizer's own default (torch's: True)."""
+        self._boundary()
         if self.gradient_state.sync_gradients:
             self.optimizer.zero_grad(**({} if set_to_none is None else {"set_to_none": set_to_none}))
 
@@ -149,6 +156,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         callback, self.after_first_step = self.after_first_step, None
         if callback is not None:
             callback()
+        if self.after_each_step is not None:
+            self.after_each_step()
+
+    def _boundary(self) -> None:
+        if self.at_step_boundary is not None:
+            self.at_step_boundary()
 
     def train(self) -> None:
         """Put the wrapped optimizer in "train" mode (schedule-free optimizers have one; others: nothing)."""
@@ -167,6 +180,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
         """Update the weights, unless this is an accumulation step or fp16 gradients overflowed."""
+        self._boundary()
         if not self.gradient_state.sync_gradients:
             self._step_was_skipped = False  # nothing was attempted: not an overflow
             return None

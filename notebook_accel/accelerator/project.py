@@ -25,7 +25,8 @@ CUSTOM_CHECKPOINT = "custom_checkpoint_{index}.pkl"  # HF accelerate's file name
 _NUMBER_AT_END = re.compile(r"[\/]?([0-9]+)(?=[^\/]*$)")
 
 
-def _checkpoint_number(folder: str) -> int:
+def checkpoint_number(folder: str) -> int:
+    """The ``i`` of an automatic checkpoint's folder ``.../checkpoint_<i>``."""
     return int(_NUMBER_AT_END.findall(folder)[0])
 
 
@@ -104,7 +105,7 @@ class ProjectMembers:
             raise ValueError("automatic_checkpoint_naming needs a project_dir: Accelerator(project_dir=...)")
         root = os.path.join(self.project_dir, "checkpoints")
         os.makedirs(root, exist_ok=True)
-        folders = sorted((os.path.join(root, name) for name in os.listdir(root)), key=_checkpoint_number)
+        folders = sorted((os.path.join(root, name) for name in os.listdir(root)), key=checkpoint_number)
         if config.total_limit is not None and len(folders) + 1 > config.total_limit and self.is_main_process:
             for folder in folders[: len(folders) + 1 - config.total_limit]:
                 shutil.rmtree(folder)
@@ -125,7 +126,7 @@ class ProjectMembers:
         if not self.project_configuration.automatic_checkpoint_naming or self.project_dir is None:
             raise ValueError("No input_dir provided and automatic checkpoint naming is disabled.")
         root = os.path.join(self.project_dir, "checkpoints")
-        folders = sorted((os.path.join(root, name) for name in os.listdir(root)), key=_checkpoint_number)
+        folders = sorted((os.path.join(root, name) for name in os.listdir(root)), key=checkpoint_number)
         return folders[-1]
 
     def _save_custom_objects(self, directory: str, process_index: int) -> None:

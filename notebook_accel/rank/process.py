@@ -30,6 +30,7 @@ from .network import NETWORK_VARIABLE
 from .prompts import forget_kernel_hooks
 from .run import main_classes, remember_kernel_classes, run_rank
 from .streams import flush_std_streams, libc, line_writer
+from .time_warning import install_warning_handler
 
 # Written into os.environ of every rank, so that code made for torchrun or HF accelerate works unchanged.
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -106,6 +107,7 @@ def take_over_process(stacks_fd: int, lifeline: Any, inherited_fds: Iterable[int
     detach_from_kernel_signals()
     # First after that, so that no SIGUSR1 can find the default action (terminate) in place.
     faulthandler.register(signal.SIGUSR1, file=stacks_fd, all_threads=True, chain=False)
+    install_warning_handler(fresh=True)  # SIGUSR2, the time limit's warning: a flag, not the default death
     die_with_launcher(lifeline)
     for fd in inherited_fds:
         close_quietly(fd)

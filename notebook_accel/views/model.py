@@ -29,7 +29,9 @@ RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
 
 STATUS_COLOURS = {Status.STARTING: "#7f7f7f", Status.RUNNING: "#1f77b4", Status.FINISHED: "#2ca02c",
                   Status.FAILED: "#d62728", Status.STOPPED: "#ff7f0e", Status.TIMEOUT: "#d62728",
-                  RankStatus.AT_PROMPT: "#9467bd"}
+                  RankStatus.AT_PROMPT: "#9467bd", RankStatus.CHECKPOINTED: "#17becf"}
+# a rank that raised keeps the status its exception gave it (failed; checkpointed: TimeLimitReached)
+_RAISED = (RankStatus.FAILED, RankStatus.CHECKPOINTED)
 
 
 def rank_colour(rank: int) -> str:
@@ -326,12 +328,12 @@ class LaunchState:
         if isinstance(event, RankFailed):
             state = self.rank(event.rank)
             state.failure = event
-            state.status = RankStatus.FAILED
+            state.status = RankStatus.CHECKPOINTED if event.exc_type == "TimeLimitReached" else RankStatus.FAILED
             return state
         if isinstance(event, RankExited):
             state = self.rank(event.rank)
             state.exitcode, state.signal_name = event.exitcode, event.signal_name
-            if event.stopped and state.status != RankStatus.FAILED:  # a rank that raised stays failed (root cause)
+            if event.stopped and state.status not in _RAISED:  # a rank that raised stays as it said (root cause)
                 state.status = RankStatus.STOPPED
             elif state.status in (RankStatus.STARTING, RankStatus.RUNNING, RankStatus.AT_PROMPT):
                 state.status = RankStatus.FINISHED if event.exitcode == 0 else RankStatus.EXITED
@@ -345,7 +347,7 @@ class LaunchState:
                 if _interrupted_by_the_stop(state, event.status):
                     state.status = RankStatus.STOPPED  # the stop's own interrupt, raised in it: stopped, not failed
                     continue
-                if state.root_cause or state.status in (RankStatus.FINISHED, RankStatus.FAILED):
+                if state.root_cause or state.status in (RankStatus.FINISHED, *_RAISED):
                     continue
                 if event.status == Status.FINISHED:
                     state.status = RankStatus.FINISHED

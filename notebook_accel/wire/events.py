@@ -28,7 +28,8 @@ class Status(Choice):
 
 class RankStatus(Choice):
     """How one rank stands, as the views show it. STARTING → RUNNING → FINISHED (returned), FAILED (raised),
-    EXITED (died without an exception, or exited non-zero) or STOPPED (ended by the launcher). RUNNING ⇄
+    EXITED (died without an exception, or exited non-zero), STOPPED (ended by the launcher) or CHECKPOINTED (saved a
+    checkpoint before its time limit and stopped: ``TimeLimitReached``). RUNNING ⇄
     AT_PROMPT while the rank waits for a line typed by whoever launched (pdb, ``input()``)."""
 
     STARTING = "starting"
@@ -38,6 +39,7 @@ class RankStatus(Choice):
     FAILED = "failed"
     EXITED = "exited"
     STOPPED = "stopped"
+    CHECKPOINTED = "checkpointed"  # warned of its time limit, saved a checkpoint and stopped (TimeLimitReached)
 
 
 class PromptKind(Choice):

@@ -110,7 +110,29 @@ def check_request(request: Mapping[str, str], num_nodes: int,
     return partition
 
 
-HOLD = ["sh", "-c", "cat >/dev/null"]   # salloc's command: holds the allocation until its stdin (our pipe) ends
+# Slurm's --signal=USR2@N before a time limit: the ranks' warning (``accelerator/time_limit.py``: they agree on a
+# step, save a checkpoint and stop). 90 s as submitit asks; at most half of a short limit (Slurm may send it up to a
+# minute early, and a job of one minute would be warned as it starts).
+WARNING_SECONDS = 90
+
+
+def time_limit_warning(request: Mapping[str, str]) -> Optional[str]:
+    """The ``--signal`` asked for a job with a time limit (None without one, or when the options give their own).
+
+    >>> time_limit_warning({"time": "02:00:00"}), time_limit_warning({"time": "1"}), time_limit_warning({})
+    ('--signal=USR2@90', '--signal=USR2@30', None)
+    >>> time_limit_warning({"time": "10", "signal": "USR2@300"}) is None
+    True
+    """
+    limit = request.get("time")
+    if not limit or "signal" in request or math.isinf(minutes(limit)):
+        return None
+    return f"--signal=USR2@{max(1, min(WARNING_SECONDS, int(minutes(limit) * 60) // 2))}"
+
+
+# salloc's command: holds the allocation until its stdin (our pipe) ends. It ignores the time limit's warning: under
+# LaunchParameters=use_interactive_step it is a step of the job, and SIGUSR2's default action would end it, and the job.
+HOLD = ["sh", "-c", "trap '' USR2; cat >/dev/null"]
 
 
 def asks_for_gpus(request: Mapping[str, str]) -> bool:
@@ -136,7 +158,8 @@ def allocation_name(base: str) -> str:
 def salloc_command(request: Mapping[str, str], num_nodes: int, ranks_per_node: int, name: str,
                    gpus: bool = False) -> List[str]:
     """``salloc`` for the launch: its nodes and tasks (and with ``gpus``, one GPU per rank unless the options ask
-    for GPUs themselves), each ``slurm`` option as a long option, then the command that holds the allocation while
+    for GPUs themselves), each ``slurm`` option as a long option, the warning before a ``time`` limit
+    (:func:`time_limit_warning`), then the command that holds the allocation while
     the kernel lives (see the module docstring).
 
     >>> salloc_command({"partition": "gpu", "exclusive": ""}, 2, 4, "notebook_accel")[:7]
@@ -149,7 +172,8 @@ def salloc_command(request: Mapping[str, str], num_nodes: int, ranks_per_node: i
         argv.append(f"--gpus-per-node={ranks_per_node}")
     for key, value in request.items():
         argv.append(f"--{key}={value}" if value != "" else f"--{key}")
-    return argv + HOLD
+    warning = time_limit_warning(request)
+    return argv + ([warning] if warning else []) + HOLD
 
 
 class Allocation:

@@ -1,0 +1,77 @@
+"""A real time limit on the real Slurm cluster (``slurm_cluster``, two nodes): a launch with ``slurm={"time": "1"}``
+asks salloc for ``--signal=USR2@30``; Slurm warns the ranks before it ends the job; they agree on a step, the library
+saves the checkpoint and the launch raises ``TimeLimitReached``. A second launch resumes it with ``load_state()`` and
+ends with the weights of a third, never interrupted.
+
+The "kernel" is a script run from the login node, as the launch tests of ``test_slurm_launch.py`` do.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+import slurm_cluster
+from scripts import script_env
+
+pytestmark = [pytest.mark.skipif(slurm_cluster.unavailable() is not None, reason=slurm_cluster.unavailable() or ""),
+              pytest.mark.timeout(600)]
+
+KERNEL = textwrap.dedent('''
+    import json, os, sys, time
+    import torch
+    import torch.nn.functional as F
+    from notebook_accel import Accelerator, TimeLimitReached, notebook_launcher
+    from notebook_accel.accelerator import ProjectConfiguration
+
+    def train(project_dir, total, resume):
+        """Steps of 0.2 s until the warning (or ``total``): Slurm's signal comes 30-60 s into a job of one minute."""
+        torch.set_num_threads(1)
+        accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=project_dir,
+                                                                      automatic_checkpoint_naming=True))
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        if resume:
+            accelerator.load_state()
+        for step in range(accelerator.optimizer_steps, total):
+            inputs = torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * step + accelerator.process_index))
+            accelerator.backward(F.mse_loss(model(inputs), inputs.sum(dim=1, keepdim=True)))
+            optimizer.step()
+            optimizer.zero_grad()
+            if not resume and total > 1000:
+                time.sleep(0.2)
+        return [value.tolist() for value in accelerator.unwrap_model(model).state_dict().values()]
+
+    folder = sys.argv[1]
+    options = dict(num_processes=2, num_nodes=2, cluster="slurm", display="none", timeout=240)
+    report = {}
+    try:
+        notebook_launcher(train, args=(folder + "/cut", 10**6, False), slurm={"time": "1"}, **options)
+        report["broken"] = "the launch ended without TimeLimitReached"
+    except TimeLimitReached as error:
+        report.update(step=error.step, checkpoint=error.checkpoint, message=str(error).splitlines()[0])
+    if "step" in report:
+        total = report["step"] + 5
+        report["resumed"] = notebook_launcher(train, args=(folder + "/cut", total, True), **options)
+        report["whole"] = notebook_launcher(train, args=(folder + "/whole", total, False), **options)
+    print("REPORT " + json.dumps(report), flush=True)
+''')
+
+
+def test_a_job_warned_before_its_time_limit_checkpoints_raises_and_resumes_to_the_same_weights(slurm, tmp_path):
+    script = tmp_path / "kernel.py"
+    script.write_text(KERNEL)
+    done = slurm.run([sys.executable, str(script), str(tmp_path)], env=dict(script_env(), SLURM_CONF=slurm.conf),
+                     timeout=500)  # fmt: skip
+    reports = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and reports, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{slurm.logs()}"
+    report = json.loads(reports[0][len("REPORT "):])
+    assert "broken" not in report, f"{report}\n{done.stderr[-3000:]}"
+    assert report["step"] > 0 and report["checkpoint"] == f"{tmp_path}/cut/checkpoints/checkpoint_0", report
+    assert report["message"].startswith(f"time limit reached at step {report['step']}; checkpoint at "), report
+    assert report["resumed"] == report["whole"], report
+    assert slurm.wait_no_jobs(timeout=30) == []
