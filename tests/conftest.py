@@ -16,7 +16,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import tiers  # noqa: E402  (tests/ is on the path now)
-from shared_clusters import fake_ray, real_hosts_pair, slurm, xdist_group  # noqa: E402,F401  (session fixtures)
+from shared_clusters import (SHARED_FIXTURES, SHARED_GROUPS, fake_ray, real_hosts_pair, slurm,  # noqa: E402,F401
+                             xdist_group)  # (session fixtures)
 
 # On a machine with CUDA, torch.cuda.is_available() initializes the CUDA driver in pytest's process (through
 # cudaGetDeviceCount), and from then on the launcher rightly refuses start_method="fork" in every later test. Asked
@@ -173,7 +174,7 @@ def pytest_collection_modifyitems(config, items):
     (``shared_clusters.xdist_group``): under ``--dist loadgroup`` a file's tests run in one worker, as under
     ``loadfile``, and the files sharing a session's cluster all run in one (which makes it once)."""
     items.sort(key=lambda item: item.path.name in tiers.RAY_DRIVER_FILES)  # stable: the rest keep their order
-    unmapped = set()
+    unmapped, unshared = set(), set()
     for item in items:
         tier = tiers.tier_of(item.path.name)
         if tier is None:
@@ -181,6 +182,13 @@ def pytest_collection_modifyitems(config, items):
         else:
             item.add_marker(tier)
         item.add_marker(pytest.mark.xdist_group(xdist_group(item.path.name)))
+        shared = set(getattr(item, "fixturenames", ())) & set(SHARED_FIXTURES)
+        if shared and item.path.name not in SHARED_GROUPS:   # its worker would make a second cluster, and keep it
+            unshared.add(f"{item.path.name} ({', '.join(sorted(shared))})")
+    if unshared:
+        raise pytest.UsageError(f"test files that use a shared cluster but are not in shared_clusters.SHARED_GROUPS "
+                                f"(tests/suite_schedule.py runs each group's files in one worker, last): "
+                                f"{sorted(unshared)}")
     if unmapped:
         raise pytest.UsageError(f"test files without a tier in tests/tiers.py: {sorted(unmapped)}")
 
