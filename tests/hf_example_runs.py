@@ -9,7 +9,10 @@ launch, as HF's own tests run several trainings in one process.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import re
 import runpy
 import sys
 import traceback
@@ -47,10 +50,34 @@ ENVIRONMENT: Dict[str, Dict[str, str]] = {
 }
 
 
-def run_examples(library: str, scripts: List[str], workdir: str) -> Dict[str, Optional[str]]:
+# a written file's name, normalised: the parts that change from run to run (a time, the host, a process id, a random
+# run id) become "*", so that the two libraries' folders compare by name and layout only
+_VARYING = [
+    (re.compile(r"events\.out\.tfevents\..*"), "events.out.tfevents.*"),     # TensorBoard: time.host.pid.n
+    (re.compile(r"(^|/)\d+\.\d+(?=/)"), r"\1*"),                               # TensorBoard hparams: a time
+    (re.compile(r"(^|/)[0-9a-f]{32}(?=/|$)"), r"\1*"),                         # MLflow: run ids
+    (re.compile(r"(^|/)\d{6,}(?=/|$)"), r"\1*"),                               # MLflow: experiment ids
+    (re.compile(r"[^/]*\.pt\.trace\.json$"), "*.pt.trace.json"),              # profiler: host_pid.time.pt.trace.json
+]
+
+
+def written_files(folder: str) -> List[str]:
+    """The files under ``folder`` (checkpoint folders' contents too), as sorted relative paths with
+    :data:`_VARYING`'s parts replaced by "*"."""
+    names = set()
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
+            for pattern, replacement in _VARYING:
+                path = pattern.sub(replacement, path)
+            names.add(path)
+    return sorted(names)
+
+
+def run_examples(library: str, scripts: List[str], workdir: str) -> Dict[str, Dict[str, object]]:
     """In each rank: HF's example ``scripts`` on ``library`` ("hf" or "ours"), one after the other in this one launch
-    (HF's states reset between them, as HF's own tests do); ``{script: None when its main() returns, else the
-    traceback}``. Each runs in its own folder under ``workdir``, with its :data:`ENVIRONMENT` for its time only."""
+    (HF's states reset between them, as HF's own tests do); ``{script: {"error": None when its main() returns, else
+    the traceback, "printed": the lines it printed, "files": :func:`written_files` of its folder}}``. Each runs in its own folder under ``workdir``, with its :data:`ENVIRONMENT` for its time only."""
     import torch
     import torch.distributed as dist
 
@@ -67,8 +94,9 @@ def run_examples(library: str, scripts: List[str], workdir: str) -> Dict[str, Op
     return {script: _run_one(script, os.path.join(workdir, os.path.splitext(script)[0]), store) for script in scripts}
 
 
-def _run_one(script: str, folder: str, store: object) -> Optional[str]:
-    """One script's main(), then HF's states reset for the next and the ranks met again (one may have failed)."""
+def _run_one(script: str, folder: str, store: object) -> Dict[str, object]:
+    """One script's main() (its printed lines and written files kept), then HF's states reset for the next and the
+    ranks met again (one may have failed)."""
     import torch.distributed as dist
     from accelerate.state import AcceleratorState, GradientState  # HF's, or ours through the alias
 
@@ -77,13 +105,15 @@ def _run_one(script: str, folder: str, store: object) -> Optional[str]:
     environment = dict(os.environ)
     os.environ.update({name: value.format(workdir=folder) for name, value in ENVIRONMENT.get(script, {}).items()})
     sys.argv = [script] + [argument.format(workdir=folder) for argument in EXAMPLES[script]]
+    printed = io.StringIO()
+    error: Optional[str] = None
     try:
-        runpy.run_path(os.path.join(HERE, script), run_name="__main__")
-        return None
+        with contextlib.redirect_stdout(printed):
+            runpy.run_path(os.path.join(HERE, script), run_name="__main__")
     except KeyboardInterrupt:
         raise
     except BaseException:  # noqa: B036  SystemExit from argparse too
-        return traceback.format_exc()
+        error = traceback.format_exc()
     finally:
         os.environ.clear()
         os.environ.update(environment)
@@ -96,3 +126,4 @@ def _run_one(script: str, folder: str, store: object) -> Optional[str]:
                                     rank=int(os.environ["RANK"]),
                                     world_size=int(os.environ["WORLD_SIZE"]), timeout=_TIMEOUT)  # fmt: skip
         dist.barrier()
+    return {"error": error, "printed": printed.getvalue().splitlines(), "files": written_files(folder)}

@@ -10,7 +10,8 @@ to remove it from the list).
 from __future__ import annotations
 
 import importlib.util
-from typing import Dict, List, Optional
+import re
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -30,22 +31,32 @@ NEEDS: Dict[str, str] = {"schedule_free.py": "schedulefree"}
 RUNNABLE = [script for script in EXAMPLES if script not in NEEDS or importlib.util.find_spec(NEEDS[script])]
 
 
-def _launch(library: str, workdir: str) -> Dict[str, Optional[str]]:
-    """``{script: None or the first failing rank's traceback}``: every script, in one launch of 2 ranks."""
+def _launch(library: str, workdir: str) -> Dict[str, Dict[str, object]]:
+    """``{script: {"error": None or the first failing rank's traceback, "printed": {rank: lines}, "files": {rank:
+    relative paths}}}``: every script, in one launch of 2 ranks."""
     try:
-        ranks: List[Dict[str, Optional[str]]] = notebook_launcher(
+        ranks: List[Dict[str, Dict[str, object]]] = notebook_launcher(
             run_examples, args=(library, RUNNABLE, workdir), num_processes=2, device="cpu", display="none",
             return_all=True, timeout=LAUNCH_BOUND)  # fmt: skip
     except LaunchTimeout as error:
         where = "\n".join(f"--- rank {rank}:\n{stack}" for rank, stack in sorted(error.stacks.items()))
         pytest.fail(f"{library}'s examples had not returned after {LAUNCH_BOUND} s; where each rank was:\n{where}")
-    return {script: next((rank[script] for rank in ranks if rank[script] is not None), None) for script in RUNNABLE}
+    return {script: {"error": next((rank[script]["error"] for rank in ranks if rank[script]["error"]), None),
+                     "printed": {number: rank[script]["printed"] for number, rank in enumerate(ranks)},
+                     "files": {number: rank[script]["files"] for number, rank in enumerate(ranks)}}
+            for script in RUNNABLE}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory) -> Dict[str, Dict[str, Optional[str]]]:
-    """``{library: {script: None or the first failing rank's traceback}}``: one launch per library."""
+def runs(tmp_path_factory) -> Dict[str, Dict[str, Dict[str, object]]]:
+    """``{library: {script: what _launch gives}}``: one launch per library."""
     return {library: _launch(library, str(tmp_path_factory.mktemp(library))) for library in ("hf", "ours")}
+
+
+@pytest.fixture(scope="module")
+def outcomes(runs) -> Dict[str, Dict[str, Optional[str]]]:
+    """``{library: {script: None or the first failing rank's traceback}}``."""
+    return {library: {script: run["error"] for script, run in by_script.items()} for library, by_script in runs.items()}
 
 
 @pytest.mark.parametrize("script", list(EXAMPLES))
@@ -59,6 +70,74 @@ def test_an_example_that_runs_on_hf_runs_on_ours(outcomes, script):
         assert ours is not None, f"now passes on ours: remove it from KNOWN_GAPS ({KNOWN_GAPS[script]})"
         pytest.xfail(KNOWN_GAPS[script])
     assert ours is None, f"runs on HF, fails on ours:\n{ours}"
+
+
+# script -> why its printed lines cannot be the same on both (measured): these compare no printed lines
+PRINTS_DIFFER: Dict[str, str] = {
+    "profiler.py": "prints torch.profiler's table of CPU times, different from run to run on one library alone (and "
+                   "internal op counts: 2 c10d::broadcast_ on ours, 3 on HF, for the same model and data)",
+}
+
+# script -> why its numbers differ on ours (not inherent: a gap to close; the test asserts they still differ, so that
+# closing it fails the test, saying to remove the entry). Measured on 2 CPU ranks, nlp_example's rank 0, epochs 0-2:
+# HF accuracy/F1 0.625/0.4, 0.5/0.565, 0.55/0.591; ours 0.5/0.524, 0.525/0.596, 0.575/0.564.
+_DATA_ORDER = (
+    "the shuffled training batches come in another order: without use_seedable_sampler HF gives a shuffling sampler "
+    "a torch.Generator seeded by one draw from the global torch RNG at prepare() (int(torch.empty((), "
+    "dtype=torch.int64).random_())), never reseeds it, and gives every rank rank 0's generator state at each "
+    "iteration's start; ours seeds it with rank 0's torch.initial_seed() + epoch each epoch (HF's "
+    "use_seedable_sampler=True order) and draws nothing from the global RNG. The first step's batch already differs "
+    "(its losses 0.6953 on HF, 0.6910 on ours)")
+NUMBERS_DIFFER: Dict[str, str] = {script: _DATA_ORDER for script in (
+    "nlp_example.py", "checkpointing.py", "early_stopping.py", "multi_process_metrics.py", "local_sgd.py",
+    "memory.py", "tracking.py", "ddp_comm_hook.py", "schedule_free.py")}
+# (gradient_accumulation.py and automatic_gradient_accumulation.py accumulate a whole epoch into one step,
+# cross_validation.py's small folds likely hold one batch per rank, the autoregressive script does not shuffle: the
+# order does not show, the numbers are the same)
+
+
+def _ran_on_both(runs, script: str) -> None:
+    """Skips unless ``script`` ran to its end on HF and on ours (the test above says why not)."""
+    if script not in RUNNABLE:
+        pytest.skip(f"needs the `{NEEDS[script]}` package (setup.cfg's test extra), not installed here")
+    if runs["hf"][script]["error"] or runs["ours"][script]["error"]:
+        pytest.skip("did not run to its end on both libraries (see test_an_example_that_runs_on_hf_runs_on_ours)")
+
+
+def _numbers(line: str) -> Tuple[str, List[float]]:
+    """A printed line as (its words with each number replaced by "#", its numbers parsed)."""
+    return _NUMBER.sub("#", line), [float(number) for number in _NUMBER.findall(line)]
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+@pytest.mark.parametrize("script", list(EXAMPLES))
+def test_an_example_prints_the_same_numbers_on_ours(runs, script):
+    """Every rank prints the same lines on ours as on HF: the metrics, the losses, the grad norms, each number equal
+    (not close: the same computation on the same seed)."""
+    _ran_on_both(runs, script)
+    if script in PRINTS_DIFFER:
+        pytest.skip(PRINTS_DIFFER[script])
+    hf, ours = runs["hf"][script]["printed"], runs["ours"][script]["printed"]
+    same = all([_numbers(line) for line in ours[rank]] == [_numbers(line) for line in hf[rank]] for rank in hf)
+    if script in NUMBERS_DIFFER:
+        assert not same, f"now prints HF's numbers: remove it from NUMBERS_DIFFER ({NUMBERS_DIFFER[script]})"
+        pytest.xfail(NUMBERS_DIFFER[script])
+    for rank, hf_lines in hf.items():
+        assert [_numbers(line) for line in ours[rank]] == [_numbers(line) for line in hf_lines], (
+            f"rank {rank} printed, on HF:\n" + "\n".join(hf_lines) + "\non ours:\n" + "\n".join(ours[rank]))
+
+
+@pytest.mark.parametrize("script", list(EXAMPLES))
+def test_an_example_writes_the_same_files_on_ours(runs, script):
+    """Every rank leaves the same files in the script's folder on ours as on HF (checkpoints' contents, trackers'
+    logs, profiler traces; names that hold a time, host or random id normalised by hf_example_runs.written_files)."""
+    _ran_on_both(runs, script)
+    for rank, hf_files in runs["hf"][script]["files"].items():
+        ours_files = runs["ours"][script]["files"][rank]
+        assert ours_files == hf_files, (f"rank {rank}: only on HF {sorted(set(hf_files) - set(ours_files))}, "
+                                        f"only on ours {sorted(set(ours_files) - set(hf_files))}")
 
 
 def test_the_counts(outcomes):
