@@ -47,7 +47,7 @@ class Trial:
 
     def row(self) -> List[str]:
         elapsed = self.elapsed if self.elapsed is not None else (
-            time.monotonic() - self.started if self.started is not None else None)
+            time.monotonic() - self.started if self.started is not None and self.progress else None)
         outcome = (one_line(self.error) if self.error is not None
                    else _short(repr(self.result)) if self.state == "finished" else self.progress)
         return [str(self.index), _short(repr(self.config)), self.state,
@@ -258,6 +258,9 @@ def _planned_trials(function: Callable[..., Any], configs: Any, num_processes: O
     for index, config in enumerate(configs):
         try:
             plan = make_plan(function, (config,), None, options, allow_inline=False)
+            # Pickled now, even where the ranks would inherit it (fork): a config that cannot travel is named
+            # before any trial starts, the same on this machine as on a cluster.
+            plan.payload.pickled()
         except LaunchConfigError as refused:
             raise LaunchConfigError(f"trial {index} (config={_short(repr(config))}): {refused}") from None
         trials.append(Trial(index, config, plan))
