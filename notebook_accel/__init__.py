@@ -66,6 +66,9 @@ _EXPORTS = {
     "write_basic_config": ".plan.config",
     "Session": ".session",
     "last_session": ".session",
+    "sweep": ".sweeps",
+    "last_sweep": ".sweeps",
+    "Sweep": ".sweeps",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -77,6 +80,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .panel import launch_panel
     from .plan.config import write_basic_config
     from .session import Session, last_session
+    from .sweeps import Sweep, last_sweep, sweep
     from .rank.metrics import report
     from .rank.progress import progress
 

@@ -56,6 +56,7 @@ FILES: Dict[str, str] = {
     "test_fsdp.py": "ranks",
     "test_sharded_memory.py": "ranks",
     "test_launcher.py": "ranks",
+    "test_sweep.py": "ranks",           # many launches from one call: one per config, N at a time
     "test_launcher_errors.py": "ranks",
     "test_launcher_signals.py": "ranks",
     "test_nodes.py": "ranks",
