@@ -3,6 +3,7 @@ leaves no rank behind, and every user error before any process starts."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -57,6 +58,9 @@ def test_at_most_max_concurrent_trials_run_at_once(tmp_path):
     assert most <= 2
 
 
+STOPPED_WITHIN = 60   # s from stop() to the sweep's return: it takes a second; a hang, not a speed
+
+
 def test_a_stop_ends_every_running_trial_s_ranks_and_starts_no_more(tmp_path):
     def hang(config):
         import os as system
@@ -71,12 +75,28 @@ def test_a_stop_ends_every_running_trial_s_ranks_and_starts_no_more(tmp_path):
             time.sleep(0.05)
         last_sweep().stop()
 
+    raised = []
+
+    def run_the_sweep():
+        try:
+            sweep(hang, [0, 1, 2], num_processes=1, max_concurrent=2, display="none")
+        except KeyboardInterrupt as interrupt:
+            raised.append(interrupt)
+
     stopper = threading.Thread(target=stop_once_started)
     stopper.start()
-    with pytest.raises(KeyboardInterrupt, match="1 trial"):
-        sweep(hang, [0, 1, 2], num_processes=1, max_concurrent=2, display="none")
+    runner = threading.Thread(target=run_the_sweep, daemon=True)
+    runner.start()
+    runner.join(STOPPED_WITHIN)   # broken, the sweep waits for ever on trials nobody stopped: fail, naming it
     stopper.join()
     pids = [int(path.name.split("-")[1]) for path in tmp_path.iterdir()]
+    if runner.is_alive():
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        runner.join(30)
+        pytest.fail(f"a stopped sweep had not returned after {STOPPED_WITHIN} s: its running trials' ranks were not "
+                    f"stopped")
+    assert len(raised) == 1 and "1 trial" in str(raised[0]), raised
     assert len(pids) == 2
     for pid in pids:
         with pytest.raises(ProcessLookupError):
