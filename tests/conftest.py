@@ -279,6 +279,7 @@ class Timeline:
             out.write(f"{worker}\t{self.started.pop(nodeid, time.time()):.3f}\t{time.time():.3f}\t{nodeid}\n")
 
 
+@pytest.hookimpl(optionalhook=True)   # xdist's hook: the XLA venv's pytest (scripts/test_xla_cpu.sh) has no xdist
 def pytest_xdist_make_scheduler(config, log):
     """Under ``--dist loadfile`` (setup.cfg), the suite's own order of files (tests/suite_schedule.py)."""
     if config.getvalue("dist") == "loadfile":

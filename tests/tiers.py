@@ -19,8 +19,8 @@ TIERS = ("unit", "ranks", "cluster", "kernel", "browser", "xla")
 # Files whose tests make pytest's own process a Ray driver (a fake cluster's ``ray.init``). Ray's threads stay in
 # the process after ``ray.shutdown()``, and a fork launch is then refused ("Ray's threads run in this process"): a
 # later test of the same worker that forks its ranks failed so (8 tests of test_promises_stop.py in one suite run).
-# They run last: conftest.py sorts them there, and setup.cfg's ``--no-loadscope-reorder`` keeps xdist from sending
-# the largest files first (which had put test_ray_cluster.py early in a worker).
+# They run last: conftest.py sorts them there (for a run in one process), and tests/suite_schedule.py hands them to a
+# worker as its last work (they are in shared_clusters.SHARED_GROUPS, whose groups it runs last).
 RAY_DRIVER_FILES = frozenset({"test_ray_cluster.py", "test_ray_client.py"})
 
 FILES: Dict[str, str] = {
