@@ -106,6 +106,10 @@ def client_cluster(fake_ray):
     return fake_ray, fake_ray.client_address
 
 
+# What ray.init("ray://...") says when the proxy's server process for this client died at its start (Ray's crash)
+RAY_SERVER_DIED = ("Starting Ray client server failed", "in start_specific_server")
+
+
 def test_a_kernel_on_ray_client_launches_fails_times_out_and_keeps_a_session_leaving_nothing(client_cluster):
     cluster, address = client_cluster
     for _ in range(3):
@@ -114,8 +118,10 @@ def test_a_kernel_on_ray_client_launches_fails_times_out_and_keeps_a_session_lea
         # Ray's client proxy starts a server process for each client; here about 1 start in 15 died at once (its
         # log: "SpecificServer startup failed"; the process's exit code, with that log line patched to show it,
         # was -11, SIGSEGV; compare ray-project/ray#48267), which the script's first line, ray.init, reports as
-        # this error. Nothing of ours ran yet: a client would retry, and so does the test.
-        if not (done.returncode and "Starting Ray client server failed" in done.stderr and not done.stdout):
+        # this error. Nothing of ours ran yet: a client would retry, and so does the test. The same crash, a moment
+        # sooner, is the proxy's own psutil failing on the dead server ("ZombieProcess" from start_specific_server):
+        # seen once in a full run.
+        if not (done.returncode and not done.stdout and any(said in done.stderr for said in RAY_SERVER_DIED)):
             break
     shown = done.stdout + done.stderr
     assert done.returncode == 0, shown + client_server_logs(cluster)
