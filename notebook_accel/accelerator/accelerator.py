@@ -762,9 +762,14 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, TimeLimitMemb
             return self._prepare_data_loader(data_loader)
 
     def _prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
-        # The data-order seed: rank 0's initial seed (what set_seed / torch.manual_seed chose), everywhere.
+        # The seedable sampler's seed: data_seed, else rank 0's initial seed (what set_seed / torch.manual_seed
+        # chose), everywhere (HF takes each rank's own: the same wherever every rank was seeded alike).
         config = self.dataloader_config
         base_seed = operations.broadcast_object(torch.initial_seed() if config.data_seed is None else config.data_seed)
+        if config.use_seedable_sampler:
+            from ..data_loader import _with_seedable_sampler  # HF's SeedableRandomSampler, in HF's place
+
+            data_loader = _with_seedable_sampler(data_loader, base_seed)
         on_xla = self.distributed_type == DistributedType.XLA
         prepared = prepare_data_loader(
             data_loader,
@@ -774,6 +779,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, TimeLimitMemb
             gradient_state=self.gradient_state,
             base_seed=base_seed,
             split_batches=self.split_batches,
+            use_seedable_sampler=config.use_seedable_sampler,
         )
         for shard in (prepared.batch_sampler, prepared.sampler):
             if hasattr(shard, "even_batches"):
