@@ -69,7 +69,7 @@ def teacher_data() -> TensorDataset:
 
 
 def fresh_training_objects():
-    torch.manual_seed(0)  # same init everywhere; also the data-order seed prepare() reads
+    torch.manual_seed(0)  # same init everywhere; prepare() then draws the data-order generator's seed
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
@@ -100,15 +100,22 @@ def train_with_accelerator(batch_size: int, shuffle: bool, accumulation: int = 1
     return weights
 
 
-def train_plain_pytorch(batch_size: int, shuffle: bool, clip: Optional[float] = None, scheduler_steps: int = 1):
-    """The single-process reference: no Accelerator at all. Epoch e shuffles with seed e, which is
-    what prepare() uses after torch.manual_seed(0) (data-order seed = initial seed + epoch). ``scheduler_steps``
-    per optimizer step: a prepared scheduler steps ``num_processes`` times per step, as in HF accelerate."""
+def train_plain_pytorch(batch_size: int, shuffle: bool, clip: Optional[float] = None, scheduler_steps: int = 1,
+                        processes: int = 1):  # fmt: skip
+    """The single-process reference: no Accelerator at all, shuffled in HF accelerate's order for a run on
+    ``processes``: on several, ``prepare()`` seeds the sampler a generator of its own once, from a draw on the global
+    RNG (here: right after the model's initialisation), and the epochs go on from it; on one, it leaves the sampler
+    alone (a plain ``shuffle=True``: a new draw each epoch). ``scheduler_steps`` per optimizer step: a prepared
+    scheduler steps ``num_processes`` times per step, as in HF accelerate."""
     model, optimizer, scheduler = fresh_training_objects()
     dataset = regression_data()
-    for epoch in range(EPOCHS):
-        sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(epoch)) if shuffle else None
-        for x, y in DataLoader(dataset, batch_size=batch_size, sampler=sampler):
+    sampler = None
+    if shuffle and processes > 1:
+        drawn = int(torch.empty((), dtype=torch.int64).random_().item())
+        sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(drawn))
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=shuffle and sampler is None)
+    for _ in range(EPOCHS):
+        for x, y in loader:
             F.mse_loss(model(x), y).backward()
             if clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -142,7 +149,7 @@ def assert_same_weights(actual: Dict[str, torch.Tensor], expected: Dict[str, tor
 def test_two_ranks_train_like_one_process_with_a_doubled_batch():
     ranks = launch(equivalence_rank)
     for name, (batch, shuffle, steps, clip) in EQUIVALENCE_CASES.items():
-        expected = train_plain_pytorch(batch * WORLD * steps, shuffle, clip, scheduler_steps=WORLD)
+        expected = train_plain_pytorch(batch * WORLD * steps, shuffle, clip, scheduler_steps=WORLD, processes=WORLD)
         initial = weights_of(fresh_training_objects()[0])
         assert not torch.allclose(expected["0.weight"], initial["0.weight"])  # it did train
         for rank, result in enumerate(ranks):
