@@ -74,7 +74,8 @@ def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] =
                         torch_device_mesh: Any = None) -> Union[PreparedDataLoader, DispatchedDataLoader]:  # fmt: skip
     """This rank's shard of ``dataloader`` without an Accelerator (HF's function): ``num_processes`` /
     ``process_index`` default to the launch's, batches move to ``device`` with ``put_on_device``. The shuffling is
-    HF's and always synchronized between the ranks (``rng_types`` is accepted; "generator" is always on): by default
+    HF's and always synchronized between the ranks ("generator" is always on; ``rng_types``' "torch" / "cuda" give
+    every rank rank 0's global RNG state at each iteration's start, as on HF): by default
     a shuffling sampler's generator is seeded once here from a draw on the global torch RNG and each iteration
     starts from rank 0's state of it; ``use_seedable_sampler`` makes a plain ``RandomSampler`` a
     :class:`SeedableRandomSampler` seeded ``data_seed`` (else rank 0's torch seed) + the epoch, as HF does. ``dispatch_batches=True``: rank 0 alone reads the loader and sends each rank its slice of
@@ -108,4 +109,5 @@ def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] =
         if hasattr(shard, "even_batches"):
             shard.even_batches = even_batches
     prepared.non_blocking = non_blocking
+    prepared.global_rng_types = tuple(str(getattr(kind, "value", kind)) for kind in rng_types or ())
     return prepared

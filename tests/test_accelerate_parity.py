@@ -143,12 +143,15 @@ def hf_style_snippets(impl: str, workdir: str) -> Dict[str, Any]:
 
     # --- data order: HF's default (a generator seeded once at prepare from a draw on the global RNG, each iteration
     # starting from rank 0's state of it) and use_seedable_sampler (data_seed, else the initial seed, + the epoch);
-    # the ranks seeded differently where HF's order does not need it; then the global RNG the draw advanced
+    # the ranks seeded differently where HF's order does not need it; then the global RNG the draw advanced (with
+    # rng_types' "torch": rank 0's, on every rank)
     orders = {}
-    for name, own_seed, config in (("default", True, {}), ("seedable", False, {"use_seedable_sampler": True}),
-                                   ("seedable_data_seed", True, {"use_seedable_sampler": True, "data_seed": 5})):
+    for name, own_seed, config, rng_types in (
+            ("default", True, {}, None), ("seedable", False, {"use_seedable_sampler": True}, None),
+            ("seedable_data_seed", True, {"use_seedable_sampler": True, "data_seed": 5}, None),
+            ("rng_types_torch", True, {}, ["generator", "torch"])):
         torch.manual_seed(11 + rank if own_seed else 11)
-        ordered = Accelerator(dataloader_config=utils.DataLoaderConfiguration(**config))
+        ordered = Accelerator(dataloader_config=utils.DataLoaderConfiguration(**config), rng_types=rng_types)
         shuffled, users = ordered.prepare(
             DataLoader(list(range(12)), batch_size=2, shuffle=True),
             DataLoader(list(range(12)), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(rank)))

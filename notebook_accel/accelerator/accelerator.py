@@ -349,7 +349,8 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, TimeLimitMemb
 
     @staticmethod
     def _check_rng_types(rng_types: Optional[List[str]]) -> List[str]:
-        """The data order is always synchronised here (what HF's "generator" does); the names are checked."""
+        """HF's names, checked: a prepared loader's sampler generator is always synchronised ("generator"), the
+        global RNGs named ("torch", "cuda") take rank 0's state at each of its iterations' start, as on HF."""
         chosen = [str(name) for name in (rng_types if rng_types is not None else ["generator"])]
         unknown = [name for name in chosen if name not in _RNG_TYPES]
         if unknown:
@@ -785,6 +786,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, TimeLimitMemb
             if hasattr(shard, "even_batches"):
                 shard.even_batches = config.even_batches
         prepared.non_blocking = config.non_blocking
+        prepared.global_rng_types = tuple(self.rng_types)
         self._data_loaders.append(prepared)
         if on_xla and self.device_placement:
             return XlaDeviceLoader(prepared, self.device)  # type: ignore[return-value]

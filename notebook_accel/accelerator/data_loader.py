@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import inspect
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import (
@@ -32,7 +32,7 @@ from torch.utils.data import (
 from torch.utils.data.distributed import DistributedSampler
 
 from .gradient_state import GradientState
-from .operations import broadcast, send_to_device
+from .operations import broadcast, broadcast_object, send_to_device
 from .rng import SharedRNG, epoch_seed
 from .sharding import BatchSamplerShard, IterableDatasetShard, Randomness, StepLayout, TaggedCollate
 
@@ -98,6 +98,22 @@ class EpochRandomness(Randomness):
         if running and self.epoch_start_state is not None:
             return self.epoch_start_state
         return self.synchronized.get_state()
+
+
+# HF's rng_types that name a global RNG: how to read and set its state
+_GLOBAL_RNGS = {
+    "torch": (torch.get_rng_state, torch.set_rng_state),
+    "cuda": (lambda: torch.cuda.get_rng_state(), lambda state: torch.cuda.set_rng_state(state)),
+}
+
+
+def synchronize_global_rngs(rng_types: Sequence[str]) -> None:
+    """HF's ``synchronize_rng_states(rng_types)`` at a prepared loader's iteration start, for the global RNGs among
+    them ("torch"; "cuda" where CUDA is in use): every rank takes rank 0's state (a no-op for one process)."""
+    for kind in rng_types:
+        if kind in _GLOBAL_RNGS and (kind != "cuda" or torch.cuda.is_initialized()):
+            get, put = _GLOBAL_RNGS[kind]
+            put(broadcast_object(get()))
 
 
 def _take_rank_zero_state(generator: torch.Generator) -> None:
@@ -214,6 +230,8 @@ class PreparedDataLoader(DataLoader):
         self.epoch = 0  # the epoch of the current (or last) iteration
         self._next_epoch = 0
         self.non_blocking = False  # DataLoaderConfiguration(non_blocking=True): async copies even without pinning
+        # Accelerator(rng_types=[..."torch", "cuda"]): these global RNGs take rank 0's state at each iteration's start
+        self.global_rng_types: Tuple[str, ...] = ()
 
     def set_epoch(self, epoch: int) -> None:
         """Use the shuffle of ``epoch`` for the next iteration (identical on every rank)."""
@@ -259,6 +277,7 @@ class PreparedDataLoader(DataLoader):
         torch_xla's loader takes them from here in its prefetch thread, ahead of the user).
         ``on_device=False`` leaves the batch where the DataLoader made it (torch_xla moves it)."""
         self.epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
+        synchronize_global_rngs(self.global_rng_types)
         if self.randomness is not None:
             self.randomness.begin_epoch(self.epoch)
         self._announce_epoch(self.epoch)
