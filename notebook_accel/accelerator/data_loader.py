@@ -79,9 +79,13 @@ class EpochRandomness(Randomness):
         self.epoch_start_state: Optional[torch.Tensor] = None  # the synchronized generator's, this epoch
         self._shared: Optional[SharedRNG] = None
 
-    def begin_epoch(self, epoch: int) -> None:
+    def synchronize(self) -> None:
+        """The collective part of an iteration's start (every rank at once, in the thread that iterates)."""
         if self.synchronized is not None:
             _take_rank_zero_state(self.synchronized)
+
+    def begin_epoch(self, epoch: int) -> None:
+        if self.synchronized is not None:
             self.epoch_start_state = self.synchronized.get_state()
         if self.reseeded is not None:
             self.reseeded.manual_seed(epoch_seed(self.base_seed, epoch))
@@ -271,13 +275,24 @@ class PreparedDataLoader(DataLoader):
         finally:
             self.gradient_state.loader_stopped(self)
 
-    def steps(self, on_device: bool = True) -> Iterator[Tuple[Any, bool, Optional[StepLayout]]]:
+    def synchronize_rngs(self) -> None:
+        """HF's ``synchronize_rng_states`` at an iteration's start: the sampler's generator and the ``rng_types``
+        global RNGs take rank 0's state (collectives: every rank calls it at once)."""
+        synchronize_global_rngs(self.global_rng_types)
+        if self.randomness is not None:
+            self.randomness.synchronize()
+
+    def steps(self, on_device: bool = True,
+              synchronize: bool = True) -> Iterator[Tuple[Any, bool, Optional[StepLayout]]]:  # fmt: skip
         """One epoch of ``(batch, is_last, layout)``, without touching the gradient state: whoever hands the
         batches to the user records them (``__iter__`` here; on XLA the :class:`XlaDeviceLoader`, since
         torch_xla's loader takes them from here in its prefetch thread, ahead of the user).
-        ``on_device=False`` leaves the batch where the DataLoader made it (torch_xla moves it)."""
+        ``on_device=False`` leaves the batch where the DataLoader made it (torch_xla moves it); ``synchronize=False``:
+        the caller ran :meth:`synchronize_rngs` itself (on XLA, in the user's thread, not the prefetch thread, as
+        HF's ``MpDeviceLoaderWrapper``)."""
         self.epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
-        synchronize_global_rngs(self.global_rng_types)
+        if synchronize:
+            self.synchronize_rngs()
         if self.randomness is not None:
             self.randomness.begin_epoch(self.epoch)
         self._announce_epoch(self.epoch)
@@ -312,7 +327,7 @@ class _XlaSteps:
         self.prepared = prepared
 
     def __iter__(self) -> Iterator[Any]:
-        for batch, last, layout in self.prepared.steps(on_device=False):
+        for batch, last, layout in self.prepared.steps(on_device=False, synchronize=False):
             yield [batch, _XlaStep(last, layout)]
 
     def __len__(self) -> int:
@@ -346,6 +361,7 @@ class XlaDeviceLoader:
         gradient_state = self.prepared.gradient_state
         self.end_of_dataloader = False
         gradient_state.loader_started(self)
+        self.prepared.synchronize_rngs()  # collectives belong in this thread, not torch_xla's prefetch thread
         try:
             for batch, step in pl.MpDeviceLoader(_XlaSteps(self.prepared), self.device):
                 self.end_of_dataloader, self.current_layout = step.last, step.layout
