@@ -74,9 +74,11 @@ def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] =
                         torch_device_mesh: Any = None) -> Union[PreparedDataLoader, DispatchedDataLoader]:  # fmt: skip
     """This rank's shard of ``dataloader`` without an Accelerator (HF's function): ``num_processes`` /
     ``process_index`` default to the launch's, batches move to ``device`` with ``put_on_device``. The shuffling is
-    always synchronized between the ranks (``rng_types`` is accepted: the order comes from ``data_seed``, else rank
-    0's torch seed); ``use_seedable_sampler`` makes a plain ``RandomSampler`` a :class:`SeedableRandomSampler` with
-    that seed, as HF does. ``dispatch_batches=True``: rank 0 alone reads the loader and sends each rank its slice of
+    HF's and always synchronized between the ranks ("generator" is always on; ``rng_types``' "torch" / "cuda" give
+    every rank rank 0's global RNG state at each iteration's start, as on HF): by default
+    a shuffling sampler's generator is seeded once here from a draw on the global torch RNG and each iteration
+    starts from rank 0's state of it; ``use_seedable_sampler`` makes a plain ``RandomSampler`` a
+    :class:`SeedableRandomSampler` seeded ``data_seed`` (else rank 0's torch seed) + the epoch, as HF does. ``dispatch_batches=True``: rank 0 alone reads the loader and sends each rank its slice of
     every step (:class:`~notebook_accel.accelerator.dispatch.DispatchedDataLoader`, HF's ``DataLoaderDispatcher``)."""
     from .accelerator.partial_state import PartialState
 
@@ -101,9 +103,11 @@ def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] =
         dataloader = _with_seedable_sampler(dataloader, base_seed)
     prepared = _ours.prepare_data_loader(dataloader, process_index=process_index, num_processes=num_processes,
                                          device=device if put_on_device else None, gradient_state=GradientState(),
-                                         base_seed=base_seed, split_batches=split_batches)  # fmt: skip
+                                         base_seed=base_seed, split_batches=split_batches,
+                                         use_seedable_sampler=use_seedable_sampler)  # fmt: skip
     for shard in (prepared.batch_sampler, prepared.sampler):
         if hasattr(shard, "even_batches"):
             shard.even_batches = even_batches
     prepared.non_blocking = non_blocking
+    prepared.global_rng_types = tuple(str(getattr(kind, "value", kind)) for kind in rng_types or ())
     return prepared

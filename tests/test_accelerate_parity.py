@@ -141,6 +141,28 @@ def hf_style_snippets(impl: str, workdir: str) -> Dict[str, Any]:
 
     out["executable_batch_size"] = fits()
 
+    # --- data order: HF's default (a generator seeded once at prepare from a draw on the global RNG, each iteration
+    # starting from rank 0's state of it) and use_seedable_sampler (data_seed, else the initial seed, + the epoch);
+    # the ranks seeded differently where HF's order does not need it; then the global RNG the draw advanced (with
+    # rng_types' "torch": rank 0's, on every rank)
+    orders = {}
+    for name, own_seed, config, rng_types in (
+            ("default", True, {}, None), ("seedable", False, {"use_seedable_sampler": True}, None),
+            ("seedable_data_seed", True, {"use_seedable_sampler": True, "data_seed": 5}, None),
+            ("rng_types_torch", True, {}, ["generator", "torch"])):
+        torch.manual_seed(11 + rank if own_seed else 11)
+        ordered = Accelerator(dataloader_config=utils.DataLoaderConfiguration(**config), rng_types=rng_types)
+        shuffled, users = ordered.prepare(
+            DataLoader(list(range(12)), batch_size=2, shuffle=True),
+            DataLoader(list(range(12)), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(rank)))
+        epochs = []
+        for epoch in range(3):
+            if epoch == 2:
+                shuffled.set_epoch(2)
+            epochs.append([[int(i) for batch in loader for i in batch] for loader in (shuffled, users)])
+        orders[name] = {"epochs": epochs, "global_rng_after": torch.rand(2).tolist()}
+    out["data_order"] = orders
+
     # --- eval: gather_for_metrics with python objects, exactly len(dataset) items
     eval_loader = accelerator.prepare(DataLoader(list(range(5)), batch_size=2))
     labels = []
@@ -324,7 +346,7 @@ def results(tmp_path_factory) -> Dict[str, Any]:
 SAME_ON_BOTH = [
     "split", "split_padded", "split_dict", "split_tensor", "gather_object", "ran", "is_last_process", "trigger",
     "broadcast_object_list", "reduce_mean", "accelerator_reduce_sum", "gathered",
-    "gathered_requires_grad", "seeded", "executable_batch_size",
+    "gathered_requires_grad", "seeded", "executable_batch_size", "data_order",
     "gather_for_metrics_objects", "lr_after_4_calls", "scheduler_lrs", "clip_norms", "clipped_weights",
     "save_model_files", "save_model_index", "unsafe_checkpoint_files", "utils_load", "no_sync_grads_equal", "synced_grads_equal", "save_iteration",
     "checkpoints", "custom_checkpoint_files", "counter_restored", "weights_restored", "hooks",

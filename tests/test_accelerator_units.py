@@ -92,13 +92,18 @@ def index_dataset(n: int) -> TensorDataset:
 
 
 # -------------------------------------------------------------------------------------- simulated ranks
-def shard_all_ranks(make_loader, world: int, split: bool = False, seed: int = 1234, epochs: int = 1):
-    """Every rank's ``[(indices, layout)]`` per epoch, each rank's shard built from a fresh loader."""
+def shard_all_ranks(make_loader, world: int, split: bool = False, seed: int = 1234, epochs: int = 1,
+                    seedable: bool = True):  # fmt: skip
+    """Every rank's ``[(indices, layout)]`` per epoch, each rank's shard built from a fresh loader. ``seedable``
+    (HF's use_seedable_sampler): the order depends on ``seed`` and the epoch only, so ranks simulated one after the
+    other in this process agree; HF's default order (a draw on the global RNG at prepare, synchronized by a
+    broadcast, a no-op here) needs the global RNG reseeded before each rank's prepare, as set_seed does."""
     per_rank = []
     for rank in range(world):
+        torch.manual_seed(seed)
         loader = prepare_data_loader(
             make_loader(), process_index=rank, num_processes=world, device=None,
-            gradient_state=GradientState(), base_seed=seed, split_batches=split,
+            gradient_state=GradientState(), base_seed=seed, split_batches=split, use_seedable_sampler=seedable,
         )  # fmt: skip
         epochs_seen = []
         for _ in range(epochs):
@@ -123,10 +128,11 @@ def interleave(per_rank, epoch: int = 0, drop_padding: bool = False) -> List[int
     return order
 
 
-def check_shards(make_loader, world: int, split: bool = False, epochs: int = 1) -> List[List[int]]:
+def check_shards(make_loader, world: int, split: bool = False, epochs: int = 1,
+                 seedable: bool = True) -> List[List[int]]:  # fmt: skip
     """One pass over the ranks == one pass of the 1-process loader (+ padding that repeats the start)."""
-    reference = shard_all_ranks(make_loader, 1, epochs=epochs)
-    sharded = shard_all_ranks(make_loader, world, split=split, epochs=epochs)
+    reference = shard_all_ranks(make_loader, 1, epochs=epochs, seedable=seedable)
+    sharded = shard_all_ranks(make_loader, world, split=split, epochs=epochs, seedable=seedable)
     orders = []
     for epoch in range(epochs):
         one_process = interleave(reference, epoch)
@@ -216,15 +222,38 @@ def test_shared_rng_leaves_the_users_streams_alone():
 def test_user_generator_is_kept():
     make = lambda: DataLoader(index_dataset(16), batch_size=4, shuffle=True,  # noqa: E731
                               generator=torch.Generator().manual_seed(7))  # fmt: skip
-    (order,) = check_shards(make, 2)
+    (order,) = check_shards(make, 2, seedable=False)
     plain = [i for batch in make() for i in batch[0].tolist()]
-    assert order == plain  # the user's generator decides the order, as without prepare()
+    assert order == plain  # HF's default: the user's generator decides the order, as without prepare()
+
+
+def test_hf_default_order_draws_a_generator_once_and_never_reseeds_it():
+    """HF's prepare_data_loader without use_seedable_sampler: one draw on the global RNG seeds the sampler's new
+    generator; the epochs go on from it (set_epoch changes nothing); the draw advances the global RNG."""
+    torch.manual_seed(21)
+    seed = int(torch.empty((), dtype=torch.int64).random_().item())
+    after_the_draw = torch.get_rng_state()
+    generator = torch.Generator().manual_seed(seed)
+    expected = [list(RandomSampler(range(12), generator=generator)) for _ in range(3)]  # each epoch goes on
+    for world in (2, 3):
+        per_rank = shard_all_ranks(lambda: DataLoader(index_dataset(12), batch_size=2, shuffle=True), world,
+                                   seed=21, epochs=3, seedable=False)  # fmt: skip
+        assert [interleave(per_rank, epoch) for epoch in range(3)] == expected
+    torch.manual_seed(21)
+    loader = prepare_data_loader(DataLoader(index_dataset(12), batch_size=2, shuffle=True), process_index=0,
+                                 num_processes=2, device=None, gradient_state=GradientState(), base_seed=0)
+    assert torch.equal(torch.get_rng_state(), after_the_draw)
+    rank_zero = []
+    for _ in range(2):
+        loader.set_epoch(0)  # HF's set_epoch: no reseeding, the second pass is the second epoch's order
+        rank_zero.append([i for (batch,) in loader for i in batch.tolist()])
+    assert rank_zero == [[i for start in (0, 4, 8) for i in order[start:start + 2]] for order in expected[:2]]
 
 
 def test_set_epoch_selects_the_order():
     loader = prepare_data_loader(
         DataLoader(index_dataset(12), batch_size=4, shuffle=True), process_index=0, num_processes=1,
-        device=None, gradient_state=GradientState(), base_seed=3,
+        device=None, gradient_state=GradientState(), base_seed=3, use_seedable_sampler=True,
     )  # fmt: skip
     epochs = []
     for epoch in (0, 1, 0):
@@ -271,10 +300,17 @@ class GeneratorStream(RangeStream):
         return iter(torch.randperm(self.n, generator=self.generator).unbind())
 
 
-@pytest.mark.parametrize("stream", [EpochAwareStream, GeneratorStream])
-def test_iterable_datasets_get_the_epoch(stream):
-    first, second = check_shards(lambda: DataLoader(stream(13), batch_size=2), 2, epochs=2)
+def test_iterable_datasets_get_the_epoch():
+    first, second = check_shards(lambda: DataLoader(EpochAwareStream(13), batch_size=2), 2, epochs=2)
     assert sorted(first) == sorted(second) == list(range(13)) and first != second
+
+
+def test_an_iterable_datasets_generator_is_reseeded_with_the_epoch_on_several_processes():
+    """HF's IterableDatasetShard: ``dataset.generator.manual_seed(epoch)`` at each epoch (one process: untouched)."""
+    per_rank = shard_all_ranks(lambda: DataLoader(GeneratorStream(13), batch_size=2), 2, epochs=2)
+    for epoch in range(2):
+        expected = torch.randperm(13, generator=torch.Generator().manual_seed(epoch)).tolist()
+        assert interleave(per_rank, epoch, drop_padding=True) == expected
 
 
 def test_a_distributed_sampler_is_left_alone():

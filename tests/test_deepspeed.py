@@ -111,7 +111,7 @@ def test_zero_1_2_3_on_two_ranks_train_like_one_process_with_the_whole_batch():
         # every stage partitions the optimizer state (fp32 momentum: 4 bytes a parameter): half of it per rank
         assert main["optimizer_bytes"] + other["optimizer_bytes"] in range(4 * total, 4 * total + 4 * WORLD + 1)
         assert main["optimizer_bytes"] < 4 * total * 0.6, f"ZeRO-{stage}: rank 0 holds {main['optimizer_bytes']} B"
-        expected = train_plain_pytorch(batch * WORLD * steps, shuffle, clip, scheduler_steps=WORLD)
+        expected = train_plain_pytorch(batch * WORLD * steps, shuffle, clip, scheduler_steps=WORLD, processes=WORLD)
         assert_same_weights(main["weights"], expected, f"ZeRO-{stage}, {name}")
         assert main["config"] == {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": steps,
                                   "train_batch_size": batch * steps * WORLD}  # fmt: skip

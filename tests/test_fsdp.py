@@ -82,7 +82,7 @@ def equivalence_rank():
 def test_fsdp2_on_two_ranks_trains_like_one_process_with_the_whole_batch():
     ranks = launch(equivalence_rank)
     for name, (batch, shuffle, steps, clip) in EQUIVALENCE_CASES.items():
-        expected = train_plain_pytorch(batch * WORLD * steps, shuffle, clip, scheduler_steps=WORLD)
+        expected = train_plain_pytorch(batch * WORLD * steps, shuffle, clip, scheduler_steps=WORLD, processes=WORLD)
         main, other = ranks[0][name], ranks[1][name]
         assert_same_weights(main["weights"], expected, f"FSDP2, {name}")  # full weights, gathered on rank 0
         assert other["weights"] == {}  # as HF accelerate: the full copy is rank 0's only

@@ -79,21 +79,10 @@ PRINTS_DIFFER: Dict[str, str] = {
 }
 
 # script -> why its numbers differ on ours (not inherent: a gap to close; the test asserts they still differ, so that
-# closing it fails the test, saying to remove the entry). Measured on 2 CPU ranks, nlp_example's rank 0, epochs 0-2:
-# HF accuracy/F1 0.625/0.4, 0.5/0.565, 0.55/0.591; ours 0.5/0.524, 0.525/0.596, 0.575/0.564.
-_DATA_ORDER = (
-    "the shuffled training batches come in another order: without use_seedable_sampler HF gives a shuffling sampler "
-    "a torch.Generator seeded by one draw from the global torch RNG at prepare() (int(torch.empty((), "
-    "dtype=torch.int64).random_())), never reseeds it, and gives every rank rank 0's generator state at each "
-    "iteration's start; ours seeds it with rank 0's torch.initial_seed() + epoch each epoch (HF's "
-    "use_seedable_sampler=True order) and draws nothing from the global RNG. The first step's batch already differs "
-    "(its losses 0.6953 on HF, 0.6910 on ours)")
-NUMBERS_DIFFER: Dict[str, str] = {script: _DATA_ORDER for script in (
-    "nlp_example.py", "checkpointing.py", "early_stopping.py", "multi_process_metrics.py", "local_sgd.py",
-    "memory.py", "tracking.py", "ddp_comm_hook.py", "schedule_free.py")}
-# (gradient_accumulation.py and automatic_gradient_accumulation.py accumulate a whole epoch into one step,
-# cross_validation.py's small folds likely hold one batch per rank, the autoregressive script does not shuffle: the
-# order does not show, the numbers are the same)
+# closing it fails the test, saying to remove the entry). None today: the 9 scripts that shuffle their training
+# batches differed until ours took HF's data order (a sampler generator seeded once at prepare() from a draw on the
+# global torch RNG, rank 0's state of it at each iteration's start).
+NUMBERS_DIFFER: Dict[str, str] = {}
 
 
 def _ran_on_both(runs, script: str) -> None:

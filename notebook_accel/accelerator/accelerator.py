@@ -349,7 +349,8 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, TimeLimitMemb
 
     @staticmethod
     def _check_rng_types(rng_types: Optional[List[str]]) -> List[str]:
-        """The data order is always synchronised here (what HF's "generator" does); the names are checked."""
+        """HF's names, checked: a prepared loader's sampler generator is always synchronised ("generator"), the
+        global RNGs named ("torch", "cuda") take rank 0's state at each of its iterations' start, as on HF."""
         chosen = [str(name) for name in (rng_types if rng_types is not None else ["generator"])]
         unknown = [name for name in chosen if name not in _RNG_TYPES]
         if unknown:
@@ -762,9 +763,14 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, TimeLimitMemb
             return self._prepare_data_loader(data_loader)
 
     def _prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
-        # The data-order seed: rank 0's initial seed (what set_seed / torch.manual_seed chose), everywhere.
+        # The seedable sampler's seed: data_seed, else rank 0's initial seed (what set_seed / torch.manual_seed
+        # chose), everywhere (HF takes each rank's own: the same wherever every rank was seeded alike).
         config = self.dataloader_config
         base_seed = operations.broadcast_object(torch.initial_seed() if config.data_seed is None else config.data_seed)
+        if config.use_seedable_sampler:
+            from ..data_loader import _with_seedable_sampler  # HF's SeedableRandomSampler, in HF's place
+
+            data_loader = _with_seedable_sampler(data_loader, base_seed)
         on_xla = self.distributed_type == DistributedType.XLA
         prepared = prepare_data_loader(
             data_loader,
@@ -774,11 +780,13 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, TimeLimitMemb
             gradient_state=self.gradient_state,
             base_seed=base_seed,
             split_batches=self.split_batches,
+            use_seedable_sampler=config.use_seedable_sampler,
         )
         for shard in (prepared.batch_sampler, prepared.sampler):
             if hasattr(shard, "even_batches"):
                 shard.even_batches = config.even_batches
         prepared.non_blocking = config.non_blocking
+        prepared.global_rng_types = tuple(self.rng_types)
         self._data_loaders.append(prepared)
         if on_xla and self.device_placement:
             return XlaDeviceLoader(prepared, self.device)  # type: ignore[return-value]

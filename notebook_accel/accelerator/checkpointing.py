@@ -276,6 +276,9 @@ def _loader_state(loader: Any) -> Dict[str, Any]:
     return {
         "next_epoch": loader.epoch if running else getattr(loader, "_next_epoch", 0),
         "base_seed": None if randomness is None else randomness.base_seed,
+        # HF's default order: the generator seeded once at prepare (HF saves nothing of it, so a resume there
+        # starts it afresh); here the order resumes where it was
+        "generator_state": None if randomness is None else randomness.generator_state(running),
     }
 
 
@@ -285,6 +288,9 @@ def _restore_loader(loader: Any, state: Dict[str, Any]) -> None:
     randomness = getattr(loader, "randomness", None)
     if randomness is not None and state.get("base_seed") is not None:
         randomness.base_seed = state["base_seed"]
+    generator = getattr(randomness, "synchronized", None)
+    if generator is not None and state.get("generator_state") is not None:
+        generator.set_state(state["generator_state"])
 
 
 def save_checkpoint(

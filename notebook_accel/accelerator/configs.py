@@ -230,10 +230,12 @@ class GradientAccumulationPlugin(KwargsHandler):
 class DataLoaderConfiguration:
     """How ``prepare`` shards loaders. ``split_batches``: cut each batch between the ranks; ``even_batches=False``:
     no rank gets padded batches at the end of an epoch (ranks may then run different numbers of steps: use
-    ``join_uneven_inputs``); ``data_seed``: the data-order seed (default: rank 0's ``torch.initial_seed()``);
-    ``non_blocking``: copy pinned batches to the GPU asynchronously. ``dispatch_batches`` and
-    ``use_seedable_sampler`` are accepted: every rank reads its own shard, in an order seeded the same on every
-    rank, whatever they say. ``use_stateful_dataloader`` (torchdata) is not offered."""
+    ``join_uneven_inputs``); ``use_seedable_sampler``: HF's data order either way, the same on every rank —
+    ``False`` (HF's default): a shuffling sampler's generator is seeded once at ``prepare`` from a draw on the
+    global torch RNG and never reseeded, each iteration starting from rank 0's state of it; ``True``: it is
+    reseeded with ``data_seed`` (default: rank 0's ``torch.initial_seed()``) + the epoch at each epoch (HF's
+    ``SeedableRandomSampler``); ``non_blocking``: copy pinned batches to the GPU asynchronously.
+    ``dispatch_batches`` is accepted: every rank reads its own shard, whatever it says. ``use_stateful_dataloader`` (torchdata) is not offered."""
 
     split_batches: bool = False
     dispatch_batches: Optional[bool] = None

@@ -4,8 +4,9 @@ The prepared loader is a real :class:`torch.utils.data.DataLoader` (same dataset
 pin_memory...), built around a :class:`~.sharding.BatchSamplerShard` (map-style datasets) or an
 :class:`~.sharding.IterableDatasetShard`. On top of a plain DataLoader it:
 
-- makes the data order identical on every rank (see :class:`EpochRandomness`) and different each epoch
-  (``set_epoch``, or automatically), so the shards never overlap;
+- makes the data order identical on every rank, and different each epoch, the way HF accelerate does (see
+  :class:`EpochRandomness`: the same seed gives the same order, and the same later random draws, on both
+  libraries), so the shards never overlap;
 - looks one batch ahead, to know when the current batch is the last one (gradient accumulation syncs
   there);
 - remembers each step's :class:`~.sharding.StepLayout` for ``gather_for_metrics``;
@@ -16,7 +17,7 @@ from __future__ import annotations
 import copy
 import inspect
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import (
@@ -31,7 +32,7 @@ from torch.utils.data import (
 from torch.utils.data.distributed import DistributedSampler
 
 from .gradient_state import GradientState
-from .operations import broadcast, send_to_device
+from .operations import broadcast, broadcast_object, send_to_device
 from .rng import SharedRNG, epoch_seed
 from .sharding import BatchSamplerShard, IterableDatasetShard, Randomness, StepLayout, TaggedCollate
 
@@ -45,64 +46,139 @@ _END = object()
 
 
 class EpochRandomness(Randomness):
-    """Makes a sampler's (or an IterableDataset's) random draws identical on every rank, per epoch.
+    """Makes a sampler's (or an IterableDataset's) random draws identical on every rank, as HF accelerate does.
 
-    Two mechanisms, chosen per sampler at prepare time:
+    The mechanisms, chosen per sampler at prepare time (:func:`_plan_sampler`):
 
-    - ``owned_generator``: a sampler with an unset ``generator`` (``RandomSampler()``,
-      ``DataLoader(shuffle=True)``, ``WeightedRandomSampler``) gets one of ours, reseeded each epoch
-      (for an IterableDataset: its own ``generator``, when it has one and no ``set_epoch``);
+    - ``synchronized`` (HF's default, ``use_seedable_sampler=False``): the sampler's ``generator``, which
+      ``prepare`` gave it if it had none, seeded once from a draw on the global torch RNG (HF's
+      ``int(torch.empty((), dtype=torch.int64).random_().item())``). At the start of each iteration every rank
+      takes rank 0's state of it (HF's ``synchronize_rng_states(["generator"], generator)``); it is never reseeded,
+      so each epoch goes on from where the last one left it. A user's own generator is synchronized the same way,
+      not reseeded.
+    - ``reseeded``: a generator reseeded with ``base_seed + epoch`` at each epoch (``use_seedable_sampler=True``:
+      HF's ``SeedableRandomSampler``, ``base_seed`` being ``data_seed`` or ``torch.initial_seed()``) or with
+      ``epoch`` (an IterableDataset's own ``generator`` when it has no ``set_epoch``: HF's
+      ``IterableDatasetShard``).
     - ``shared_stream``: any other sampler runs under a :class:`~.rng.SharedRNG` (torch + python global
-      RNG, swapped in only around its own calls), reseeded each epoch.
-
-    Both are seeded with ``base_seed + epoch``; ``base_seed`` is rank 0's ``torch.initial_seed()``, so
-    ``set_seed``/``torch.manual_seed`` before ``prepare`` makes the order reproducible across runs and the
-    same for 1 or N processes.
+      RNG, swapped in only around its own calls), seeded ``base_seed + epoch``. HF has no equivalent (there
+      such a sampler draws from each rank's own global RNG, the same only where every rank was seeded alike).
     """
 
-    def __init__(self, base_seed: int, owned_generator: Optional[torch.Generator], shared_stream: bool) -> None:
+    def __init__(
+        self,
+        base_seed: int,
+        reseeded: Optional[torch.Generator] = None,
+        shared_stream: bool = False,
+        synchronized: Optional[torch.Generator] = None,
+    ) -> None:
         self.base_seed = base_seed
-        self.owned_generator = owned_generator
+        self.reseeded = reseeded
         self.shared_stream = shared_stream
+        self.synchronized = synchronized
+        self.epoch_start_state: Optional[torch.Tensor] = None  # the synchronized generator's, this epoch
         self._shared: Optional[SharedRNG] = None
 
+    def synchronize(self) -> None:
+        """The collective part of an iteration's start (every rank at once, in the thread that iterates)."""
+        if self.synchronized is not None:
+            _take_rank_zero_state(self.synchronized)
+
     def begin_epoch(self, epoch: int) -> None:
-        seed = epoch_seed(self.base_seed, epoch)
-        if self.owned_generator is not None:
-            self.owned_generator.manual_seed(seed)
-        self._shared = SharedRNG(seed) if self.shared_stream else None
+        if self.synchronized is not None:
+            self.epoch_start_state = self.synchronized.get_state()
+        if self.reseeded is not None:
+            self.reseeded.manual_seed(epoch_seed(self.base_seed, epoch))
+        self._shared = SharedRNG(epoch_seed(self.base_seed, epoch)) if self.shared_stream else None
 
     def iterate(self, iterable: Any) -> Iterator[Any]:
         return self._shared.iterate(iterable) if self._shared is not None else iter(iterable)
 
+    def generator_state(self, running: bool) -> Optional[torch.Tensor]:
+        """For a checkpoint: the synchronized generator's state the next iteration starts from (``running``: the
+        current epoch's start, so that resuming replays its order), None without one."""
+        if self.synchronized is None:
+            return None
+        if running and self.epoch_start_state is not None:
+            return self.epoch_start_state
+        return self.synchronized.get_state()
 
-def _share_user_generator(generator: torch.Generator) -> None:
-    """A generator the user passed in: give every rank rank 0's state (a no-op for one process)."""
+
+# HF's rng_types that name a global RNG: how to read and set its state
+_GLOBAL_RNGS = {
+    "torch": (torch.get_rng_state, torch.set_rng_state),
+    "cuda": (lambda: torch.cuda.get_rng_state(), lambda state: torch.cuda.set_rng_state(state)),
+}
+
+
+def synchronize_global_rngs(rng_types: Sequence[str]) -> None:
+    """HF's ``synchronize_rng_states(rng_types)`` at a prepared loader's iteration start, for the global RNGs among
+    them ("torch"; "cuda" where CUDA is in use): every rank takes rank 0's state (a no-op for one process)."""
+    for kind in rng_types:
+        if kind in _GLOBAL_RNGS and (kind != "cuda" or torch.cuda.is_initialized()):
+            get, put = _GLOBAL_RNGS[kind]
+            put(broadcast_object(get()))
+
+
+def _take_rank_zero_state(generator: torch.Generator) -> None:
+    """Every rank's ``generator`` takes rank 0's state (a no-op for one process)."""
     generator.set_state(broadcast(generator.get_state()))
 
 
-def _plan_sampler(sampler: Any) -> Tuple[Any, Optional[torch.Generator], bool]:
-    """Returns ``(sampler to use, generator we own or None, needs the shared stream)``."""
+def _drawn_generator() -> torch.Generator:
+    """HF's generator for a sampler without one: seeded from one draw on the global torch RNG (which the draw
+    advances, as on HF: later dropout and initialisations see the same stream on both libraries)."""
+    generator = torch.Generator()
+    generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+    return generator
+
+
+def _in_lockstep(num_processes: int, seedable: bool) -> bool:
+    """Whether a sampler drawing from the global RNG runs under the shared stream: on several processes (HF has no
+    equivalent: there each rank draws its own), and on one with ``use_seedable_sampler`` (its order then depends on
+    the seed and the epoch only, the same for 1 or N processes)."""
+    return num_processes > 1 or seedable
+
+
+def _plan_sampler(sampler: Any, num_processes: int, seedable: bool, base_seed: int) -> Tuple[Any, EpochRandomness]:
+    """Returns ``(sampler to use, its randomness)``: HF's ``prepare_data_loader`` choices (see EpochRandomness).
+
+    As on HF, one process leaves a sampler as it is in the default mode (a ``RandomSampler`` without a generator
+    then draws a new seed from the global RNG each epoch), and ``use_seedable_sampler`` touches only
+    ``RandomSampler``\\ s (and, here, the other generator-only samplers: HF leaves them unsynchronized)."""
     if type(sampler) is SequentialSampler:
-        return sampler, None, False
-    owned = None
+        return sampler, EpochRandomness(base_seed)
     generator = getattr(sampler, "generator", False)
+    shared = type(sampler) not in _GENERATOR_ONLY_SAMPLERS and _in_lockstep(num_processes, seedable)
+    if seedable:
+        if generator is None:
+            sampler = copy.copy(sampler)  # leave the user's DataLoader untouched
+            sampler.generator = torch.Generator()
+        reseeded = sampler.generator if isinstance(getattr(sampler, "generator", None), torch.Generator) else None
+        return sampler, EpochRandomness(base_seed, reseeded=reseeded, shared_stream=shared)
+    if num_processes == 1:
+        return sampler, EpochRandomness(base_seed)
     if generator is None:
-        sampler = copy.copy(sampler)  # leave the user's DataLoader untouched
-        owned = sampler.generator = torch.Generator()
-    elif isinstance(generator, torch.Generator):
-        _share_user_generator(generator)
-    return sampler, owned, type(sampler) not in _GENERATOR_ONLY_SAMPLERS
+        sampler = copy.copy(sampler)
+        sampler.generator = _drawn_generator()
+    synchronized = sampler.generator if isinstance(getattr(sampler, "generator", None), torch.Generator) else None
+    return sampler, EpochRandomness(base_seed, shared_stream=shared, synchronized=synchronized)
 
 
-def _plan_batch_sampler(batch_sampler: Any) -> Tuple[Any, Optional[torch.Generator], bool]:
-    if type(batch_sampler) is BatchSampler:
-        sampler, owned, shared = _plan_sampler(batch_sampler.sampler)
-        if sampler is not batch_sampler.sampler:
-            batch_sampler = copy.copy(batch_sampler)
-            batch_sampler.sampler = sampler
-        return batch_sampler, owned, shared
-    return batch_sampler, None, True  # a custom batch sampler: whatever it draws, it draws in lockstep
+def _plan_batch_sampler(batch_sampler: Any, num_processes: int, seedable: bool,
+                        base_seed: int) -> Tuple[Any, EpochRandomness]:  # fmt: skip
+    """:func:`_plan_sampler` for the sampler inside ``batch_sampler`` (HF's ``get_sampler``); a custom batch
+    sampler also runs under the shared stream (:func:`_in_lockstep`): whatever it draws, it draws in lockstep."""
+    custom = type(batch_sampler) is not BatchSampler and _in_lockstep(num_processes, seedable)
+    inner = getattr(batch_sampler, "sampler", None)
+    if inner is None:
+        return batch_sampler, EpochRandomness(base_seed, shared_stream=custom)
+    sampler, randomness = _plan_sampler(inner, num_processes, seedable, base_seed)
+    randomness.shared_stream = randomness.shared_stream or custom
+    if sampler is not inner:
+        batch_sampler = copy.copy(batch_sampler)  # leave the user's DataLoader untouched
+        batch_sampler.sampler = sampler
+    return batch_sampler, randomness
 
 
 _COPIED_SETTINGS = (
@@ -158,6 +234,8 @@ class PreparedDataLoader(DataLoader):
         self.epoch = 0  # the epoch of the current (or last) iteration
         self._next_epoch = 0
         self.non_blocking = False  # DataLoaderConfiguration(non_blocking=True): async copies even without pinning
+        # Accelerator(rng_types=[..."torch", "cuda"]): these global RNGs take rank 0's state at each iteration's start
+        self.global_rng_types: Tuple[str, ...] = ()
 
     def set_epoch(self, epoch: int) -> None:
         """Use the shuffle of ``epoch`` for the next iteration (identical on every rank)."""
@@ -197,12 +275,24 @@ class PreparedDataLoader(DataLoader):
         finally:
             self.gradient_state.loader_stopped(self)
 
-    def steps(self, on_device: bool = True) -> Iterator[Tuple[Any, bool, Optional[StepLayout]]]:
+    def synchronize_rngs(self) -> None:
+        """HF's ``synchronize_rng_states`` at an iteration's start: the sampler's generator and the ``rng_types``
+        global RNGs take rank 0's state (collectives: every rank calls it at once)."""
+        synchronize_global_rngs(self.global_rng_types)
+        if self.randomness is not None:
+            self.randomness.synchronize()
+
+    def steps(self, on_device: bool = True,
+              synchronize: bool = True) -> Iterator[Tuple[Any, bool, Optional[StepLayout]]]:  # fmt: skip
         """One epoch of ``(batch, is_last, layout)``, without touching the gradient state: whoever hands the
         batches to the user records them (``__iter__`` here; on XLA the :class:`XlaDeviceLoader`, since
         torch_xla's loader takes them from here in its prefetch thread, ahead of the user).
-        ``on_device=False`` leaves the batch where the DataLoader made it (torch_xla moves it)."""
+        ``on_device=False`` leaves the batch where the DataLoader made it (torch_xla moves it); ``synchronize=False``:
+        the caller ran :meth:`synchronize_rngs` itself (on XLA, in the user's thread, not the prefetch thread, as
+        HF's ``MpDeviceLoaderWrapper``)."""
         self.epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
+        if synchronize:
+            self.synchronize_rngs()
         if self.randomness is not None:
             self.randomness.begin_epoch(self.epoch)
         self._announce_epoch(self.epoch)
@@ -237,7 +327,7 @@ class _XlaSteps:
         self.prepared = prepared
 
     def __iter__(self) -> Iterator[Any]:
-        for batch, last, layout in self.prepared.steps(on_device=False):
+        for batch, last, layout in self.prepared.steps(on_device=False, synchronize=False):
             yield [batch, _XlaStep(last, layout)]
 
     def __len__(self) -> int:
@@ -271,6 +361,7 @@ class XlaDeviceLoader:
         gradient_state = self.prepared.gradient_state
         self.end_of_dataloader = False
         gradient_state.loader_started(self)
+        self.prepared.synchronize_rngs()  # collectives belong in this thread, not torch_xla's prefetch thread
         try:
             for batch, step in pl.MpDeviceLoader(_XlaSteps(self.prepared), self.device):
                 self.end_of_dataloader, self.current_layout = step.last, step.layout
@@ -296,8 +387,15 @@ def prepare_data_loader(
     gradient_state: GradientState,
     base_seed: int,
     split_batches: bool = False,
+    use_seedable_sampler: bool = False,
 ) -> PreparedDataLoader:
     """Shard ``loader`` for this rank (see the module docstring); ``device=None`` leaves batches where they are.
+
+    The data order is HF accelerate's (:class:`EpochRandomness`): by default a shuffling sampler's generator is
+    seeded once here, from a draw on the global torch RNG, and each iteration starts from rank 0's state of it;
+    ``use_seedable_sampler=True`` reseeds it with ``base_seed + epoch`` at each epoch instead. ``base_seed`` (the
+    same on every rank: ``data_seed``, else rank 0's ``torch.initial_seed()``) also seeds the shared stream of
+    samplers that draw from the global RNG.
 
     Example::
 
@@ -309,7 +407,7 @@ def prepare_data_loader(
     common = dict(gradient_state=gradient_state, device=device, **settings)
 
     if isinstance(loader.dataset, IterableDataset):
-        return _prepare_iterable(loader, process_index, num_processes, base_seed, split_batches, common)
+        return _prepare_iterable(loader, process_index, num_processes, split_batches, common)
 
     index_sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
     inner_sampler = getattr(index_sampler, "sampler", index_sampler)
@@ -337,10 +435,9 @@ def prepare_data_loader(
 
     batched = loader.batch_sampler is not None
     if batched:
-        source, owned, shared = _plan_batch_sampler(loader.batch_sampler)
+        source, randomness = _plan_batch_sampler(loader.batch_sampler, num_processes, use_seedable_sampler, base_seed)
     else:
-        source, owned, shared = _plan_sampler(loader.sampler)
-    randomness = EpochRandomness(base_seed, owned, shared)
+        source, randomness = _plan_sampler(loader.sampler, num_processes, use_seedable_sampler, base_seed)
     full_size = getattr(source, "batch_size", None) if batched else None
     shard = BatchSamplerShard(
         source,
@@ -374,7 +471,6 @@ def _prepare_iterable(
     loader: DataLoader,
     process_index: int,
     num_processes: int,
-    base_seed: int,
     split_batches: bool,
     common: Dict[str, Any],
 ) -> PreparedDataLoader:
@@ -387,11 +483,13 @@ def _prepare_iterable(
     batched = loader.batch_size is not None
     batch_size = loader.batch_size if batched else 1
     # A stream must come out the same on every rank. Its per-epoch hooks are set_epoch (called by the
-    # prepared loader) and a torch.Generator in `dataset.generator`, which we reseed each epoch as HF
-    # accelerate does. No shared-RNG swap here: it would cost ~20 us per *item* (vs per batch).
+    # prepared loader) and a torch.Generator in `dataset.generator`, as on HF: on several processes it takes rank 0's
+    # state at each iteration's start, and without a set_epoch it is then reseeded with the epoch number (HF's
+    # IterableDatasetShard). No shared-RNG swap here: it would cost ~20 us per *item* (vs per batch).
     generator = getattr(loader.dataset, "generator", None)
-    seeded = generator if isinstance(generator, torch.Generator) and not hasattr(loader.dataset, "set_epoch") else None
-    randomness = EpochRandomness(base_seed, seeded, shared_stream=False)
+    generator = generator if isinstance(generator, torch.Generator) and num_processes > 1 else None
+    reseeded = generator if not hasattr(loader.dataset, "set_epoch") else None
+    randomness = EpochRandomness(0, reseeded=reseeded, synchronized=generator)
     shard = IterableDatasetShard(
         loader.dataset,
         process_index=process_index,
