@@ -2,61 +2,24 @@
 ``SeedableRandomSampler``, on our sharded loader (:mod:`notebook_accel.accelerator.data_loader`)."""
 from __future__ import annotations
 
-import copy
-from typing import Any, Callable, Iterator, List, Optional, Union
+from typing import Any, Callable, List, Optional, Union
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+from torch.utils.data import DataLoader
 
 from .accelerator import data_loader as _ours
 from .accelerator import operations
 from .accelerator.absent import refuse_name
-from .accelerator.data_loader import PreparedDataLoader, SkippedLoader, _loader_settings
+from .accelerator.data_loader import PreparedDataLoader, SkippedLoader
 from .accelerator.dispatch import DispatchedDataLoader
 from .accelerator.gradient_state import GradientState
+from .accelerator.seedable import SeedableRandomSampler, _with_seedable_sampler
 
 __all__ = ["DataLoaderDispatcher", "DataLoaderShard", "SeedableRandomSampler", "SkipDataLoader", "prepare_data_loader", "skip_first_batches"]
 
 DataLoaderShard = PreparedDataLoader  # HF's name for a prepared loader (isinstance checks)
 DataLoaderDispatcher = DispatchedDataLoader  # HF's name for a loader rank 0 reads for everyone
 SkipDataLoader = SkippedLoader
-
-
-class SeedableRandomSampler(RandomSampler):
-    """A ``RandomSampler`` whose order depends on a seed and the epoch only (``set_epoch``): every rank that builds
-    one with the same seed draws the same permutation for the same epoch; each pass moves to the next epoch."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        data_seed = kwargs.pop("data_seed", None)
-        super().__init__(*args, **kwargs)
-        self.initial_seed = data_seed if data_seed is not None else torch.random.initial_seed()
-        self.epoch = 0
-
-    def __iter__(self) -> Iterator[int]:
-        if self.generator is None:
-            self.generator = torch.Generator()
-        self.generator.manual_seed(self.initial_seed + self.epoch)
-        yield from super().__iter__()
-        self.set_epoch(self.epoch + 1)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-
-def _with_seedable_sampler(dataloader: DataLoader, data_seed: int) -> DataLoader:
-    """HF's ``use_seedable_sampler``: the loader's plain ``RandomSampler`` (under a plain ``BatchSampler``) swapped
-    for a :class:`SeedableRandomSampler` seeded ``data_seed``, which the prepared loader keeps (HF's checks read it
-    at ``prepared.batch_sampler.batch_sampler.sampler``). Any other sampler is left as it is."""
-    batch_sampler = dataloader.batch_sampler
-    if type(batch_sampler) is not BatchSampler or type(batch_sampler.sampler) is not RandomSampler:
-        return dataloader
-    sampler = batch_sampler.sampler
-    seedable = copy.copy(batch_sampler)  # leave the user's DataLoader untouched
-    seedable.sampler = SeedableRandomSampler(sampler.data_source, replacement=sampler.replacement,
-                                             num_samples=sampler._num_samples, generator=sampler.generator,
-                                             data_seed=data_seed)  # fmt: skip
-    return DataLoader(dataloader.dataset, batch_sampler=seedable, collate_fn=dataloader.collate_fn,
-                      **_loader_settings(dataloader))
 
 
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:

@@ -9,6 +9,7 @@ One module per job (every module of this package is listed here; a test checks i
 - :mod:`.sharding`      splitting a sampler or an IterableDataset between ranks, with padded tails
 - :mod:`.data_loader`   the prepared DataLoader: shard + synchronized shuffling + device placement
 - :mod:`.dispatch`      ``dispatch_batches=True``: rank 0 reads the DataLoader, every rank gets its slice of a step
+- :mod:`.seedable`      HF's SeedableRandomSampler (``use_seedable_sampler=True``): reseeded seed + epoch each pass
 - :mod:`.fsdp`          FSDP2 sharding (``fully_shard``) and full/sharded state dicts
 - :mod:`.zero`          DeepSpeed ZeRO: the plugin, the filled config, the engine's optimizer
 - :mod:`.optimizer`     optimizer wrapper: loss scaling, accumulation steps

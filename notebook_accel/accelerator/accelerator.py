@@ -768,7 +768,7 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, TimeLimitMemb
         config = self.dataloader_config
         base_seed = operations.broadcast_object(torch.initial_seed() if config.data_seed is None else config.data_seed)
         if config.use_seedable_sampler:
-            from ..data_loader import _with_seedable_sampler  # HF's SeedableRandomSampler, in HF's place
+            from .seedable import _with_seedable_sampler  # HF's SeedableRandomSampler
 
             data_loader = _with_seedable_sampler(data_loader, base_seed)
         on_xla = self.distributed_type == DistributedType.XLA
