@@ -9,10 +9,11 @@ state, its progress, its result or error) follows them.
 """
 from __future__ import annotations
 
+import concurrent.futures as futures
 import html
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence
 
 from .errors import LaunchConfigError, LaunchConfigTypeError, one_line
@@ -22,8 +23,7 @@ from .plan.entry_points import resolve_options
 from .plan.options import START_LAUNCH, LaunchOptions
 from .plan.plan import LaunchPlan, make_plan
 from .rank.tracebacks import without_launcher_frames
-from .views import NullView, View, in_notebook_kernel
-
+from .views import NullView, in_notebook_kernel
 from .wire.events import ProgressUpdate, RankEvent, Status
 
 ERRORS = ("raise", "return")   # what a failing trial does to the call: raise once all ended, or stand in the list
@@ -133,7 +133,9 @@ class Sweep:
                     running.append(self._start(waiting.pop(0)))
                 if self._stop.is_set():
                     raise KeyboardInterrupt
-                running[0].launch._done.wait(WAIT_STEP)  # type: ignore[union-attr]
+                # each launch's public future: woken by whichever trial ends first, and by Stop every WAIT_STEP s
+                futures.wait([trial.launch.future for trial in running],  # type: ignore[union-attr]
+                             timeout=WAIT_STEP, return_when=futures.FIRST_COMPLETED)
                 for trial in [trial for trial in running if trial.launch.done]:  # type: ignore[union-attr]
                     running.remove(trial)
                     self._ended(trial)
@@ -141,7 +143,7 @@ class Sweep:
             for trial in running:
                 trial.launch.stop()  # type: ignore[union-attr]
             for trial in running:   # every trial's ranks gone before the call returns
-                trial.launch._done.wait()  # type: ignore[union-attr]
+                futures.wait([trial.launch.future])  # type: ignore[union-attr]
                 self._ended(trial)
             for trial in waiting:
                 trial.state = "not started"
