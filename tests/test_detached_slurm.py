@@ -80,11 +80,6 @@ ATTACHER = COMMON + textwrap.dedent('''
         if isinstance(event, MetricReport):
             replayed.add(event)
     report_["metrics"] = sorted((row.rank, row.step, row.name, row.value) for row in replayed.rows())
-    print("ATTACHED RUN", flush=True)
-    report_["attached_result"] = notebook_launcher(train, (40,), display="text", **options)
-    report_["attached_metrics"] = sorted((row.rank, row.step, row.name, row.value)
-                                         for row in last_launch().metric_log.rows())
-    print("END OF RUNS", flush=True)
     try:
         attach(failing, display="none")
     except Exception as error:
@@ -97,6 +92,11 @@ ATTACHER = COMMON + textwrap.dedent('''
     job.cancel()
     report_["after_cancel"] = {"status": job.status, "queue": subprocess.run(
         ["squeue", "-h", "-j", slurm_job, "-o", "%i"], capture_output=True, text=True).stdout.split()}
+    print("ATTACHED RUN", flush=True)
+    report_["attached_result"] = notebook_launcher(train, (40,), display="text", **options)
+    report_["attached_metrics"] = sorted((row.rank, row.step, row.name, row.value)
+                                         for row in last_launch().metric_log.rows())
+    print("END OF RUNS", flush=True)
     folders = [find_job(name).path for name in (trained, failing, holding)]
     for name in (trained, failing, holding):
         DetachedJob(name).forget()
