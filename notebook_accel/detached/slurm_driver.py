@@ -68,6 +68,9 @@ class Termination:
         self.requeueing = False   # the driver itself asked for the requeue
         self.started = time.monotonic()
         signal.signal(signal.SIGTERM, self._on_term)
+        # ``scancel --signal=USR2 --full`` (or --batch) would end the driver by USR2's default action: the warning is
+        # the ranks' (they are a step of their own), the driver has nothing to do with it
+        signal.signal(signal.SIGUSR2, lambda signum, frame: None)
 
     def _on_term(self, signum: int, frame: Any) -> None:
         if self.requeueing:
