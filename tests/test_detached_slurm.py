@@ -203,11 +203,17 @@ RESUMING = textwrap.dedent('''
 ''')
 
 
-def test_a_warned_detached_job_checkpoints_requeues_and_resumes_to_the_weights_of_an_uninterrupted_run(slurm,
-                                                                                                     tmp_path):
-    """The warning before a time limit or a preemption (Slurm's ``--signal=USR2@N``; here sent by hand, as
-    ``scancel --signal=USR2`` does before a preemption): the ranks checkpoint at an agreed step, the driver requeues
-    the job, the restarted job resumes from the checkpoint, and the attached kernel sees one launch to its end."""
+# How the job learns it must stop: the warning before a time limit or a preemption (Slurm's ``--signal=USR2@N``; sent
+# here by hand, as ``scancel --signal=USR2`` does: the driver requeues the job), or a preemption itself (``scontrol
+# requeue`` from outside: Slurm's SIGTERM, KillWait = 2 s before SIGKILL here, and Slurm requeues the job).
+STOPPERS = {"warning": ["scancel", "--signal=USR2"], "preemption": ["scontrol", "requeue"]}
+
+
+@pytest.mark.parametrize("how", sorted(STOPPERS))
+def test_a_warned_or_preempted_detached_job_checkpoints_requeues_and_resumes_to_the_weights_of_an_uninterrupted_run(
+        slurm, tmp_path, how):
+    """The ranks checkpoint at an agreed step, the job is requeued, the restarted job resumes from the checkpoint, and
+    the attached kernel sees one launch to its end."""
     env = dict(script_env(), SLURM_CONF=slurm.conf, NOTEBOOK_ACCEL_JOBS=str(tmp_path / "jobs"))
     (tmp_path / "kernel.py").write_text(RESUMING)
     out = open(tmp_path / "kernel.out", "w+")
@@ -222,7 +228,7 @@ def test_a_warned_detached_job_checkpoints_requeues_and_resumes_to_the_weights_o
         record = json.loads((tmp_path / "jobs" / job_id / "record.json").read_text())
         slurm_job = record["slurm_job"]
         wait_for(lambda: "] step 40" in output() or kernel.poll() is not None, 90, "the job never reached step 40")
-        warned = slurm.run(["scancel", "--signal=USR2", slurm_job])
+        warned = slurm.run(STOPPERS[how] + [slurm_job])
         assert warned.returncode == 0, warned.stderr
 
         def requeued_and_pending():   # a requeued job waits for its old credentials to expire (120 s): not here
@@ -242,7 +248,9 @@ def test_a_warned_detached_job_checkpoints_requeues_and_resumes_to_the_weights_o
     reports = [line for line in said.splitlines() if line.startswith("REPORT ")]
     assert reports, f"{said[-4000:]}\n{slurm.logs()}"
     report = json.loads(reports[0][len("REPORT "):])
-    assert "time limit reached at step" in said and "is requeued" in said, said[-4000:]
+    assert "time limit reached at step" in said, said[-4000:]
+    assert ("is requeued" if how == "warning" else "the ranks checkpoint at their next agreed step") in said, \
+        said[-4000:]
     assert "resumed at step" in said, said[-4000:]
     assert report["checkpoints"] == ["checkpoint_0"], report
     assert report["detached"] == report["whole"], report
