@@ -92,6 +92,10 @@ ATTACHER = COMMON + textwrap.dedent('''
     job.cancel()
     report_["after_cancel"] = {"status": job.status, "queue": subprocess.run(
         ["squeue", "-h", "-j", slurm_job, "-o", "%i"], capture_output=True, text=True).stdout.split()}
+    if report_["after_cancel"]["queue"]:   # still there: it would hold the nodes the attached run needs
+        subprocess.run(["scancel", slurm_job])
+        print("REPORT " + json.dumps(report_), flush=True)
+        sys.exit(0)
     print("ATTACHED RUN", flush=True)
     report_["attached_result"] = notebook_launcher(train, (40,), display="text", **options)
     report_["attached_metrics"] = sorted((row.rank, row.step, row.name, row.value)
@@ -140,6 +144,7 @@ def test_a_detached_launch_outlives_its_kernel_and_a_new_kernel_attaches_cancels
     reports = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
     assert done.returncode == 0 and reports, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{slurm.logs()}"
     report = json.loads(reports[0][len("REPORT "):])
+    assert report["after_cancel"] == {"status": "stopped", "queue": []}, report["after_cancel"]
     assert report["listed"] == sorted(jobs)
     # The lines and metrics of the detached run, replayed and then followed, are the attached run's.
     detached_part, attached_part = done.stdout.split("ATTACHED RUN", 1)
@@ -154,8 +159,7 @@ def test_a_detached_launch_outlives_its_kernel_and_a_new_kernel_attaches_cancels
     assert failure["type"] == "ValueError" and "rank one's own error" in failure["message"], failure
     assert failure["rank"] == 1 and failure["node"] == slurm.nodes[1], failure
     assert 'raise ValueError("rank one\'s own error")' in failure["text"] and "[rank 1]" in failure["text"], failure
-    # The cancelled job is gone from Slurm, and forget() left nothing.
-    assert report["after_cancel"] == {"status": "stopped", "queue": []}, report["after_cancel"]
+    # The cancelled job is gone from Slurm (above), and forget() left nothing.
     assert report["left"] == [] and os.listdir(tmp_path / "jobs") == []
     assert slurm.wait_no_jobs(timeout=30) == []
 
