@@ -173,10 +173,11 @@ RESUMING = TRAIN + textwrap.dedent('''
 
     folder = sys.argv[1]
     options = dict(num_processes=2, num_nodes=2, cluster="slurm", slurm={"time": "00:05:00"})
-    job = start_launch(train, (folder + "/cut", 300, 0.05), detach=True, **options)
+    job = start_launch(train, (folder + "/cut", 150, 0.05), detach=True, **options)
     print("JOB " + job.id, flush=True)
     report = {"detached": attach(job.id, display="text")}
-    report["whole"] = notebook_launcher(train, (folder + "/whole", 300, 0.0), display="none", **options)
+    # the uninterrupted run on two local ranks: the same gloo all-reduce of the same gradients, without a job to wait for
+    report["whole"] = notebook_launcher(train, (folder + "/whole", 150, 0.0), num_processes=2, display="none")
     report["checkpoints"] = sorted(os.listdir(folder + "/cut/checkpoints"))
     job.forget()
     print("REPORT " + json.dumps(report), flush=True)
