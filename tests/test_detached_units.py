@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 import threading
+import time
 
 import pytest
 
@@ -209,3 +210,22 @@ def test_a_detached_launch_inside_an_allocation_asks_for_a_job_of_its_own(monkey
     options = dict(num_processes=2, num_nodes=2, cluster="slurm", device="cpu", slurm={"time": "10"})
     plan = make_plan(hold, (), None, LaunchOptions.checked(detach=True, **options))
     assert plan.site.allocation is None and plan.site.request_options == {"time": "10"}
+
+
+def test_a_displayed_handle_replays_then_follows_the_job_live(jobs, monkeypatch):
+    folder = JobFolder.create("local-test", "train")
+    first = [LaunchStarted(rank=-1, world_size=2, device="cpu", start_method="slurm")] + lines(3)
+    for event in first:
+        folder.append(event)
+    shown = Recorder()
+    monkeypatch.setattr("notebook_accel.detached.attaching.make_view", lambda display: shown)
+    DetachedJob(folder.id)._ipython_display_()
+    assert shown.events == first   # replayed in the cell that displayed it, before it returns
+    later = lines(3, start=3) + [LaunchFinished(rank=-1, status=Status.FINISHED, elapsed=1.0)]
+    for event in later:
+        folder.append(event)
+    folder.finish(Ending.finished(None, elapsed=1.0))
+    deadline = time.monotonic() + 10
+    while len(shown.events) < len(first + later) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert shown.events == first + later
