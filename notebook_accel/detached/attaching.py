@@ -15,7 +15,7 @@ from ..views import View, make_view
 from ..wire.choices import DisplayName
 from ..wire.events import LaunchFinished, Status
 from .ending import Ending
-from .folder import JobFolder, find_job, job_folders
+from .folder import find_job, job_folders
 from .protocol import EventSource
 
 POLL = 0.2           # seconds between two reads of a live job's log

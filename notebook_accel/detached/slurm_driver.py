@@ -104,13 +104,13 @@ def job_state(job: str) -> Optional[str]:
 
 
 def main(path: str) -> int:
+    """Run the job folder's launch in this batch job, record it, and requeue the job when its ranks checkpointed."""
     folder = JobFolder(path)
     job = os.environ.get("SLURM_JOB_ID", "?")
-    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     os.environ[DETACHED_VARIABLE] = "1"   # srun exports it to the ranks: SIGTERM is a warning there
     termination = Termination(folder, job)
     record = folder.record()
-    sink = AttemptLog(folder, restart, record.get("attempt_errors", []))
+    sink = AttemptLog(folder, int(os.environ.get("SLURM_RESTART_COUNT") or 0), record.get("attempt_errors", []))
     before = float(record.get("elapsed", 0.0))
     try:
         driver_plan = folder.read_plan()
@@ -125,24 +125,29 @@ def main(path: str) -> int:
     except BaseException:   # the outcome is the launch's (``launch.error``)
         pass
     elapsed = before + time.monotonic() - termination.started
-    if termination.ended:
+    if termination.ended:   # cancelled, or out of time: the ending is written
         return 0
     if termination.preempted or isinstance(launch.error, TimeLimitReached):
         said = one_line(launch.error) if launch.error is not None else "preempted"
         folder.update_record(elapsed=elapsed, attempt_errors=record.get("attempt_errors", []) + [said])
-    if termination.preempted:   # Slurm requeues it already
-        return 0
-    if isinstance(launch.error, TimeLimitReached):
-        folder.append(SessionNotice(rank=-1, text=f"{said}; the Slurm job {job} is requeued: the function runs again "
-                                                   f"and resumes from the checkpoint"))
-        termination.requeueing = True
-        asked = run_tool(["scontrol", "requeue", job], timeout=30)
-        if asked.returncode == 0:
-            time.sleep(REQUEUE_WAIT)   # Slurm ends this script (SIGTERM) as it requeues the job
+        if termination.preempted or requeue(folder, job, said, termination):   # Slurm runs the job again
             return 0
-        folder.append(SessionNotice(rank=-1, text=f"scontrol requeue {job} failed: {asked.stderr.strip()}"))
     sink.finish(Ending.of_launch(launch, elapsed))
     return 0
+
+
+def requeue(folder: JobFolder, job: str, said: str, termination: Termination) -> bool:
+    """Say in the log that the job is requeued, and requeue it; this script then ends by Slurm's SIGTERM. False (and
+    said in the log) when Slurm refused."""
+    folder.append(SessionNotice(rank=-1, text=f"{said}; the Slurm job {job} is requeued: the function runs again "
+                                               f"and resumes from the checkpoint"))
+    termination.requeueing = True
+    asked = run_tool(["scontrol", "requeue", job], timeout=30)
+    if asked.returncode != 0:
+        folder.append(SessionNotice(rank=-1, text=f"scontrol requeue {job} failed: {asked.stderr.strip()}"))
+        return False
+    time.sleep(REQUEUE_WAIT)   # Slurm ends this script (SIGTERM) as it requeues the job
+    return True
 
 
 if __name__ == "__main__":
