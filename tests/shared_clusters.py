@@ -28,6 +28,7 @@ SHARED_GROUPS: Dict[str, str] = {
     "test_time_limit_slurm.py": "real-hosts",
     "test_ray_client.py": "fake-ray",
     "test_ray_cluster.py": "fake-ray",
+    "test_ray_checkpoints.py": "fake-ray",
 }
 
 

@@ -97,9 +97,9 @@ def test_a_checkpointed_rank_is_shown_as_checkpointed_not_failed():
     from notebook_accel.wire.events import RankExited, RankFailed, RankStatus
 
     state = LaunchState()
-    state.apply(RankFailed(rank=0, exc_type="TimeLimitReached", message="time limit reached at step 16",
+    state.apply(RankFailed(rank=0, exc_type="notebook_accel.errors.TimeLimitReached", message="time limit reached at step 16",
                            traceback="", exception=None))  # fmt: skip
-    state.apply(RankFailed(rank=1, exc_type="ValueError", message="bad", traceback="", exception=None))
+    state.apply(RankFailed(rank=1, exc_type="builtins.ValueError", message="bad", traceback="", exception=None))
     for rank in (0, 1):
         state.apply(RankExited(rank=rank, exitcode=1, signal_name=None, stopped=True))
     assert [state.rank(rank).status for rank in (0, 1)] == [RankStatus.CHECKPOINTED, RankStatus.FAILED]
