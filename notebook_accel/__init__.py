@@ -69,6 +69,9 @@ _EXPORTS = {
     "sweep": ".sweeps",
     "last_sweep": ".sweeps",
     "Sweep": ".sweeps",
+    "attach": ".detached.attaching",
+    "DetachedJob": ".detached.attaching",
+    "detached_jobs": ".detached.attaching",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -81,6 +84,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .plan.config import write_basic_config
     from .session import Session, last_session
     from .sweeps import Sweep, last_sweep, sweep
+    from .detached.attaching import DetachedJob, attach, detached_jobs
     from .rank.metrics import report
     from .rank.progress import progress
 
