@@ -29,6 +29,7 @@ SHARED_GROUPS: Dict[str, str] = {
     "test_ray_client.py": "fake-ray",
     "test_ray_cluster.py": "fake-ray",
     "test_ray_checkpoints.py": "fake-ray",
+    "test_ray_detached.py": "fake-ray",
 }
 
 

@@ -4,7 +4,7 @@ running; a new kernel attaches by id and gets every rank's lines, metrics and th
 gave them; a reattached handle cancels it (its rank actors end), ``forget()`` removes the driver actor, and a failing
 job's ``attach`` raises the rank's own exception with its traceback.
 
-Kernels are scripts in subprocesses (``python -c``, their functions in ``__main__`` as a notebook's), connected to
+Kernels are scripts in subprocesses (their functions in ``__main__`` as a notebook's), connected to
 the cluster with ``ray.init(address=...)``, as the other Ray tests' kernels are.
 """
 from __future__ import annotations
@@ -75,10 +75,10 @@ ray.init(address=os.environ["RAY_ADDRESS"])
 """
 
 START = CONNECT + WORK + """
-from notebook_accel import start_launch
+from notebook_accel.backends.ray.detached import submit
 
-job = start_launch({function}, args={args}, num_processes=2, cluster="ray", placement="STRICT_SPREAD",
-                   return_all=True, display="none", detach=True)
+job = submit(FUNCTION, ARGS, None, dict(num_processes=2, cluster="ray", placement="STRICT_SPREAD",
+                                           return_all=True))
 print("JOB", job.id, flush=True)
 import time
 time.sleep(600)   # a kernel that sits idle until it is culled (here: SIGKILLed by the test)
@@ -99,8 +99,8 @@ lines = {}
 for event in events:
     if isinstance(event, OutputLines):
         lines.setdefault(str(event.rank), []).extend(event.lines)
-metrics = [[event.rank, event.step, name, value] for event in events if isinstance(event, MetricReport)
-           for name, value in sorted(event.values.items())]
+metrics = [[event.rank, step, name, value] for event in events if isinstance(event, MetricReport)
+           for step, _, _, values in event.calls() for name, value in sorted(values.items())]
 print("ATTACHED " + json.dumps({"result": result, "error": error, "lines": lines, "metrics": metrics}), flush=True)
 """
 
@@ -114,8 +114,7 @@ def ray(fake_ray):
     for source in ray_jobs():  # a test that failed before forgetting its job
         source.forget()
     assert leftovers(fake_ray.ray) == []
-    assert wait_until(lambda: not driver_processes(), timeout=60, what="the driver actors to end", interval=0.2) \
-        or True
+    wait_until(lambda: not driver_processes(), timeout=60, what="the driver actors to end", interval=0.2)
 
 
 def driver_processes():
@@ -136,7 +135,9 @@ def kernel_env(cluster) -> dict:
 
 def start_detached_kernel(cluster, tmp_path, function: str, args: str) -> tuple:
     """A kernel script that starts a detached launch and idles; (its process, the job's id)."""
-    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent(START.format(function=function, args=args))],
+    script = tmp_path / "kernel.py"  # a file, as a notebook's cells are to linecache: tracebacks quote its lines
+    script.write_text(START.replace("FUNCTION", function).replace("ARGS", args))
+    kernel = subprocess.Popen([sys.executable, str(script)],
                               env=kernel_env(cluster), cwd=str(tmp_path), stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = kernel.stdout.readline()
@@ -174,8 +175,8 @@ def test_a_detached_launch_outlives_its_kernel_and_a_new_kernel_gets_what_an_att
     attached = start_launch(work, args=(str(tmp_path / "attached"), str(go)), num_processes=2, cluster="ray",
                             placement="STRICT_SPREAD", return_all=True, display="none", view=recorder).wait(600)
     lines = {str(rank): [event.text for event in recorder.of(OutputLine) if event.rank == rank] for rank in (0, 1)}
-    metrics = [[event.rank, event.step, name, value] for event in recorder.of(MetricReport)
-               for name, value in sorted(event.values.items())]
+    metrics = [[event.rank, step, name, value] for event in recorder.of(MetricReport)
+               for step, _, _, values in event.calls() for name, value in sorted(values.items())]
 
     ready, go = str(tmp_path / "ready"), tmp_path / "go-detached"
     kernel, job_id = start_detached_kernel(cluster_of, tmp_path, "work", f"({ready!r}, {str(go)!r})")

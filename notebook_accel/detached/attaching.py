@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Union
 
+from ..backends.ray.detached import RayJobSource, is_ray_job, ray_jobs
 from ..outcome.shown import show_from_the_call
 from ..views import View, make_view
 from ..wire.choices import DisplayName
@@ -67,7 +68,7 @@ def source_of(job: JobLike) -> EventSource:
     if isinstance(job, DetachedJob):
         return job.source
     if isinstance(job, str):
-        return find_job(job)
+        return RayJobSource(job) if is_ray_job(job) else find_job(job)
     return job
 
 
@@ -178,6 +179,11 @@ def detached_jobs(root: Optional[str] = None) -> Any:
         try:
             rows.append(folder.describe())
         except (OSError, ValueError):  # forgotten while listed
+            continue
+    for source in ray_jobs():  # the detached Ray jobs of the cluster this kernel is connected to, if any
+        try:
+            rows.append(source.describe())
+        except Exception:  # forgotten while listed
             continue
     try:
         import pandas
