@@ -5,8 +5,8 @@ warning (SIGUSR2, sent to a rank's actor process) reaches the ranks as on local 
 ``TimeLimitReached`` with its checkpoint — not restarted from the start under ``max_restarts``: a time limit is
 not a crash.
 
-The functions run on ranks travel by value (``cloudpickle.register_pickle_by_value``: the actors cannot import a
-test module), as a notebook's do.
+The functions run on ranks (and test_time_limit.py's, which they use) travel by value
+(``cloudpickle.register_pickle_by_value``: the actors cannot import a test module), as a notebook's do.
 """
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ import torch
 from notebook_accel import TimeLimitReached, start_launch
 from notebook_accel.views.model import LaunchState
 from notebook_accel.wire.events import AttemptStarted, RankStatus
+import test_time_limit
 from ray_cluster import leftovers
 from scripts import Recorder
+from test_time_limit import prepared, train_step
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(900)
@@ -39,47 +41,32 @@ def ray(fake_ray):
     """The connected ``ray`` module, this module's functions pickled by value; nothing may be left after a test."""
     import cloudpickle
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    modules = (sys.modules[__name__], test_time_limit)
+    for module in modules:
+        cloudpickle.register_pickle_by_value(module)
     try:
         yield fake_ray.ray
     finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        for module in modules:
+            cloudpickle.unregister_pickle_by_value(module)
     assert leftovers(fake_ray.ray) == []
 
 
 # ------------------------------------------------------------------------------ functions run on ranks
 
 def train(project_dir: str, pause_after: Optional[int] = None, pause_file: str = "") -> Dict[str, Any]:
-    """A small regression with an LR schedule, a checkpoint every ``CHECKPOINT_EVERY`` steps; each step's batch
-    depends only on (step, rank), so a resumed run sees what an uninterrupted one saw. A restarted attempt
-    (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes from the latest checkpoint. On attempt 0, rank 1 writes its pid
-    to ``pause_file`` after ``pause_after`` steps and waits there (for the test to kill or warn its process)."""
-    import torch.nn.functional as F
-
-    from notebook_accel import Accelerator
-    from notebook_accel.accelerator import ProjectConfiguration
+    """test_time_limit.py's regression, with a checkpoint every ``CHECKPOINT_EVERY`` steps. A restarted attempt
+    (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes from the latest checkpoint. On attempt 0, rank 1 writes its pid to
+    ``pause_file`` after ``pause_after`` steps and waits there (for the test to kill or warn its process)."""
     from notebook_accel.rank.time_warning import was_warned
 
-    torch.set_num_threads(1)
-    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=project_dir,
-                                                                  automatic_checkpoint_naming=True))
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.8)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    accelerator, model, optimizer, scheduler = prepared(project_dir)
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     if attempt > 0:
         accelerator.load_state()  # the latest checkpoints/checkpoint_<i>
     first = accelerator.optimizer_steps
     for step in range(first, TOTAL_STEPS):
-        generator = torch.Generator().manual_seed(1000 * step + accelerator.process_index)
-        inputs = torch.randn(8, 4, generator=generator)
-        loss = F.mse_loss(model(inputs), inputs.sum(dim=1, keepdim=True))
-        accelerator.backward(loss)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
+        train_step(accelerator, model, optimizer, scheduler, step)
         if accelerator.optimizer_steps % CHECKPOINT_EVERY == 0 and not accelerator.should_checkpoint:
             accelerator.save_state()
         if attempt == 0 and step + 1 == pause_after and accelerator.process_index == WARNED_RANK:
