@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 from .backends import Backend, LaunchSink, backend_for
 from .backends.prompts import asker_here
 from .backends.rendezvous import HostedStore
-from .errors import LaunchError, LaunchTimeout, one_line
+from .errors import LaunchConfigError, LaunchError, LaunchTimeout, one_line
 from .monitor.metric_log import MetricLog
 from .monitor.resources import ResourceSampler
 from .outcome.oom import explain as explain_out_of_memory
@@ -452,11 +452,16 @@ def start_launch(function: Callable[..., Any], args: tuple = (), kwargs: Optiona
                  rdzv_id: Optional[str] = None,
                  rdzv_conf: Optional[Dict[str, Any]] = None,
                  max_restarts: int = 0,
-                 monitor_interval: float = 0.1) -> Launch:
+                 monitor_interval: float = 0.1,
+                 detach: bool = False) -> Any:
     """Like ``notebook_launcher`` but in a background thread: returns a ``Launch`` at once.
 
     Options (the same as ``notebook_launcher``'s, below) are checked, and errors raised, before it returns.
     One rank runs as a process here, not in the kernel, so that ``Launch.stop()`` can always stop it.
+
+    With ``detach=True`` (``cluster="slurm"``) the launch is a job of the cluster that outlives the kernel, and a
+    ``notebook_accel.DetachedJob`` is returned instead: ``notebook_accel.attach(job.id)`` from any later kernel shows
+    its dashboard and returns its result (docs/slurm.md, "Detached launches").
 
     Args:
         view: where the launch's events go (a dashboard, a recorder); None = the ``display`` option's.
@@ -473,6 +478,13 @@ def start_launch(function: Callable[..., Any], args: tuple = (), kwargs: Optiona
         resources_per_rank=resources_per_rank, placement=placement, slurm=slurm, num_nodes=num_nodes,
         node_rank=node_rank,
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_conf=rdzv_conf,
-        max_restarts=max_restarts, monitor_interval=monitor_interval)
+        max_restarts=max_restarts, monitor_interval=monitor_interval, detach=detach)
+    if detach and view is not None:
+        raise LaunchConfigError("view= cannot go with detach=True: a detached launch records its events in the job's "
+                                "folder; notebook_accel.attach(job) shows them in the dashboard")
     plan = make_plan(function, args, kwargs, options, allow_inline=False)
+    if detach:
+        from .detached.submit import submit_detached
+
+        return submit_detached(plan, options)
     return Launch(plan, view=view).run_in_background()

@@ -24,6 +24,7 @@ SHARED_GROUPS: Dict[str, str] = {
     "test_real_hosts.py": "real-hosts",
     "test_slurm_cluster.py": "real-hosts",
     "test_slurm_launch.py": "real-hosts",
+    "test_detached_slurm.py": "real-hosts",
     "test_slurm_session.py": "real-hosts",
     "test_time_limit_slurm.py": "real-hosts",
     "test_ray_client.py": "fake-ray",

@@ -117,6 +117,26 @@ class ProjectMembers:
         barrier()  # the main process removed the old ones before anyone writes
         return directory
 
+    @property
+    def latest_checkpoint(self) -> Optional[str]:
+        """The latest automatically named checkpoint (``<project_dir>/checkpoints/checkpoint_<i>``), None when there is
+        none yet: what ``load_state()`` without a directory restores. A job that may be a requeued one (a detached
+        launch resumed after its time limit or a preemption) resumes with it::
+
+            if accelerator.latest_checkpoint is not None:
+                accelerator.load_state()
+            for step in range(accelerator.optimizer_steps, total): ...
+        """
+        if self.project_dir is None:
+            return None
+        root = os.path.join(self.project_dir, "checkpoints")
+        try:
+            names = [name for name in os.listdir(root) if _NUMBER_AT_END.search(name)]
+        except FileNotFoundError:
+            return None
+        folders = sorted((os.path.join(root, name) for name in names), key=checkpoint_number)
+        return folders[-1] if folders else None
+
     def _directory_to_load(self, input_dir: Optional[str]) -> str:
         if input_dir is not None:
             input_dir = os.path.expanduser(input_dir)

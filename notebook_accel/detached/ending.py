@@ -61,7 +61,8 @@ class Ending:
                 return error
             except Exception:  # a class the kernel cannot import: the words are still the rank's
                 pass
-        return LaunchError(self.error_text or f"the detached launch ended: {self.status}")
+        text = self.error_text or f"the detached launch ended: {self.status}"
+        return KeyboardInterrupt(text) if self.status == Status.STOPPED.value else LaunchError(text)
 
 
 def pickled_error(error: BaseException) -> bytes:

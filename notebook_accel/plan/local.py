@@ -25,6 +25,14 @@ class LocalPlanner(Planner):
     cluster = None
     session_refuses = (SESSION_NODES_ONLY_ON_SLURM,)
 
+    def where(self, options: Mapping[str, Any]) -> str:
+        """Where the ranks would run, for ``detach``'s refusal: on this machine, as torch elastic's nodes, on a TPU."""
+        if options["device"] == "xla":
+            return "on a TPU (device='xla')"
+        if options["num_nodes"] != 1 or options["rdzv_endpoint"] is not None or options["max_restarts"]:
+            return "for torch elastic's nodes (num_nodes, rdzv_*, max_restarts without cluster)"
+        return "for ranks on this machine (cluster=None)"
+
     def devices(self, options: Mapping[str, Any]) -> Devices:
         """The device asked for, else the best one here (how many of it there are is ``place``'s to find: a sharding
         config that does not fit the device is refused first, before torch_xla is looked for)."""

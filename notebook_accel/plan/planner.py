@@ -48,6 +48,7 @@ class Planner:
     placed_by: ClassVar[str] = ""
     rank_is: ClassVar[Optional[str]] = None
     session_refuses: ClassVar[Tuple[Tuple[str, str], ...]] = ()
+    detaches: ClassVar[bool] = False   # runs ``detach=True`` launches (a job that outlives the kernel)
 
     def check(self, options: Mapping[str, Any]) -> None:
         """Refuse what does not apply with this row's ``cluster`` (``options``: every launch setting, resolved)."""
@@ -58,6 +59,21 @@ class Planner:
         if self.rank_is is not None and options["start_method"] != StartMethod.AUTO:
             raise LaunchConfigError(f"start_method={options['start_method']!r} does not apply with "
                                     f"cluster={self.cluster!r}: every rank is {self.rank_is}")
+        if options.get("detach"):
+            self.check_detach(options)
+
+    def check_detach(self, options: Mapping[str, Any]) -> None:
+        """Refuse ``detach=True`` where no job can outlive the kernel, and with what needs the kernel alive."""
+        if not self.detaches:
+            raise LaunchConfigError(f"detach=True is not supported {self.where(options)} yet: a detached launch runs as "
+                                    f"a job of a cluster that keeps its events without the kernel (cluster='slurm')")
+        if options.get("pdb"):
+            raise LaunchConfigError("pdb=True cannot go with detach=True: a post-mortem prompt asks in the kernel, "
+                                    "which a detached launch does not need or wait for")
+
+    def where(self, options: Mapping[str, Any]) -> str:
+        """Where this row runs the ranks, for messages."""
+        return f"with cluster={self.cluster!r}"
 
     def check_session(self, options: Mapping[str, Any]) -> None:
         """Refuse the options a ``Session`` may not take with this row's ``cluster``."""

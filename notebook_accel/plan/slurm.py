@@ -48,6 +48,7 @@ class SlurmPlanner(Planner):
     refuses = ("master_addr", "use_port", "compile_cache", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
                "rdzv_conf", "resources_per_rank", "placement")
     placed_by = "Slurm places the ranks and they meet at rank 0's node"
+    detaches = True   # a batch job (``detached.slurm_submit``)
     rank_is = "a task of a Slurm job step (a process srun starts)"
 
     def devices(self, options: Mapping[str, Any]) -> Devices:
@@ -67,7 +68,8 @@ def slurm_allocation(options: Mapping[str, Any], devices: Devices,
     device, gpus_per_node = devices.kind, devices.per_node
     num_nodes = int(options["num_nodes"])
     num_processes = options["num_processes"]
-    allocation = environ.get(JOB_ID) or None
+    # A detached launch is a batch job of its own even from inside an allocation: it outlives the kernel's job.
+    allocation = None if options.get("detach") else (environ.get(JOB_ID) or None)
     nodes_here = int(next((environ[name] for name in JOB_NODE_COUNT if environ.get(name)), 1))
     if allocation is not None and num_nodes == OPTIONS["num_nodes"].default and nodes_here > 1 and \
             (num_processes is None or num_processes % nodes_here == 0):

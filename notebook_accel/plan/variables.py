@@ -46,12 +46,19 @@ ENVIRONMENT_VARIABLES: Tuple[EnvironmentVariable, ...] = (
                         "where the kernel has CUDA live (or torch's CUDA build and a GPU), `import notebook_accel` "
                         "starts the fork server in the background so the first launch finds it warm; `0` turns "
                         "that off."),
+    EnvironmentVariable("NOTEBOOK_ACCEL_JOBS", "~/.notebook_accel/jobs",
+                        "where detached launches keep their job folders (the record, events and result of each), "
+                        "until `forget()`; it must be on a file system the cluster's nodes "
+                        "share with the kernel's machine."),
     EnvironmentVariable("NOTEBOOK_ACCEL_DEVICE", "",
                         "set in every rank: the launch's device (`cuda`, `cpu`, `xla`, `mps`), which `Accelerator()` "
                         "uses.", set_by_launcher=True),
     EnvironmentVariable("NOTEBOOK_ACCEL_MIXED_PRECISION", "",
                         "set in every rank: the launch's `mixed_precision` (as `ACCELERATE_MIXED_PRECISION`, which "
                         "HF accelerate reads too).", set_by_launcher=True),
+    EnvironmentVariable("NOTEBOOK_ACCEL_DETACHED", "",
+                        "set in a detached launch's ranks by its driver: SIGTERM (a preemption) is a warning there, "
+                        "as SIGUSR2 is.", internal=True),
     EnvironmentVariable("NOTEBOOK_ACCEL_NETWORK", "",
                         "set by a launcher that chose a rank's network interface (several nodes): what the rank's "
                         "start-up info says of it.", internal=True),

@@ -31,7 +31,7 @@ from typing import Any, Dict, Optional, Tuple
 from ..wire.text_frames import EVERY_RANK, FrameWriter, LineDecoder
 from .actor import ActorRankSpec, RankActor
 from .network import interface_of, rank_network, route_address
-from .time_warning import install_warning_handler
+from .time_warning import install_termination_warning, install_warning_handler
 
 KILLED_EXIT = 137                 # as a process killed by SIGKILL reports itself in a shell
 POLL_WAIT = 0.2
@@ -136,6 +136,7 @@ class SlurmTask:
 
 def main() -> None:
     install_warning_handler(fresh=True)  # Slurm's --signal=USR2@N reaches this task: a flag, not the default death
+    install_termination_warning()        # a detached job's preemption (SIGTERM) too
     code = SlurmTask().serve()
     sys.stdout.flush()
     os._exit(code)

@@ -11,6 +11,9 @@ import threading
 from typing import Any
 
 WARNING_SIGNAL = signal.SIGUSR2
+# Set in a detached launch's ranks (``detached.slurm_driver``): there SIGTERM is Slurm ending the job — a preemption,
+# ``scontrol requeue`` — not the launcher stopping a rank, and it is a warning too (``KillWait`` s before SIGKILL).
+DETACHED_VARIABLE = "NOTEBOOK_ACCEL_DETACHED"
 
 _warned = threading.Event()
 _installed = False
@@ -49,3 +52,15 @@ def was_warned() -> bool:
 def warn() -> None:
     """Raise this process's flag as the signal does (for code that learns of the time limit another way)."""
     _warned.set()
+
+
+def install_termination_warning() -> bool:
+    """In a detached launch's rank (``DETACHED_VARIABLE`` set): SIGTERM raises the same flag as the warning signal,
+    so that a preempted job's ranks save their checkpoint at the next agreed step while Slurm's ``KillWait`` lasts.
+    False elsewhere (SIGTERM keeps its default: how the launcher stops a rank)."""
+    import os
+
+    if not os.environ.get(DETACHED_VARIABLE) or threading.current_thread() is not threading.main_thread():
+        return False
+    signal.signal(signal.SIGTERM, lambda signum, frame: _warned.set())
+    return True

@@ -157,9 +157,7 @@ def allocation_name(base: str) -> str:
 
 def salloc_command(request: Mapping[str, str], num_nodes: int, ranks_per_node: int, name: str,
                    gpus: bool = False) -> List[str]:
-    """``salloc`` for the launch: its nodes and tasks (and with ``gpus``, one GPU per rank unless the options ask
-    for GPUs themselves), each ``slurm`` option as a long option, the warning before a ``time`` limit
-    (:func:`time_limit_warning`), then the command that holds the allocation while
+    """``salloc`` for the launch: :func:`job_request`, then the command that holds the allocation while
     the kernel lives (see the module docstring).
 
     >>> salloc_command({"partition": "gpu", "exclusive": ""}, 2, 4, "notebook_accel")[:7]
@@ -167,13 +165,21 @@ def salloc_command(request: Mapping[str, str], num_nodes: int, ranks_per_node: i
     >>> salloc_command({}, 2, 4, "notebook_accel", gpus=True)[4]
     '--gpus-per-node=4'
     """
-    argv = ["salloc", f"--nodes={num_nodes}", f"--ntasks-per-node={ranks_per_node}", f"--job-name={name}"]
+    return ["salloc"] + job_request(request, num_nodes, ranks_per_node, name, gpus) + HOLD
+
+
+def job_request(request: Mapping[str, str], num_nodes: int, ranks_per_node: int, name: str,
+                gpus: bool = False) -> List[str]:
+    """What a job for the launch asks of Slurm (``salloc``'s and ``sbatch``'s options alike): its nodes and tasks
+    (and with ``gpus``, one GPU per rank unless the options ask for GPUs themselves), each ``slurm`` option as a long
+    option, the warning before a ``time`` limit (:func:`time_limit_warning`)."""
+    argv = [f"--nodes={num_nodes}", f"--ntasks-per-node={ranks_per_node}", f"--job-name={name}"]
     if gpus and not asks_for_gpus(request):
         argv.append(f"--gpus-per-node={ranks_per_node}")
     for key, value in request.items():
         argv.append(f"--{key}={value}" if value != "" else f"--{key}")
     warning = time_limit_warning(request)
-    return argv + ([warning] if warning else []) + HOLD
+    return argv + ([warning] if warning else [])
 
 
 class Allocation:

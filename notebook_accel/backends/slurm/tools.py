@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Mapping, Optional, Sequence
 
 from ...errors import LaunchConfigError
 
@@ -31,6 +31,8 @@ def require_tools(names: Sequence[str]) -> None:
             f"(Debian/Ubuntu: apt-get install slurm-client) with the cluster's slurm.conf and munge key")
 
 
-def run_tool(argv: Sequence[str], timeout: float = TOOL_TIMEOUT) -> subprocess.CompletedProcess:
+def run_tool(argv: Sequence[str], timeout: float = TOOL_TIMEOUT,
+             env: Optional[Mapping[str, str]] = None) -> subprocess.CompletedProcess:
     """A Slurm command, its output as text (never raises for its exit code: the caller reads it)."""
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else dict(env))
