@@ -75,10 +75,10 @@ ray.init(address=os.environ["RAY_ADDRESS"])
 """
 
 START = CONNECT + WORK + """
-from notebook_accel.backends.ray.detached import submit
+from notebook_accel import start_launch
 
-job = submit(FUNCTION, ARGS, None, dict(num_processes=2, cluster="ray", placement="STRICT_SPREAD",
-                                           return_all=True))
+job = start_launch(FUNCTION, args=ARGS, num_processes=2, cluster="ray", placement="STRICT_SPREAD", return_all=True,
+                   detach=True)
 print("JOB", job.id, flush=True)
 import time
 time.sleep(600)   # a kernel that sits idle until it is culled (here: SIGKILLed by the test)
@@ -244,3 +244,12 @@ def cluster_of(fake_ray):
 def _ids(listing) -> list:
     rows = listing.to_dict("records") if hasattr(listing, "to_dict") else listing
     return [row["id"] for row in rows]
+
+
+def test_a_detached_launch_the_cluster_cannot_hold_is_refused_in_the_cell_and_leaves_no_driver(ray):
+    from notebook_accel.backends.ray.detached import ray_jobs
+    from notebook_accel.errors import LaunchConfigError
+
+    with pytest.raises(LaunchConfigError, match="STRICT_SPREAD needs 3 different nodes"):
+        start_launch(work, args=("", ""), num_processes=3, cluster="ray", placement="STRICT_SPREAD", detach=True)
+    assert ray_jobs() == []

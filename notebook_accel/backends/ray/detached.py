@@ -50,18 +50,22 @@ class JobDriver:
 
     # ------------------------------------------------------------------------------------- the launch
 
-    def start(self, function: Any, args: tuple, kwargs: Dict[str, Any], options: Dict[str, Any]) -> Optional[str]:
-        """Start the launch here (``start_launch`` with the Ray backend, every event recorded); None once it runs,
-        else the error that refused it, pickled (``LaunchConfigError``: the cluster cannot hold the ranks...)."""
+    def start(self, payload: Any, options: Any) -> Optional[bytes]:
+        """Plan and start the launch here, as the kernel planned it (``options``: its own, not detached, no display),
+        with the Ray backend and every event recorded; None once it runs, else the error that refused it, pickled
+        (a ``LaunchConfigError``: the cluster cannot hold the ranks...), for the kernel to raise."""
         import cloudpickle
 
         from ...detached.recording import RecordingView
-        from ...launcher import start_launch
+        from ...launcher import Launch
+        from ...plan.plan import make_plan
 
         view = RecordingView(self)
         started = time.monotonic()
         try:
-            self.launch = start_launch(function, args, kwargs, view=view, **dict(options, display="none"))
+            function, args, kwargs = payload.load()
+            self.launch = Launch(make_plan(function, args, kwargs, options, allow_inline=False),
+                                 view=view).run_in_background()
         except Exception as error:
             return cloudpickle.dumps(error)
         self.launch.future.add_done_callback(lambda _: view.finish(self.launch, time.monotonic() - started))
@@ -115,27 +119,35 @@ def _driver(ray: Any) -> Any:
     return _driver_class
 
 
-def submit(function: Any, args: tuple, kwargs: Optional[Dict[str, Any]], options: Dict[str, Any],
-           job_id: Optional[str] = None) -> "RayJobSource":
-    """Start ``function`` as a detached launch on the Ray cluster the kernel is connected to (``connection.connect``)
-    and return its source once its ranks are being placed. ``options``: ``start_launch``'s (``cluster="ray"``,
-    without ``detach``). A launch the cluster refuses raises here, as an attached one does."""
+def submit(plan: Any, options: Any) -> Any:
+    """``start_launch(..., cluster="ray", detach=True)`` (``detached.submit``'s row for Ray): start the planned
+    launch in a new driver actor on the cluster the kernel is connected to (``connection.connect``) and return its
+    ``DetachedJob`` once the ranks are being placed. A launch the cluster refuses raises here, as an attached one does,
+    and leaves no actor behind."""
     import pickle
+    from dataclasses import replace
 
+    from ...detached.attaching import DetachedJob
     from ...detached.folder import new_job_id
     from .connection import connect
 
     ray = connect()
-    job_id = job_id or JOB_ID_PREFIX + new_job_id()
-    record = dict(id=job_id, cluster="ray", function=getattr(function, "__qualname__", repr(function)),
+    job_id = JOB_ID_PREFIX + new_job_id()
+    record = dict(id=job_id, cluster="ray", function=plan.function_name,
                   created=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime()))
+    inside = replace(options, detach=False, display="none", pdb=False, num_processes=plan.world_size,
+                     device=plan.device)
     driver = _driver(ray).options(name=actor_name(job_id), namespace=NAMESPACE, lifetime="detached",
                                   max_restarts=0).remote(record)
-    refused = ray.get(driver.start.remote(function, tuple(args), dict(kwargs or {}), options))
+    try:
+        refused = ray.get(driver.start.remote(plan.payload.portable(), inside))
+    except BaseException:
+        ray.kill(driver, no_restart=True)
+        raise
     if refused is not None:
         ray.kill(driver, no_restart=True)
         raise pickle.loads(refused)
-    return RayJobSource(job_id, driver)
+    return DetachedJob(RayJobSource(job_id, driver))
 
 
 class RayJobSource:
