@@ -55,15 +55,15 @@ def ray(fake_ray):
 # ------------------------------------------------------------------------------ functions run on ranks
 
 def train(project_dir: str, pause_after: Optional[int] = None, pause_file: str = "") -> Dict[str, Any]:
-    """test_time_limit.py's regression, with a checkpoint every ``CHECKPOINT_EVERY`` steps. A restarted attempt
-    (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes from the latest checkpoint. On attempt 0, rank 1 writes its pid to
+    """test_time_limit.py's regression, with a checkpoint every ``CHECKPOINT_EVERY`` steps, resumed from the latest
+    one where there is one (a restarted attempt). On attempt 0 (``TORCHELASTIC_RESTART_COUNT``), rank 1 writes its pid to
     ``pause_file`` after ``pause_after`` steps and waits there (for the test to kill or warn its process)."""
     from notebook_accel.rank.time_warning import was_warned
 
     accelerator, model, optimizer, scheduler = prepared(project_dir)
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    if attempt > 0:
-        accelerator.load_state()  # the latest checkpoints/checkpoint_<i>
+    if accelerator.latest_checkpoint is not None:  # as a requeued Slurm job resumes: a restarted attempt has one
+        accelerator.load_state()                   # the latest checkpoints/checkpoint_<i>
     first = accelerator.optimizer_steps
     for step in range(first, TOTAL_STEPS):
         train_step(accelerator, model, optimizer, scheduler, step)
