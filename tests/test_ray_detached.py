@@ -109,9 +109,9 @@ print("ATTACHED " + json.dumps({"result": result, "error": error, "lines": lines
 def ray(fake_ray):
     """The connected ``ray`` module; after the test, no detached job, driver, rank actor or placement group is left."""
     yield fake_ray.ray
-    from notebook_accel.backends.ray.detached import ray_jobs
+    from notebook_accel.backends.ray.detached import jobs
 
-    for source in ray_jobs():  # a test that failed before forgetting its job
+    for source in jobs():  # a test that failed before forgetting its job
         source.forget()
     assert leftovers(fake_ray.ray) == []
     wait_until(lambda: not driver_processes(), timeout=60, what="the driver actors to end", interval=0.2)
@@ -247,9 +247,9 @@ def _ids(listing) -> list:
 
 
 def test_a_detached_launch_the_cluster_cannot_hold_is_refused_in_the_cell_and_leaves_no_driver(ray):
-    from notebook_accel.backends.ray.detached import ray_jobs
+    from notebook_accel.backends.ray.detached import jobs
     from notebook_accel.errors import LaunchConfigError
 
     with pytest.raises(LaunchConfigError, match="STRICT_SPREAD needs 3 different nodes"):
         start_launch(work, args=("", ""), num_processes=3, cluster="ray", placement="STRICT_SPREAD", detach=True)
-    assert ray_jobs() == []
+    assert jobs() == []

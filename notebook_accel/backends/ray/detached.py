@@ -31,11 +31,6 @@ def actor_name(job_id: str) -> str:
     return PREFIX + job_id
 
 
-def is_ray_job(job_id: str) -> bool:
-    """Whether ``job_id`` names a Ray detached job (not a Slurm one's folder)."""
-    return job_id.startswith(JOB_ID_PREFIX)
-
-
 class JobDriver:
     """One detached launch, inside the cluster (a detached Ray actor; see the module docstring). It is the
     launch's ``EventSink`` (``append``, ``finish``, through ``detached.RecordingView``) and serves the kernel's
@@ -205,7 +200,12 @@ class RayJobSource:
         return self.read(sys.maxsize)[1]
 
 
-def ray_jobs() -> List[RayJobSource]:
+def source(job_id: str) -> RayJobSource:
+    """The job ``job_id`` (``ray-…``), for ``detached.attaching`` (found on the cluster when first read)."""
+    return RayJobSource(job_id)
+
+
+def jobs() -> List[RayJobSource]:
     """The detached Ray jobs of the cluster this kernel is connected to (none where it never connected: Ray is not
     imported for that)."""
     ray = sys.modules.get("ray")
@@ -215,4 +215,4 @@ def ray_jobs() -> List[RayJobSource]:
 
     names = [entry["name"] for entry in list_named_actors(all_namespaces=True)
              if entry.get("namespace") == NAMESPACE and entry["name"].startswith(PREFIX)]
-    return [RayJobSource(name[len(PREFIX):]) for name in sorted(names)]
+    return [source(name[len(PREFIX):]) for name in sorted(names)]
