@@ -158,3 +158,100 @@ def test_a_detached_launch_outlives_its_kernel_and_a_new_kernel_attaches_cancels
     assert report["after_cancel"] == {"status": "stopped", "queue": []}, report["after_cancel"]
     assert report["left"] == [] and os.listdir(tmp_path / "jobs") == []
     assert slurm.wait_no_jobs(timeout=30) == []
+
+
+# ------------------------------------------------------------------------------------- requeue and resume
+
+RESUMING = textwrap.dedent('''
+    import json, os, sys, time
+    import torch
+    import torch.nn.functional as F
+    from notebook_accel import Accelerator, attach, notebook_launcher, start_launch
+    from notebook_accel.accelerator import ProjectConfiguration
+
+    def train(project_dir, total, pause):
+        """Steps of ``pause`` s; a requeued job resumes from the latest checkpoint at the next step."""
+        torch.set_num_threads(1)
+        accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=project_dir,
+                                                                      automatic_checkpoint_naming=True))
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        if accelerator.latest_checkpoint is not None:
+            accelerator.load_state()
+            print(f"resumed at step {accelerator.optimizer_steps}", flush=True)
+        for step in range(accelerator.optimizer_steps, total):
+            inputs = torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * step + accelerator.process_index))
+            accelerator.backward(F.mse_loss(model(inputs), inputs.sum(dim=1, keepdim=True)))
+            optimizer.step()
+            optimizer.zero_grad()
+            if step % 10 == 0:
+                print(f"step {step}", flush=True)
+            time.sleep(pause)
+        return [value.tolist() for value in accelerator.unwrap_model(model).state_dict().values()]
+
+    folder = sys.argv[1]
+    options = dict(num_processes=2, num_nodes=2, cluster="slurm", slurm={"time": "00:05:00"})
+    job = start_launch(train, (folder + "/cut", 300, 0.05), detach=True, **options)
+    print("JOB " + job.id, flush=True)
+    report = {"detached": attach(job.id, display="text")}
+    report["whole"] = notebook_launcher(train, (folder + "/whole", 300, 0.0), display="none", **options)
+    report["checkpoints"] = sorted(os.listdir(folder + "/cut/checkpoints"))
+    job.forget()
+    print("REPORT " + json.dumps(report), flush=True)
+''')
+
+
+# How the job learns it must stop: the warning before a time limit or a preemption (Slurm's ``--signal=USR2@N``; sent
+# here by hand, as ``scancel --signal=USR2`` does: the driver requeues the job), or a preemption itself (``scontrol
+# requeue`` from outside: Slurm's SIGTERM, KillWait = 2 s before SIGKILL here, and Slurm requeues the job).
+STOPPERS = {"warning": ["scancel", "--signal=USR2"], "preemption": ["scontrol", "requeue"]}
+
+
+@pytest.mark.parametrize("how", sorted(STOPPERS))
+def test_a_warned_or_preempted_detached_job_checkpoints_requeues_and_resumes_to_the_weights_of_an_uninterrupted_run(
+        slurm, tmp_path, how):
+    """The ranks checkpoint at an agreed step, the job is requeued, the restarted job resumes from the checkpoint, and
+    the attached kernel sees one launch to its end."""
+    env = dict(script_env(), SLURM_CONF=slurm.conf, NOTEBOOK_ACCEL_JOBS=str(tmp_path / "jobs"))
+    (tmp_path / "kernel.py").write_text(RESUMING)
+    out = open(tmp_path / "kernel.out", "w+")
+    kernel = subprocess.Popen([sys.executable, str(tmp_path / "kernel.py"), str(tmp_path)], env=env, stdout=out,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        def output():
+            out.seek(0)
+            return out.read()
+        wait_for(lambda: "JOB " in output() or kernel.poll() is not None, 60, "the kernel named no job")
+        job_id = output().split("JOB ", 1)[1].split()[0]
+        record = json.loads((tmp_path / "jobs" / job_id / "record.json").read_text())
+        slurm_job = record["slurm_job"]
+        wait_for(lambda: "] step 40" in output() or kernel.poll() is not None, 90, "the job never reached step 40")
+        warned = slurm.run(STOPPERS[how] + [slurm_job])
+        assert warned.returncode == 0, warned.stderr
+
+        def requeued_and_pending():   # a requeued job waits for its old credentials to expire (120 s): not here
+            state = slurm.run(["squeue", "-h", "-j", slurm_job, "-o", "%T %r"]).stdout.split()
+            if state[:2] == ["PENDING", "BeginTime"]:
+                slurm.run(["scontrol", "update", f"JobId={slurm_job}", "StartTime=now"])
+                return True
+            return "resumed at step" in output() or kernel.poll() is not None
+        wait_for(requeued_and_pending, 90, f"the job was not requeued: {slurm.jobs()}\n{output()[-3000:]}")
+        kernel.wait(timeout=180)
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
+            kernel.wait()
+        out.close()
+    said = open(tmp_path / "kernel.out").read()
+    reports = [line for line in said.splitlines() if line.startswith("REPORT ")]
+    assert reports, f"{said[-4000:]}\n{slurm.logs()}"
+    report = json.loads(reports[0][len("REPORT "):])
+    assert "time limit reached at step" in said, said[-4000:]
+    assert ("is requeued" if how == "warning" else "the ranks checkpoint at their next agreed step") in said, \
+        said[-4000:]
+    assert "resumed at step" in said, said[-4000:]
+    assert report["checkpoints"] == ["checkpoint_0"], report
+    assert report["detached"] == report["whole"], report
+    assert slurm.wait_no_jobs(timeout=30) == []

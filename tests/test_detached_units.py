@@ -160,3 +160,52 @@ def test_attach_to_an_unknown_id_names_the_known_ones(jobs):
     JobFolder.create("local-test", "train")
     with pytest.raises(LookupError, match="no detached job 'nope'.*detached_jobs"):
         attach("nope")
+
+
+# ------------------------------------------------------------------------------------- refusals, before any process
+
+def hold():
+    pass
+
+
+@pytest.mark.parametrize("options, refusal", [
+    (dict(num_processes=2), "detach=True is not supported for ranks on this machine (cluster=None) yet"),
+    (dict(num_processes=2, num_nodes=2, rdzv_endpoint="127.0.0.1:29400"),
+     "detach=True is not supported for torch elastic's nodes"),
+    (dict(device="xla"), "detach=True is not supported on a TPU (device='xla') yet"),
+])
+def test_detach_is_refused_where_no_job_outlives_the_kernel(jobs, options, refusal):
+    from notebook_accel import start_launch
+    from notebook_accel.errors import LaunchConfigError
+
+    with pytest.raises(LaunchConfigError, match=refusal.replace("(", r"\(").replace(")", r"\)")):
+        start_launch(hold, detach=True, display="none", **options)
+    assert not jobs.exists()   # nothing written, nothing started
+
+
+def test_detach_is_refused_with_what_needs_a_live_kernel(jobs, monkeypatch):
+    from notebook_accel import start_launch
+    from notebook_accel.errors import LaunchConfigError
+    from notebook_accel.plan.options import LaunchOptions
+    from notebook_accel.plan.plan import make_plan
+
+    with pytest.raises(LaunchConfigError, match="view= cannot go with detach=True"):
+        start_launch(hold, num_processes=2, num_nodes=2, cluster="slurm", detach=True, view=Recorder())
+    monkeypatch.setenv("SLURM_JOB_ID", "7")   # inside an allocation: planned as a batch job of its own all the same
+    with pytest.raises(LaunchConfigError, match="pdb=True cannot go with detach=True"):
+        make_plan(hold, (), None, LaunchOptions.checked(num_processes=2, num_nodes=2, cluster="slurm", detach=True,
+                                                        pdb=True))
+    with pytest.raises(LaunchConfigError, match="detach must be True or False"):
+        start_launch(hold, num_processes=2, cluster="slurm", detach="yes")
+    assert not jobs.exists()
+
+
+def test_a_detached_launch_inside_an_allocation_asks_for_a_job_of_its_own(monkeypatch):
+    from notebook_accel.plan.options import LaunchOptions
+    from notebook_accel.plan.plan import make_plan
+
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    options = dict(num_processes=2, num_nodes=2, cluster="slurm", device="cpu", slurm={"time": "10"})
+    plan = make_plan(hold, (), None, LaunchOptions.checked(detach=True, **options))
+    assert plan.site.allocation is None and plan.site.request_options == {"time": "10"}

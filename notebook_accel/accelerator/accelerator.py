@@ -127,8 +127,9 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, TimeLimitMemb
     - :mod:`.process_control` (``ProcessControl``): ``check_trigger``, ``is_last_process``, ``join_uneven_inputs``,
       ``no_sync``, ``on_last_process``, ``on_local_main_process``, ``on_local_process``, ``on_main_process``,
       ``on_process``, ``set_trigger``, ``split_between_processes``, ``trigger_sync_in_backward``
-    - :mod:`.project` (``ProjectMembers``): ``logging_dir``, ``project_dir``, ``register_for_checkpointing``,
-      ``register_load_state_pre_hook``, ``register_save_state_pre_hook``, ``save_iteration``
+    - :mod:`.project` (``ProjectMembers``): ``latest_checkpoint``, ``logging_dir``, ``project_dir``,
+      ``register_for_checkpointing``, ``register_load_state_pre_hook``, ``register_save_state_pre_hook``,
+      ``save_iteration``
     - :mod:`.time_limit` (``TimeLimitMembers``): ``optimizer_steps``, ``should_checkpoint``
     - :mod:`.tracking` (``TrackingMembers``): ``get_tracker``, ``init_trackers``, ``log``
     - :mod:`.absent` (``AbsentMembers``): ``context_parallel_rank``, ``data_parallel_rank``,

@@ -27,7 +27,7 @@ from .sharding_flags import add_sharding_arguments, sharding_from_flags
 # sense for a script).
 COMMAND_LINE_OPTIONS = tuple(name for name in OPTIONS if name not in (
     "display", "rdzv_conf", "master_addr", "use_port", "return_all", "compile_cache", "fsdp_config",
-    "deepspeed_config"))
+    "deepspeed_config", "detach"))   # detach: start_launch's alone (the command waits for its launch)
 
 EXIT_BAD_OPTIONS = 2
 EXIT_INTERRUPTED = 130

@@ -64,25 +64,36 @@ class Termination:
     def __init__(self, folder: JobFolder, job: str) -> None:
         self.folder = folder
         self.job = job
-        self.cancelled = False
+        self.ended = False        # cancelled, or out of time: the ending is written
+        self.preempted = False    # requeued from outside (a preemption, ``scontrol requeue``): it runs again
         self.requeueing = False   # the driver itself asked for the requeue
         self.started = time.monotonic()
         signal.signal(signal.SIGTERM, self._on_term)
+        # ``scancel --signal=USR2 --full`` (or --batch) would end the driver by USR2's default action: the warning is
+        # the ranks' (they are a step of their own), the driver has nothing to do with it
+        signal.signal(signal.SIGUSR2, lambda signum, frame: None)
 
     def _on_term(self, signum: int, frame: Any) -> None:
         if self.requeueing:
             os._exit(0)
         state = job_state(self.job)
-        if state == "CANCELLED":
-            self.cancelled = True
-            self.folder.append(SessionNotice(rank=-1, text=f"the Slurm job {self.job} was cancelled"))
-            self.folder.finish(Ending(Status.STOPPED.value, elapsed=time.monotonic() - self.started,
-                                      error_text=f"the detached job {self.folder.id} was cancelled "
-                                                 f"(Slurm job {self.job})"))
+        ending = ENDED_BY.get(state or "")
+        if ending is not None:
+            status, why = ending
+            self.ended = True
+            self.folder.append(SessionNotice(rank=-1, text=f"the Slurm job {self.job} {why}"))
+            self.folder.finish(Ending(status, elapsed=time.monotonic() - self.started,
+                                      error_text=f"the detached job {self.folder.id} {why} (Slurm job {self.job})"))
         else:
+            self.preempted = True
             self.folder.append(SessionNotice(rank=-1, text=f"Slurm is ending job {self.job} ({state or 'preempted'}): "
                                                            "the ranks checkpoint at their next agreed step; the job "
                                                            "runs again from there"))
+
+
+# Slurm's JobState when its SIGTERM means the job will not run again: how the detached launch ended, and why.
+ENDED_BY = {"CANCELLED": (Status.STOPPED.value, "was cancelled"),
+            "TIMEOUT": (Status.TIMEOUT.value, "reached its time limit before the ranks saved a checkpoint")}
 
 
 def job_state(job: str) -> Optional[str]:
@@ -114,11 +125,14 @@ def main(path: str) -> int:
     except BaseException:   # the outcome is the launch's (``launch.error``)
         pass
     elapsed = before + time.monotonic() - termination.started
-    if termination.cancelled:
+    if termination.ended:
+        return 0
+    if termination.preempted or isinstance(launch.error, TimeLimitReached):
+        said = one_line(launch.error) if launch.error is not None else "preempted"
+        folder.update_record(elapsed=elapsed, attempt_errors=record.get("attempt_errors", []) + [said])
+    if termination.preempted:   # Slurm requeues it already
         return 0
     if isinstance(launch.error, TimeLimitReached):
-        said = one_line(launch.error)
-        folder.update_record(elapsed=elapsed, attempt_errors=record.get("attempt_errors", []) + [said])
         folder.append(SessionNotice(rank=-1, text=f"{said}; the Slurm job {job} is requeued: the function runs again "
                                                    f"and resumes from the checkpoint"))
         termination.requeueing = True
