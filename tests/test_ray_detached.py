@@ -63,6 +63,7 @@ def wait_here(ready):
 namespace = {"__name__": "__main__"}
 exec(compile(WORK, "/notebook/detached-cell.py", "exec"), namespace)
 work = namespace["work"]
+CELL_WAIT_HERE = namespace["wait_here"]
 
 CONNECT = """
 import json
@@ -253,3 +254,18 @@ def test_a_detached_launch_the_cluster_cannot_hold_is_refused_in_the_cell_and_le
     with pytest.raises(LaunchConfigError, match="STRICT_SPREAD needs 3 different nodes"):
         start_launch(work, args=("", ""), num_processes=3, cluster="ray", placement="STRICT_SPREAD", detach=True)
     assert jobs() == []
+
+
+def test_a_detached_job_whose_driver_dies_is_attached_as_lost_and_its_ranks_end_with_it(ray, tmp_path):
+    from notebook_accel import attach
+    from notebook_accel.errors import LaunchError
+
+    ready = str(tmp_path / "ready")
+    job = start_launch(CELL_WAIT_HERE, args=(ready,), num_processes=2, cluster="ray", detach=True)
+    wait_for_ranks(ready)
+    (driver,) = driver_processes()
+    driver.kill()  # as a lost node takes it
+    with pytest.raises(LaunchError, match="ended without recording how"):
+        attach(job.id, display="none")
+    assert leftovers(ray) == []  # Ray ended the rank actors and the placement group the driver had made
+    job.forget()

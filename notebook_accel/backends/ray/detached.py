@@ -171,7 +171,14 @@ class RayJobSource:
         return ray.get(getattr(self._driver(), method).remote(*args))
 
     def read(self, since: int = 0) -> Tuple[List[RankEvent], Any]:
-        return self._call("read", since)
+        """The events from ``since`` and the ending. A driver that died (its node lost, its process killed) reads as
+        no news: ``attach`` then finds it gone (``cluster_state``) and ends the job "lost"."""
+        from ray.exceptions import RayActorError
+
+        try:
+            return self._call("read", since)
+        except RayActorError:
+            return [], None
 
     def cancel(self) -> None:
         self._call("cancel")
@@ -179,9 +186,12 @@ class RayJobSource:
     def forget(self) -> None:
         """Kill the driver actor: its events and result go, and its ranks with it if it still ran."""
         import ray
+        from ray.exceptions import RayActorError
 
         try:
             self.cancel()
+        except RayActorError:  # it died already: nothing left to stop
+            pass
         finally:
             ray.kill(self._driver(), no_restart=True)
             self._actor = None
