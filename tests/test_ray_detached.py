@@ -269,3 +269,23 @@ def test_a_detached_job_whose_driver_dies_is_attached_as_lost_and_its_ranks_end_
         attach(job.id, display="none")
     assert leftovers(ray) == []  # Ray ended the rank actors and the placement group the driver had made
     job.forget()
+
+
+def test_the_driver_keeps_a_ranks_memory_samples_sparsely_and_every_other_event(monkeypatch):
+    """No cluster: the driver as plain Python. A day of samples at one a second would fill its memory."""
+    from notebook_accel.backends.ray import detached
+    from notebook_accel.wire.events import ResourceSample
+
+    clock = [1000.0]
+    monkeypatch.setattr(detached, "_now", lambda: clock[0])
+    driver = detached.JobDriver({"id": "ray-x"})
+    for second in range(12):
+        for rank in (0, 1):
+            driver.append(ResourceSample(rank=rank, rss=second))
+        driver.append(OutputLine(rank=0, stream="stdout", text=f"line {second}"))
+        clock[0] += 1.0
+    events, ending = driver.read(0, wait=0)
+    assert ending is None
+    assert [event.text for event in events if isinstance(event, OutputLine)] == [f"line {n}" for n in range(12)]
+    assert [(event.rank, event.rss) for event in events if isinstance(event, ResourceSample)] == \
+        [(0, 0), (1, 0), (0, 5), (1, 5), (0, 10), (1, 10)]

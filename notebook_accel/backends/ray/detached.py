@@ -19,12 +19,16 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from ...wire.events import RankEvent
+from ...wire.events import RankEvent, ResourceSample
 
 NAMESPACE = "notebook_accel"
 PREFIX = "notebook_accel-job-"
 JOB_ID_PREFIX = "ray-"           # a Ray job's id says where it lives: ``ray-20261129-034512-3fa2``
 READ_WAIT = 0.1                  # seconds a read waits in the driver for a new event (one call per event, not a spin)
+# A rank's memory/CPU sample comes every second; the driver keeps one per rank per this many seconds (each carries the
+# peaks so far). All of them, for a day of 8 ranks, would be some 700,000 events in the driver's memory.
+KEEP_SAMPLE_EVERY = 5.0
+_now = time.monotonic
 
 
 def actor_name(job_id: str) -> str:
@@ -42,6 +46,7 @@ class JobDriver:
         self.ending: Any = None
         self.launch: Any = None
         self._changed = threading.Condition()
+        self._sampled: Dict[int, float] = {}   # when each rank's last kept ResourceSample came
 
     # ------------------------------------------------------------------------------------- the launch
 
@@ -69,6 +74,11 @@ class JobDriver:
     # ------------------------------------------------------------------------------------- EventSink
 
     def append(self, event: RankEvent) -> None:
+        if isinstance(event, ResourceSample):
+            now = _now()
+            if now - self._sampled.get(event.rank, -KEEP_SAMPLE_EVERY) < KEEP_SAMPLE_EVERY:
+                return
+            self._sampled[event.rank] = now
         with self._changed:
             self.events.append(event)
             self._changed.notify_all()
