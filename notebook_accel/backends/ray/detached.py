@@ -1,10 +1,10 @@
 """Detached launches on Ray (``start_launch(..., cluster="ray", detach=True)``): the ranks run on when the kernel ends.
 
 The driver is a *detached* named Ray actor (``lifetime="detached"``, in the namespace ``notebook_accel``, named
-``notebook_accel-job-<id>``): it runs the ordinary launch with the Ray backend from inside the cluster (``ray.init``
-in an actor reaches the same cluster, so its rank actors and placement group are its own, and outlive the kernel with
-it) and keeps every event and the ending in its memory, which Ray serves to whoever asks: no port of ours is open, no
-file written. A later kernel connected to the same cluster finds the actor by the job's id (``RayJobSource``: the
+``notebook_accel-job-<id>``): it runs the ordinary launch with the Ray backend from inside the cluster (Ray is
+connected in an actor already, to the same cluster, so its rank actors and placement group are its own, and outlive
+the kernel with it) and keeps the events (the ranks' memory samples thinned: ``KEEP_SAMPLE_EVERY``) and the ending in
+its memory, which Ray serves to whoever asks: no port of ours is open, no file written. A later kernel connected to the same cluster finds the actor by the job's id (``RayJobSource``: the
 ``EventSource`` of ``notebook_accel.detached``) and replays, then follows, the same dashboard.
 
 What outlives the kernel: the driver actor with the job's record, events and ending, and — while the launch runs —
@@ -29,6 +29,7 @@ READ_WAIT = 0.1                  # seconds a read waits in the driver for a new 
 # peaks so far). All of them, for a day of 8 ranks, would be some 700,000 events in the driver's memory.
 KEEP_SAMPLE_EVERY = 5.0
 _now = time.monotonic
+CANCEL_WAIT = 300.0              # a bound on a cancel's wait for the ranks to end (a stop kills them after its grace)
 
 
 def actor_name(job_id: str) -> str:
@@ -102,9 +103,11 @@ class JobDriver:
 
     def cancel(self) -> None:
         """Stop the launch: every rank actor is ended, the ending says "stopped" (nothing to stop once it ended)."""
-        if self.launch is not None:
-            self.launch.stop()
-            self.launch.future.exception()  # wait: the ranks are gone and the ending is recorded when this returns
+        if self.launch is None:
+            return
+        self.launch.stop()
+        with self._changed:  # the ranks are gone and the ending is recorded when this returns
+            self._changed.wait_for(lambda: self.ending is not None, timeout=CANCEL_WAIT)
 
     def describe(self) -> Dict[str, Any]:
         with self._changed:
