@@ -19,6 +19,7 @@ import time
 import pytest
 
 import slurm_cluster
+from resumable_training import TRAIN
 from scripts import script_env
 
 pytestmark = [pytest.mark.skipif(slurm_cluster.unavailable() is not None, reason=slurm_cluster.unavailable() or ""),
@@ -92,6 +93,10 @@ ATTACHER = COMMON + textwrap.dedent('''
     job.cancel()
     report_["after_cancel"] = {"status": job.status, "queue": subprocess.run(
         ["squeue", "-h", "-j", slurm_job, "-o", "%i"], capture_output=True, text=True).stdout.split()}
+    if report_["after_cancel"]["queue"]:   # still there: it would hold the nodes the attached run needs
+        subprocess.run(["scancel", slurm_job])
+        print("REPORT " + json.dumps(report_), flush=True)
+        sys.exit(0)
     print("ATTACHED RUN", flush=True)
     report_["attached_result"] = notebook_launcher(train, (40,), display="text", **options)
     report_["attached_metrics"] = sorted((row.rank, row.step, row.name, row.value)
@@ -140,6 +145,7 @@ def test_a_detached_launch_outlives_its_kernel_and_a_new_kernel_attaches_cancels
     reports = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
     assert done.returncode == 0 and reports, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{slurm.logs()}"
     report = json.loads(reports[0][len("REPORT "):])
+    assert report["after_cancel"] == {"status": "stopped", "queue": []}, report["after_cancel"]
     assert report["listed"] == sorted(jobs)
     # The lines and metrics of the detached run, replayed and then followed, are the attached run's.
     detached_part, attached_part = done.stdout.split("ATTACHED RUN", 1)
@@ -154,42 +160,16 @@ def test_a_detached_launch_outlives_its_kernel_and_a_new_kernel_attaches_cancels
     assert failure["type"] == "ValueError" and "rank one's own error" in failure["message"], failure
     assert failure["rank"] == 1 and failure["node"] == slurm.nodes[1], failure
     assert 'raise ValueError("rank one\'s own error")' in failure["text"] and "[rank 1]" in failure["text"], failure
-    # The cancelled job is gone from Slurm, and forget() left nothing.
-    assert report["after_cancel"] == {"status": "stopped", "queue": []}, report["after_cancel"]
+    # The cancelled job is gone from Slurm (above), and forget() left nothing.
     assert report["left"] == [] and os.listdir(tmp_path / "jobs") == []
     assert slurm.wait_no_jobs(timeout=30) == []
 
 
 # ------------------------------------------------------------------------------------- requeue and resume
 
-RESUMING = textwrap.dedent('''
-    import json, os, sys, time
-    import torch
-    import torch.nn.functional as F
-    from notebook_accel import Accelerator, attach, notebook_launcher, start_launch
-    from notebook_accel.accelerator import ProjectConfiguration
-
-    def train(project_dir, total, pause):
-        """Steps of ``pause`` s; a requeued job resumes from the latest checkpoint at the next step."""
-        torch.set_num_threads(1)
-        accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=project_dir,
-                                                                      automatic_checkpoint_naming=True))
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 1)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        model, optimizer = accelerator.prepare(model, optimizer)
-        if accelerator.latest_checkpoint is not None:
-            accelerator.load_state()
-            print(f"resumed at step {accelerator.optimizer_steps}", flush=True)
-        for step in range(accelerator.optimizer_steps, total):
-            inputs = torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * step + accelerator.process_index))
-            accelerator.backward(F.mse_loss(model(inputs), inputs.sum(dim=1, keepdim=True)))
-            optimizer.step()
-            optimizer.zero_grad()
-            if step % 10 == 0:
-                print(f"step {step}", flush=True)
-            time.sleep(pause)
-        return [value.tolist() for value in accelerator.unwrap_model(model).state_dict().values()]
+RESUMING = TRAIN + textwrap.dedent('''
+    import json, os, sys
+    from notebook_accel import attach, notebook_launcher, start_launch
 
     folder = sys.argv[1]
     options = dict(num_processes=2, num_nodes=2, cluster="slurm", slurm={"time": "00:05:00"})

@@ -14,50 +14,29 @@ import textwrap
 import pytest
 
 import slurm_cluster
+from resumable_training import TRAIN
 from scripts import script_env
 
 pytestmark = [pytest.mark.skipif(slurm_cluster.unavailable() is not None, reason=slurm_cluster.unavailable() or ""),
               pytest.mark.timeout(600)]
 
-KERNEL = textwrap.dedent('''
-    import json, os, sys, time
-    import torch
-    import torch.nn.functional as F
-    from notebook_accel import Accelerator, TimeLimitReached, notebook_launcher
-    from notebook_accel.accelerator import ProjectConfiguration
-
-    def train(project_dir, total, resume):
-        """Steps of 0.2 s until the warning (or ``total``): Slurm's signal comes 30-60 s into a job of one minute."""
-        torch.set_num_threads(1)
-        accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=project_dir,
-                                                                      automatic_checkpoint_naming=True))
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 1)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        model, optimizer = accelerator.prepare(model, optimizer)
-        if resume:
-            accelerator.load_state()
-        for step in range(accelerator.optimizer_steps, total):
-            inputs = torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * step + accelerator.process_index))
-            accelerator.backward(F.mse_loss(model(inputs), inputs.sum(dim=1, keepdim=True)))
-            optimizer.step()
-            optimizer.zero_grad()
-            if not resume and total > 1000:
-                time.sleep(0.2)
-        return [value.tolist() for value in accelerator.unwrap_model(model).state_dict().values()]
+KERNEL = TRAIN + textwrap.dedent('''
+    import json, sys
+    from notebook_accel import TimeLimitReached, notebook_launcher
 
     folder = sys.argv[1]
     options = dict(num_processes=2, num_nodes=2, cluster="slurm", display="none", timeout=240)
     report = {}
     try:
-        notebook_launcher(train, args=(folder + "/cut", 10**6, False), slurm={"time": "1"}, **options)
+        # steps of 0.2 s until the warning: Slurm's signal comes 30-60 s into a job of one minute
+        notebook_launcher(train, args=(folder + "/cut", 10**6, 0.2, False), slurm={"time": "1"}, **options)
         report["broken"] = "the launch ended without TimeLimitReached"
     except TimeLimitReached as error:
         report.update(step=error.step, checkpoint=error.checkpoint, message=str(error).splitlines()[0])
     if "step" in report:
         total = report["step"] + 5
-        report["resumed"] = notebook_launcher(train, args=(folder + "/cut", total, True), **options)
-        report["whole"] = notebook_launcher(train, args=(folder + "/whole", total, False), **options)
+        report["resumed"] = notebook_launcher(train, args=(folder + "/cut", total, 0.0, True), **options)
+        report["whole"] = notebook_launcher(train, args=(folder + "/whole", total, 0.0, False), **options)
     print("REPORT " + json.dumps(report), flush=True)
 ''')
 

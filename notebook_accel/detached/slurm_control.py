@@ -8,6 +8,7 @@ import time
 from typing import Any, Optional
 
 from ..backends.slurm.tools import run_tool
+from ..errors import LaunchError
 from ..wire.events import Status
 from .ending import Ending
 
@@ -32,7 +33,10 @@ def cancel(folder: Any) -> None:
     if job is not None:
         run_tool(["scancel", "--quiet", str(job)], timeout=30)
     deadline = time.monotonic() + CANCEL_GRACE
-    while job is not None and state(folder) is not None and time.monotonic() < deadline:
+    while job is not None and state(folder) is not None:
+        if time.monotonic() > deadline:
+            raise LaunchError(f"scancel {job} did not end the detached job {folder.id} within {CANCEL_GRACE:g} s: "
+                              f"squeue still lists it ({state(folder)})")
         time.sleep(0.5)
     if folder.ending() is None:
         folder.finish(Ending(Status.STOPPED.value, error_text=f"KeyboardInterrupt: the detached job {folder.id} "
