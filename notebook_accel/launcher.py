@@ -459,9 +459,9 @@ def start_launch(function: Callable[..., Any], args: tuple = (), kwargs: Optiona
     Options (the same as ``notebook_launcher``'s, below) are checked, and errors raised, before it returns.
     One rank runs as a process here, not in the kernel, so that ``Launch.stop()`` can always stop it.
 
-    With ``detach=True`` (``cluster="slurm"``) the launch is a job of the cluster that outlives the kernel, and a
-    ``notebook_accel.DetachedJob`` is returned instead: ``notebook_accel.attach(job.id)`` from any later kernel shows
-    its dashboard and returns its result (docs/slurm.md, "Detached launches").
+    With ``detach=True`` (``cluster="slurm"`` or ``"ray"``) the launch is a job of the cluster that outlives the
+    kernel, and a ``notebook_accel.DetachedJob`` is returned instead: ``notebook_accel.attach(job.id)`` from any later
+    kernel shows its dashboard and returns its result (docs/slurm.md, "Detached launches"; docs/clusters.md).
 
     Args:
         view: where the launch's events go (a dashboard, a recorder); None = the ``display`` option's.
@@ -480,8 +480,8 @@ def start_launch(function: Callable[..., Any], args: tuple = (), kwargs: Optiona
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_conf=rdzv_conf,
         max_restarts=max_restarts, monitor_interval=monitor_interval, detach=detach)
     if detach and view is not None:
-        raise LaunchConfigError("view= cannot go with detach=True: a detached launch records its events in the job's "
-                                "folder; notebook_accel.attach(job) shows them in the dashboard")
+        raise LaunchConfigError("view= cannot go with detach=True: a detached launch records its events where its "
+                                "cluster keeps them; notebook_accel.attach(job) shows them in the dashboard")
     plan = make_plan(function, args, kwargs, options, allow_inline=False)
     if detach:
         from .detached.submit import submit_detached

@@ -5,7 +5,8 @@
 - ``slurm``: one Slurm cluster on those hosts (two stand-in GPUs per node: test_slurm_session.py's binding needs
   them; a launch on CPU ranks asks for none), for test_slurm_cluster.py, test_slurm_launch.py, test_slurm_session.py;
 - ``fake_ray``: one fake two-node Ray cluster (``ray_cluster.FakeCluster``: the head offers 2 "slot"s and runs Ray
-  Client's server), for test_ray_cluster.py and test_ray_client.py (``fake_ray.client_address``).
+  Client's server), for test_ray_cluster.py, test_ray_client.py (``fake_ray.client_address``),
+  test_ray_checkpoints.py and test_ray_detached.py.
 
 Session-scoped: each is torn down when the run ends, and checks then that nothing of it outlived it (the harnesses'
 own ``close``/``shutdown``). To have one per run under pytest-xdist, the files that use one are pinned to one worker:
@@ -29,6 +30,8 @@ SHARED_GROUPS: Dict[str, str] = {
     "test_time_limit_slurm.py": "real-hosts",
     "test_ray_client.py": "fake-ray",
     "test_ray_cluster.py": "fake-ray",
+    "test_ray_checkpoints.py": "fake-ray",
+    "test_ray_detached.py": "fake-ray",
 }
 
 

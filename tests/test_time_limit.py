@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import pytest
 import torch
@@ -34,10 +34,9 @@ def launch(function: Any, *args: Any) -> Any:
                              timeout=120)  # fmt: skip
 
 
-def train(project_dir: str, automatic: bool = True, warn_after: Optional[int] = None,
-          resume: bool = False) -> Dict[str, Any]:
+def prepared(project_dir: str, automatic: bool = True) -> Tuple[Any, Any, Any, Any]:
     """A small regression with an LR schedule (a checkpoint saved before ``scheduler.step()`` would resume with
-    the wrong learning rate); each step's batch depends only on (step, rank), so a resumed run sees the same."""
+    the wrong learning rate), prepared: (accelerator, model, optimizer, scheduler). Also test_ray_checkpoints.py's."""
     torch.set_num_threads(1)
     accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=project_dir,
                                                                   automatic_checkpoint_naming=automatic))
@@ -45,18 +44,28 @@ def train(project_dir: str, automatic: bool = True, warn_after: Optional[int] = 
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.8)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    return (accelerator, *accelerator.prepare(model, optimizer, scheduler))
+
+
+def train_step(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, step: int) -> None:
+    """One step; its batch depends only on (step, rank), so a resumed run sees what an uninterrupted one saw."""
+    generator = torch.Generator().manual_seed(1000 * step + accelerator.process_index)
+    inputs = torch.randn(8, 4, generator=generator)
+    loss = F.mse_loss(model(inputs), inputs.sum(dim=1, keepdim=True))
+    accelerator.backward(loss)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+
+
+def train(project_dir: str, automatic: bool = True, warn_after: Optional[int] = None,
+          resume: bool = False) -> Dict[str, Any]:
+    accelerator, model, optimizer, scheduler = prepared(project_dir, automatic)
     if resume:
         accelerator.load_state()
     first = accelerator.optimizer_steps
     for step in range(first, TOTAL_STEPS):
-        generator = torch.Generator().manual_seed(1000 * step + accelerator.process_index)
-        inputs = torch.randn(8, 4, generator=generator)
-        loss = F.mse_loss(model(inputs), inputs.sum(dim=1, keepdim=True))
-        accelerator.backward(loss)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
+        train_step(accelerator, model, optimizer, scheduler, step)
         if step == warn_after and accelerator.process_index == WARNED_RANK:
             os.kill(os.getpid(), signal.SIGUSR2)
         if not automatic and accelerator.should_checkpoint:  # the user's own save, on every rank at one step
@@ -97,9 +106,9 @@ def test_a_checkpointed_rank_is_shown_as_checkpointed_not_failed():
     from notebook_accel.wire.events import RankExited, RankFailed, RankStatus
 
     state = LaunchState()
-    state.apply(RankFailed(rank=0, exc_type="TimeLimitReached", message="time limit reached at step 16",
+    state.apply(RankFailed(rank=0, exc_type="notebook_accel.errors.TimeLimitReached", message="time limit reached at step 16",
                            traceback="", exception=None))  # fmt: skip
-    state.apply(RankFailed(rank=1, exc_type="ValueError", message="bad", traceback="", exception=None))
+    state.apply(RankFailed(rank=1, exc_type="builtins.ValueError", message="bad", traceback="", exception=None))
     for rank in (0, 1):
         state.apply(RankExited(rank=rank, exitcode=1, signal_name=None, stopped=True))
     assert [state.rank(rank).status for rank in (0, 1)] == [RankStatus.CHECKPOINTED, RankStatus.FAILED]

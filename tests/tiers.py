@@ -21,7 +21,8 @@ TIERS = ("unit", "ranks", "cluster", "kernel", "browser", "xla")
 # later test of the same worker that forks its ranks failed so (8 tests of test_promises_stop.py in one suite run).
 # They run last: conftest.py sorts them there (for a run in one process), and tests/suite_schedule.py hands them to a
 # worker as its last work (they are in shared_clusters.SHARED_GROUPS, whose groups it runs last).
-RAY_DRIVER_FILES = frozenset({"test_ray_cluster.py", "test_ray_client.py"})
+RAY_DRIVER_FILES = frozenset({"test_ray_cluster.py", "test_ray_client.py", "test_ray_checkpoints.py",
+                              "test_ray_detached.py"})
 
 FILES: Dict[str, str] = {
     "test_accelerator_units.py": "unit",
@@ -79,6 +80,8 @@ FILES: Dict[str, str] = {
     "test_xla_launch.py": "ranks",
 
     "test_ray_cluster.py": "cluster",      # Ray actors on a fake two-node ray.cluster_utils.Cluster
+    "test_ray_checkpoints.py": "cluster",  # Ray: a lost rank resumed from the latest checkpoint; SIGUSR2 on actors
+    "test_ray_detached.py": "cluster",     # Ray: a detached launch outlives its kernel; attach, cancel, forget
     "test_real_hosts.py": "cluster",       # network namespaces on a bridge: Ray nodes and torch-elastic nodes per host
     "test_slurm_cluster.py": "cluster",    # a real Slurm cluster: slurmctld here, a slurmd per network namespace
     "test_time_limit_slurm.py": "cluster",  # a real 1-minute time limit: warned, checkpointed, resumed

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Mapping, Optional, Tuple, TypeVar
 
 from ..errors import one_line
-from ..outcome.root_cause import Outcome
+from ..outcome.root_cause import Outcome, is_time_limit
 from ..wire.commands import Command, RunFunction
 from ..wire.events import AttemptStarted, RankEvent, RankStarted, Status
 from .prompts import Asker
@@ -196,10 +196,15 @@ def run_attempts(max_restarts: int, deliver: Callable[[RankEvent], None], attemp
 
 
 def restartable_failure(outcome: Outcome) -> Optional[str]:
-    """A failed world's root cause in one line, when a new world may run (not when the function cannot load): the
-    ``restartable`` of ``run_attempts`` for a backend whose attempts end as an ``Outcome`` (Ray, Slurm)."""
+    """A failed world's root cause in one line, when a new world may run: the ``restartable`` of ``run_attempts``
+    for a backend whose attempts end as an ``Outcome`` (Ray, Slurm). Not when the function cannot load, nor when the
+    ranks stopped at a time limit with a checkpoint (``TimeLimitReached``): that is not a crash, and a new world in
+    the same job would start the work again blindly, with no more time; the launch raises it, and the next launch
+    (or a detached job's requeue) resumes from that checkpoint."""
     root = outcome.root
-    if outcome.status != Status.FAILED or root is None or (root.event is not None and root.event.loading):
+    if outcome.status != Status.FAILED or root is None:
+        return None
+    if root.event is not None and (root.event.loading or is_time_limit(root.event)):
         return None
     return one_line(outcome.local_exception) if outcome.local_exception is not None else f"rank {root.rank} failed"
 

@@ -6,6 +6,7 @@ id); ``detached_jobs()`` lists one's jobs. The job's events come from an ``Event
 """
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 from typing import Any, Dict, List, Optional, Union
@@ -61,12 +62,19 @@ def _lost(source: EventSource) -> Optional[Ending]:
 
 JobLike = Union[str, "DetachedJob", EventSource]
 
+# Jobs kept elsewhere than in a job folder, by the start of their id: the module whose ``source(id)`` is the job's
+# ``EventSource`` and whose ``jobs()`` lists those the kernel can reach (imported only when such an id is asked for).
+ELSEWHERE = {"ray-": "notebook_accel.backends.ray.detached"}
+
 
 def source_of(job: JobLike) -> EventSource:
     """The event source of a job given by id, handle or source."""
     if isinstance(job, DetachedJob):
         return job.source
     if isinstance(job, str):
+        for prefix, module in ELSEWHERE.items():
+            if job.startswith(prefix):
+                return importlib.import_module(module).source(job)
         return find_job(job)
     return job
 
@@ -179,6 +187,12 @@ def detached_jobs(root: Optional[str] = None) -> Any:
             rows.append(folder.describe())
         except (OSError, ValueError):  # forgotten while listed
             continue
+    for module in ELSEWHERE.values():  # e.g. the detached Ray jobs of the cluster this kernel is connected to
+        for source in importlib.import_module(module).jobs():
+            try:
+                rows.append(source.describe())
+            except Exception:  # forgotten while listed
+                continue
     try:
         import pandas
     except ImportError:

@@ -10,7 +10,7 @@ from ..plan.plan import LaunchPlan
 from .attaching import DetachedJob
 
 # cluster -> the module whose ``submit(plan, options) -> DetachedJob`` starts the job
-SUBMITTERS = {"slurm": "notebook_accel.detached.slurm_submit"}
+SUBMITTERS = {"slurm": "notebook_accel.detached.slurm_submit", "ray": "notebook_accel.backends.ray.detached"}
 
 
 def submit_detached(plan: LaunchPlan, options: LaunchOptions) -> DetachedJob:

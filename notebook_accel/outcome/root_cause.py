@@ -69,6 +69,11 @@ def is_interrupt(event: RankFailed) -> bool:
     return event.exc_type == "builtins.KeyboardInterrupt"
 
 
+def is_time_limit(event: Optional[RankFailed]) -> bool:
+    """The rank was warned of its time limit, saved a checkpoint and stopped (``TimeLimitReached``): not a crash."""
+    return event is not None and event.exc_type == "notebook_accel.errors.TimeLimitReached"
+
+
 def is_system_exit(event: Optional[RankFailed]) -> bool:
     """The rank called ``sys.exit(n)`` with n != 0: a failure with an exit code, as for a script."""
     return event is not None and event.exc_type == "builtins.SystemExit"

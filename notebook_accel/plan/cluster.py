@@ -33,6 +33,7 @@ class RayPlanner(Planner):
     placed_by = "Ray places the ranks and they meet at rank 0's node"
     rank_is = "a Ray actor (a process Ray starts)"
     session_refuses = (SESSION_NODES_ONLY_ON_SLURM,)
+    detaches = True   # a detached driver actor runs the launch inside the cluster (``backends.ray.detached``)
 
     def devices(self, options: Mapping[str, Any]) -> Devices:
         """The one given, else CUDA when each rank reserves a GPU, else the CPU (the kernel's own machine says nothing

@@ -253,9 +253,10 @@ LAUNCHER_OPTIONS: Tuple[Option, ...] = (
            nodes=True),
     Option("monitor_interval", float, 0.1, "seconds between checks of the other nodes' state.", takers=LAUNCHES,
            expects="a positive number of seconds", valid=_positive, nodes=True),
-    Option("detach", bool, False, "run the launch as a job of the cluster that outlives the kernel (``cluster=\"slurm\"``: "
-           "a batch job): returns a ``DetachedJob`` at once; ``notebook_accel.attach(job.id)`` from any later kernel "
-           "shows its dashboard and returns its result. Its events and result are kept until ``job.forget()``.",
+    Option("detach", bool, False, "run the launch as a job of the cluster that outlives the kernel "
+           "(``cluster=\"slurm\"``: a batch job; ``cluster=\"ray\"``: a detached driver actor): returns a "
+           "``DetachedJob`` at once; ``notebook_accel.attach(job.id)`` from any later kernel shows its dashboard and "
+           "returns its result. Its events and result are kept until ``job.forget()``.",
            takers=frozenset({START_LAUNCH}), expects="True or False"),
 )
 

@@ -66,7 +66,7 @@ class Planner:
         """Refuse ``detach=True`` where no job can outlive the kernel, and with what needs the kernel alive."""
         if not self.detaches:
             raise LaunchConfigError(f"detach=True is not supported {self.where(options)} yet: a detached launch runs as "
-                                    f"a job of a cluster that keeps its events without the kernel (cluster='slurm')")
+                                    f"a job of a cluster that keeps its events without the kernel (cluster='slurm' or 'ray')")
         if options.get("pdb"):
             raise LaunchConfigError("pdb=True cannot go with detach=True: a post-mortem prompt asks in the kernel, "
                                     "which a detached launch does not need or wait for")

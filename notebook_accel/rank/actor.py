@@ -44,6 +44,7 @@ from .network import rank_network
 from .process import _set_torch_threads, capture_output, end_like_python, register_in_main
 from .run import run_rank
 from .streams import flush_std_streams
+from .time_warning import install_warning_handler
 
 SAMPLE_SECONDS = 1.0   # how often a rank samples its own memory and CPU (the kernel may be on another machine)
 _READ_BYTES = 1 << 16
@@ -233,6 +234,10 @@ class RankActor:
         self._commands: Optional[CommandQueue] = None
         self._session: Any = None                     # a warm session's task loop (``serve``)
         self._resources = _SelfSampler(rank)
+        # SIGUSR2, the time limit's warning (``rank.time_warning``): a flag, not the default death. Ray runs an
+        # actor's ``__init__`` in its worker's main thread, the only one that may install a handler; the handler then
+        # runs there while the rank runs in a thread of Ray's.
+        install_warning_handler(fresh=True)
         # Every rank needs torch.distributed (rank 0 hosts the store with it, each joins the group): imported now,
         # in every actor at once, not by rank 0 first while the others wait, then by each in turn (a second here).
         # Whoever needs torch next (the store, the rank's function, its result) joins this first: two threads importing

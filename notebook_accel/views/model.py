@@ -15,7 +15,7 @@ from tqdm.std import tqdm as _tqdm_format  # formatting helpers only (format_met
 
 from ..formatting import format_bytes, format_value  # noqa: F401  (views.model.format_* for views and tests)
 from ..monitor.metric_log import MetricSummary
-from ..outcome.root_cause import is_interrupt
+from ..outcome.root_cause import is_interrupt, is_time_limit
 from ..wire.events import (AttemptStarted, LaunchFinished, LaunchStarted, MetricReport, OutputLine, OutputLines,
                            PeersWaiting, ProgressUpdate, PromptAnswered, RankEvent, RankExited, RankFailed, RankPrompt,
                            RankResult, RankStarted, RankStatus, ResourceSample, SessionNotice, Status)
@@ -328,7 +328,7 @@ class LaunchState:
         if isinstance(event, RankFailed):
             state = self.rank(event.rank)
             state.failure = event
-            state.status = RankStatus.CHECKPOINTED if event.exc_type == "TimeLimitReached" else RankStatus.FAILED
+            state.status = RankStatus.CHECKPOINTED if is_time_limit(event) else RankStatus.FAILED
             return state
         if isinstance(event, RankExited):
             state = self.rank(event.rank)

@@ -12,6 +12,7 @@ Only this package imports Ray, and only when a launch or session asks for ``clus
 | ``relay``       | each rank's events polled through Ray into the pipes the ``Supervisor`` reads       |
 | ``backend``     | ``RayBackend``: connect, object store, attempts (``max_restarts``), deaths named    |
 | ``session``     | ``SessionRayActors``: a warm ``Session``'s ranks as actors                          |
+| ``detached``    | ``detach=True``: a detached driver actor runs the launch; ``RayJobSource`` reads it   |
 """
 from .backend import RayBackend
 
