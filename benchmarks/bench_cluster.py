@@ -6,12 +6,14 @@ on Slurm, ``cluster="slurm"`` vs ``srun`` of a plain torch script.
     python benchmarks/bench_cluster.py --client            # the fake cluster through Ray Client (``ray://``)
     salloc -N2 python benchmarks/bench_cluster.py --slurm  # inside a 2-node Slurm allocation (outside: asks for one)
     python benchmarks/bench_cluster.py --slurm-test-cluster  # both, on the tests' Slurm cluster (root)
+    python benchmarks/bench_cluster.py --slurm-test-cluster --load 6  # and the warm run beside 6 busy loops
 
 For each tool, 2 ranks with ``SPREAD`` placement (one per node where Ray can):
 
 - **start**: from the call to every rank inside the function (placement group, actors, imports);
 - **first all-reduce**: from the call to every rank past its first gloo all-reduce across the nodes;
 - **warm run**: one more call on ranks already up (a ``Session.run`` / an actor method on every actor), median;
+- **under load** (``--slurm --load N``): the warm run again with N busy-loop processes beside it;
 - **output**: each rank prints 20 near-identical lines 20 ms apart; how many of the 40 reach the kernel (notebook's
   process) within 10 s, and their median latency from ``print`` to arrival. Plain actors' lines come through Ray's
   log forwarding (deduplicated by default), ours through each actor's control thread.
@@ -332,7 +334,9 @@ def slurm_all_reduce_noop() -> None:
     dist.all_reduce(value)
 
 
-def bench_slurm_ours(nodes: int, repeats: int, request: Optional[Dict[str, str]]) -> Dict[str, Any]:
+def bench_slurm_ours(nodes: int, repeats: int, request: Optional[Dict[str, str]], load: int = 0) -> Dict[str, Any]:
+    """Ours on Slurm; with ``load``, the warm run again with that many busy loops beside (``under load``)."""
+    from bench_launch import busy_loops
     from notebook_accel import Session, notebook_launcher
 
     watch = _QueueWatch("notebook_accel:first_all_reduce") if request else None
@@ -343,6 +347,11 @@ def bench_slurm_ours(nodes: int, repeats: int, request: Optional[Dict[str, str]]
     with Session(num_processes=nodes, num_nodes=nodes, cluster="slurm", display="none", slurm=request) as session:
         session.run(slurm_all_reduce_noop)
         figures["warm run"] = _median_seconds(lambda: session.run(slurm_all_reduce_noop), repeats)
+        if load:
+            with busy_loops(load):
+                time.sleep(2.0)   # the loops up to speed, the load average climbing
+                figures["under load"] = _median_seconds(lambda: session.run(slurm_all_reduce_noop), repeats)
+            figures["under load"] = f"{figures['under load'] * 1000:.0f} ms (load {load})"
     return figures
 
 
@@ -376,12 +385,12 @@ def _quoted(arg: str) -> str:
     return arg if arg == "$MASTER" else shlex.quote(arg)
 
 
-def main_slurm(nodes: int, repeats: int) -> Dict[str, Dict[str, Any]]:
+def main_slurm(nodes: int, repeats: int, load: int = 0) -> Dict[str, Dict[str, Any]]:
     """Inside an allocation: a step of it; outside one (a login node): each tool asks for a job of its own."""
     import torch.distributed  # noqa: F401  (warm, as a notebook kernel that already imported torch)
 
     request = None if os.environ.get("SLURM_JOB_ID") else {"time": "00:10:00"}
-    return {"notebook_accel": bench_slurm_ours(nodes, repeats, request),
+    return {"notebook_accel": bench_slurm_ours(nodes, repeats, request, load),
             "plain srun + torch": bench_slurm_plain(nodes, request)}
 
 
@@ -412,13 +421,15 @@ def main() -> None:
                              "as a step of it; outside one, each asks for a job)")
     parser.add_argument("--slurm-test-cluster", action="store_true",
                         help="--slurm on tests/slurm_cluster.py's cluster, inside and outside an allocation (root)")
+    parser.add_argument("--load", type=int, default=0,
+                        help="with --slurm: the warm run again with this many busy loops beside ('under load')")
     options = parser.parse_args()
 
     if options.slurm_test_cluster:
-        on_the_tests_slurm_cluster([f"--repeats={options.repeats}"])
+        on_the_tests_slurm_cluster([f"--repeats={options.repeats}", f"--load={options.load}"])
         return
     if options.slurm:
-        _print_table(main_slurm(2, options.repeats))
+        _print_table(main_slurm(2, options.repeats, options.load))
         return
     import ray
 
@@ -451,6 +462,8 @@ def _print_table(results: Dict[str, Dict[str, Any]]) -> None:
         columns, widths = ["queue wait"] + columns[:-1], [12] + widths[:-1]
     elif not any("output" in figures for figures in results.values()):
         columns, widths = columns[:-1], widths[:-1]
+    if any("under load" in figures for figures in results.values()):
+        columns, widths = columns + ["under load"], widths + [20]
     print(f"{'':24}" + "".join(f"{column:>{width}}" for column, width in zip(columns, widths)))
     for tool, figures in results.items():
         cells = []
