@@ -109,13 +109,15 @@ def test_a_result_waits_for_its_tasks_end_and_no_longer():
     queue.put(RankResult(rank=0, payload=b""))
     later = threading.Timer(0.02, queue.put, (TaskDone(rank=0, task_id=3),))
     later.start()
-    events, last = queue.take(0.2, linger=5.0)   # ends as the TaskDone comes, not 5 s later
+    began = time.monotonic()
+    events, last = queue.take(0.2, linger=30.0)
     later.join()
     assert [type(event) for event in events] == [RankResult, TaskDone] and not last
+    assert time.monotonic() - began < 20.0, "it waited out the linger: the TaskDone did not end the wait"
     queue.put(RankResult(rank=0, payload=b""))
     began = time.monotonic()
     events, _ = queue.take(0.2, linger=0.05)     # no end comes: sent after the linger
-    assert [type(event) for event in events] == [RankResult] and time.monotonic() - began < 5.0
+    assert [type(event) for event in events] == [RankResult] and time.monotonic() - began < 20.0
     assert queue.take(0.0) == ([], False)
 
 
