@@ -13,7 +13,10 @@ For each tool, 2 ranks with ``SPREAD`` placement (one per node where Ray can):
 - **start**: from the call to every rank inside the function (placement group, actors, imports);
 - **first all-reduce**: from the call to every rank past its first gloo all-reduce across the nodes;
 - **warm run**: one more call on ranks already up (a ``Session.run`` / an actor method on every actor), median;
-- **under load** (``--slurm --load N``): the warm run again with N busy-loop processes beside it;
+- **load apart**, **load in kernel's session** (``--slurm --load N``): the warm run again beside N busy-loop processes,
+  in a session of their own (as ``stress`` run from another terminal), then in the kernel's own session (its
+  children). Linux's autogroup shares the cores between sessions first: in the kernel's session the loops take
+  turns with the kernel's own threads (the one reading ``srun``'s stdout, the one supervising the run);
 - **output**: each rank prints 20 near-identical lines 20 ms apart; how many of the 40 reach the kernel (notebook's
   process) within 10 s, and their median latency from ``print`` to arrival. Plain actors' lines come through Ray's
   log forwarding (deduplicated by default), ours through each actor's control thread.
@@ -335,7 +338,8 @@ def slurm_all_reduce_noop() -> None:
 
 
 def bench_slurm_ours(nodes: int, repeats: int, request: Optional[Dict[str, str]], load: int = 0) -> Dict[str, Any]:
-    """Ours on Slurm; with ``load``, the warm run again with that many busy loops beside (``under load``)."""
+    """Ours on Slurm; with ``load``, the warm run again with that many busy loops beside, apart and in the kernel's
+    session."""
     from bench_launch import busy_loops
     from notebook_accel import Session, notebook_launcher
 
@@ -347,11 +351,11 @@ def bench_slurm_ours(nodes: int, repeats: int, request: Optional[Dict[str, str]]
     with Session(num_processes=nodes, num_nodes=nodes, cluster="slurm", display="none", slurm=request) as session:
         session.run(slurm_all_reduce_noop)
         figures["warm run"] = _median_seconds(lambda: session.run(slurm_all_reduce_noop), repeats)
-        if load:
-            with busy_loops(load):
-                time.sleep(2.0)   # the loops up to speed, the load average climbing
-                figures["under load"] = _median_seconds(lambda: session.run(slurm_all_reduce_noop), repeats)
-            figures["under load"] = f"{figures['under load'] * 1000:.0f} ms (load {load})"
+        for column, own_session in (("load apart", True), ("load in kernel's session", False)):
+            if load:
+                with busy_loops(load, own_session=own_session):
+                    time.sleep(2.0)   # the loops up to speed, the load average climbing
+                    figures[column] = _median_seconds(lambda: session.run(slurm_all_reduce_noop), repeats)
     return figures
 
 
@@ -422,7 +426,8 @@ def main() -> None:
     parser.add_argument("--slurm-test-cluster", action="store_true",
                         help="--slurm on tests/slurm_cluster.py's cluster, inside and outside an allocation (root)")
     parser.add_argument("--load", type=int, default=0,
-                        help="with --slurm: the warm run again with this many busy loops beside ('under load')")
+                        help="with --slurm: the warm run again beside this many busy loops, apart and in the "
+                             "kernel's session")
     options = parser.parse_args()
 
     if options.slurm_test_cluster:
@@ -462,8 +467,8 @@ def _print_table(results: Dict[str, Dict[str, Any]]) -> None:
         columns, widths = ["queue wait"] + columns[:-1], [12] + widths[:-1]
     elif not any("output" in figures for figures in results.values()):
         columns, widths = columns[:-1], widths[:-1]
-    if any("under load" in figures for figures in results.values()):
-        columns, widths = columns + ["under load"], widths + [20]
+    if any("load apart" in figures for figures in results.values()):
+        columns, widths = columns + ["load apart", "load in kernel's session"], widths + [12, 26]
     print(f"{'':24}" + "".join(f"{column:>{width}}" for column, width in zip(columns, widths)))
     for tool, figures in results.items():
         cells = []
