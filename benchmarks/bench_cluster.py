@@ -49,6 +49,10 @@ inside ``salloc -N2``, then from the login node where each tool asks for a job),
     notebook_accel                     77 ms    2.47 s            2.47 s      2.66 s      9 ms
     plain srun + torch                 78 ms     49 ms            2.68 s      3.79 s         —
 
+The warm runs above waited 40 ms on Slurm's stdio (Nagle's algorithm and a delayed ACK; docs/benchmarks.md, "A warm
+run on Slurm"): 2 ms now, quiet; with ``--load 6`` beside other work, 3-11 ms with the loops apart and 35-52 ms in
+the kernel's session (before: 14-53 and 70-115 ms), 2026-11-29.
+
 "start" differs in meaning: a plain task stamps before it imports torch, ours once the function runs (torch imported
 in the task first, the store hosted by rank 0). The queue wait is measured alike for both (``squeue`` every 50 ms);
 the other columns count from the job's start.
