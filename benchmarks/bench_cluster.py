@@ -6,12 +6,17 @@ on Slurm, ``cluster="slurm"`` vs ``srun`` of a plain torch script.
     python benchmarks/bench_cluster.py --client            # the fake cluster through Ray Client (``ray://``)
     salloc -N2 python benchmarks/bench_cluster.py --slurm  # inside a 2-node Slurm allocation (outside: asks for one)
     python benchmarks/bench_cluster.py --slurm-test-cluster  # both, on the tests' Slurm cluster (root)
+    python benchmarks/bench_cluster.py --slurm-test-cluster --load 6  # and the warm run beside 6 busy loops
 
 For each tool, 2 ranks with ``SPREAD`` placement (one per node where Ray can):
 
 - **start**: from the call to every rank inside the function (placement group, actors, imports);
 - **first all-reduce**: from the call to every rank past its first gloo all-reduce across the nodes;
 - **warm run**: one more call on ranks already up (a ``Session.run`` / an actor method on every actor), median;
+- **load apart**, **load in kernel's session** (``--slurm --load N``): the warm run again beside N busy-loop processes,
+  in a session of their own (as ``stress`` run from another terminal), then in the kernel's own session (its
+  children). Linux's autogroup shares the cores between sessions first: in the kernel's session the loops take
+  turns with the kernel's own threads (the one reading ``srun``'s stdout, the one supervising the run);
 - **output**: each rank prints 20 near-identical lines 20 ms apart; how many of the 40 reach the kernel (notebook's
   process) within 10 s, and their median latency from ``print`` to arrival. Plain actors' lines come through Ray's
   log forwarding (deduplicated by default), ours through each actor's control thread.
@@ -43,6 +48,10 @@ inside ``salloc -N2``, then from the login node where each tool asks for a job),
     --slurm, from the login node   queue wait     start  first all-reduce  whole call  warm run
     notebook_accel                     77 ms    2.47 s            2.47 s      2.66 s      9 ms
     plain srun + torch                 78 ms     49 ms            2.68 s      3.79 s         —
+
+The warm runs above waited 40 ms on Slurm's stdio (Nagle's algorithm and a delayed ACK; docs/benchmarks.md, "A warm
+run on Slurm"): 2 ms now, quiet; with ``--load 6`` beside other work, 3-11 ms with the loops apart and 35-52 ms in
+the kernel's session (before: 14-53 and 70-115 ms), 2026-11-29.
 
 "start" differs in meaning: a plain task stamps before it imports torch, ours once the function runs (torch imported
 in the task first, the store hosted by rank 0). The queue wait is measured alike for both (``squeue`` every 50 ms);
@@ -332,7 +341,10 @@ def slurm_all_reduce_noop() -> None:
     dist.all_reduce(value)
 
 
-def bench_slurm_ours(nodes: int, repeats: int, request: Optional[Dict[str, str]]) -> Dict[str, Any]:
+def bench_slurm_ours(nodes: int, repeats: int, request: Optional[Dict[str, str]], load: int = 0) -> Dict[str, Any]:
+    """Ours on Slurm; with ``load``, the warm run again with that many busy loops beside, apart and in the kernel's
+    session."""
+    from bench_launch import busy_loops
     from notebook_accel import Session, notebook_launcher
 
     watch = _QueueWatch("notebook_accel:first_all_reduce") if request else None
@@ -343,6 +355,11 @@ def bench_slurm_ours(nodes: int, repeats: int, request: Optional[Dict[str, str]]
     with Session(num_processes=nodes, num_nodes=nodes, cluster="slurm", display="none", slurm=request) as session:
         session.run(slurm_all_reduce_noop)
         figures["warm run"] = _median_seconds(lambda: session.run(slurm_all_reduce_noop), repeats)
+        for column, own_session in (("load apart", True), ("load in kernel's session", False)):
+            if load:
+                with busy_loops(load, own_session=own_session):
+                    time.sleep(2.0)   # the loops up to speed, the load average climbing
+                    figures[column] = _median_seconds(lambda: session.run(slurm_all_reduce_noop), repeats)
     return figures
 
 
@@ -376,12 +393,12 @@ def _quoted(arg: str) -> str:
     return arg if arg == "$MASTER" else shlex.quote(arg)
 
 
-def main_slurm(nodes: int, repeats: int) -> Dict[str, Dict[str, Any]]:
+def main_slurm(nodes: int, repeats: int, load: int = 0) -> Dict[str, Dict[str, Any]]:
     """Inside an allocation: a step of it; outside one (a login node): each tool asks for a job of its own."""
     import torch.distributed  # noqa: F401  (warm, as a notebook kernel that already imported torch)
 
     request = None if os.environ.get("SLURM_JOB_ID") else {"time": "00:10:00"}
-    return {"notebook_accel": bench_slurm_ours(nodes, repeats, request),
+    return {"notebook_accel": bench_slurm_ours(nodes, repeats, request, load),
             "plain srun + torch": bench_slurm_plain(nodes, request)}
 
 
@@ -412,13 +429,16 @@ def main() -> None:
                              "as a step of it; outside one, each asks for a job)")
     parser.add_argument("--slurm-test-cluster", action="store_true",
                         help="--slurm on tests/slurm_cluster.py's cluster, inside and outside an allocation (root)")
+    parser.add_argument("--load", type=int, default=0,
+                        help="with --slurm: the warm run again beside this many busy loops, apart and in the "
+                             "kernel's session")
     options = parser.parse_args()
 
     if options.slurm_test_cluster:
-        on_the_tests_slurm_cluster([f"--repeats={options.repeats}"])
+        on_the_tests_slurm_cluster([f"--repeats={options.repeats}", f"--load={options.load}"])
         return
     if options.slurm:
-        _print_table(main_slurm(2, options.repeats))
+        _print_table(main_slurm(2, options.repeats, options.load))
         return
     import ray
 
@@ -451,6 +471,8 @@ def _print_table(results: Dict[str, Dict[str, Any]]) -> None:
         columns, widths = ["queue wait"] + columns[:-1], [12] + widths[:-1]
     elif not any("output" in figures for figures in results.values()):
         columns, widths = columns[:-1], widths[:-1]
+    if any("load apart" in figures for figures in results.values()):
+        columns, widths = columns + ["load apart", "load in kernel's session"], widths + [12, 26]
     print(f"{'':24}" + "".join(f"{column:>{width}}" for column, width in zip(columns, widths)))
     for tool, figures in results.items():
         cells = []

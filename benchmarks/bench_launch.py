@@ -122,9 +122,13 @@ def torch_start_processes(function=trivial, args=(), ranks: int = 2):
 
 
 @contextlib.contextmanager
-def busy_loops(count: int) -> Iterator[None]:
-    """``count`` processes spinning on a core each, for the duration: a machine busy with other work."""
-    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+def busy_loops(count: int, own_session: bool = False) -> Iterator[None]:
+    """``count`` processes spinning on a core each, for the duration: a machine busy with other work. With
+    ``own_session``, in a session of their own, as ``stress`` started from another terminal: Linux's autogroup
+    (``/proc/sys/kernel/sched_autogroup_enabled``) then shares the cores between sessions first, and the loops
+    compete with each other rather than with this process's threads."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=own_session)
+             for _ in range(count)]
     try:
         yield
     finally:

@@ -35,8 +35,9 @@ FILES: Dict[str, str] = {
     "test_outcome.py": "unit",
     "test_planning.py": "unit",
     "test_progress.py": "unit",
-    "test_slurm_units.py": "unit",
-    "test_detached_units.py": "unit",   # a detached job's folder: its event log, ending, attach replaying it      # Slurm commands the kernel runs, recorded (no cluster)
+    "test_slurm_units.py": "unit",      # Slurm commands the kernel runs, recorded (no cluster)
+    "test_slurm_stdio_writes.py": "unit",  # what a warm run writes to srun's stdio, write by write (no cluster)
+    "test_detached_units.py": "unit",   # a detached job's folder: its event log, ending, attach replaying it
     "test_notebook_helpers.py": "unit",  # helpers the notebooks define (ray_cluster.ipynb's start retry)
     "test_rank_network.py": "unit",
     "test_promises_gpu.py": "unit",

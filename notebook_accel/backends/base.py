@@ -267,3 +267,9 @@ class WarmRanks(ABC):
             self.commands[rank].send(command, fds)
         except OSError:
             pass
+
+    def send_to_every_rank(self, command: Command, fds: Optional[List[int]] = None) -> None:
+        """Send ``command`` to every rank (``send``: each may already be gone). A transport that carries one message to
+        every rank at once sends it once (``relay.RelayedWarmRanks``)."""
+        for rank in list(self.commands):
+            self.send(rank, command, fds)

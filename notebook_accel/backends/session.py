@@ -297,8 +297,7 @@ def quiet_task(ranks: WarmRanks, command: Optional[Command], *, timeout: float, 
         ranks.handles, deliver, lambda: None, policy=StopPolicy.starting_now(timeout, threading.Event()),
         expect_results=lambda rank: False, task_id=task_id, recover_timeout=recover_timeout, ranks=ranks)
     if command is not None:
-        for rank in list(ranks.commands):
-            ranks.send(rank, command)
+        ranks.send_to_every_rank(command)
     outcome = supervisor.run()
     return TaskEnd.of(supervisor), outcome
 
@@ -308,8 +307,7 @@ def close_gracefully(ranks: WarmRanks, grace: float, deliver: Callable[[RankEven
     supervisor reads their last output and ends whatever outlives ``grace`` seconds."""
     if not ranks.handles:
         return
-    for rank in list(ranks.commands):
-        ranks.send(rank, Shutdown())
+    ranks.send_to_every_rank(Shutdown())
     policy = StopPolicy.starting_now(grace, threading.Event())
     Supervisor(ranks.handles, deliver, lambda: None, policy=policy, expect_results=lambda rank: False).run()
 
@@ -356,8 +354,7 @@ class SessionRunBackend(Backend):
             self.command.no_one_types = sink.asker.absent  # type: ignore[attr-defined]
         for handle in self.ranks.handles:  # the rows of this run's dashboard: each rank is there, and running
             sink.deliver(self.ranks.started_event(handle.rank))
-        for handle in self.ranks.handles:  # a rank already gone is the supervisor's to report
-            self.ranks.send(handle.rank, self.command, self.fds)
+        self.ranks.send_to_every_rank(self.command, self.fds)  # a rank already gone is the supervisor's to report
 
     def _supervise(self, sink: LaunchSink, policy: StopPolicy) -> Outcome:
         self.supervisor = SessionSupervisor(

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..wire.commands import Command, Interrupt, PromptAnswer, QueuedAnswers
-from ..wire.events import OutputLines, RankEvent, RankPrompt, ResourceSample
+from ..wire.events import OutputLines, RankEvent, RankPrompt, ResourceSample, TaskDone
 from ..wire.fds import pending_bytes
 from .device_memory import send_peak_rss
 from .leaving import wait_for_peers_to_finish
@@ -88,12 +88,20 @@ class EventQueue:
             self._ended = True
             self._condition.notify_all()
 
-    def take(self, wait: float) -> Tuple[List[RankEvent], bool]:
+    def take(self, wait: float, linger: float = 0.0) -> Tuple[List[RankEvent], bool]:
         """Every waiting event (after up to ``wait`` s for the first), consecutive output merged; and whether
-        these were the last."""
+        these were the last. With ``linger``, up to that long more for what ends the batch — a session's
+        ``TaskDone`` or the rank's last event — unless it came: a task's result and its end, or a short task's output
+        and its end, go together (one write to a Slurm task's stdout: ``wire.text_frames``)."""
         with self._condition:
             if not self._events and not self._ended:
                 self._condition.wait(wait)
+            deadline = time.monotonic() + linger
+            while self._events and not self._ended and not isinstance(self._events[-1], TaskDone):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._condition.wait(left)
             events, self._events = self._events, []
             return merge_output(events), self._ended
 
@@ -343,14 +351,15 @@ class RankActor:
 
     # ------------------------------------------------------------------------------------- control group
 
-    def poll(self, wait: float) -> Tuple[List[RankEvent], bool]:
-        """The events since the last poll (waiting up to ``wait`` s for one), with a sample of this rank's memory
-        and CPU about once a second while it runs; ``True`` with the last of them."""
+    def poll(self, wait: float, linger: float = 0.0) -> Tuple[List[RankEvent], bool]:
+        """The events since the last poll (waiting up to ``wait`` s for one, and ``linger`` s more for a task's
+        end: ``EventQueue.take``), with a sample of this rank's memory and CPU about once a second while it runs;
+        ``True`` with the last of them."""
         busy = self._session.busy if self._session is not None else self._busy
         sample = self._resources.due() if busy else None
         if sample is not None:
             self.events.put(sample)
-        return self.events.take(wait)
+        return self.events.take(wait, linger)
 
     def stacks(self) -> str:
         """Every thread's Python stack but this control thread's own, in faulthandler's format."""

@@ -26,7 +26,7 @@ import queue
 import socket
 import sys
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..wire.text_frames import EVERY_RANK, FrameWriter, LineDecoder
 from .actor import ActorRankSpec, RankActor
@@ -35,6 +35,9 @@ from .time_warning import install_termination_warning, install_warning_handler
 
 KILLED_EXIT = 137                 # as a process killed by SIGKILL reports itself in a shell
 POLL_WAIT = 0.2
+# s the events of a batch wait for the task's end that follows them (``EventQueue.take``): sent apart, the second write
+# would wait for the first's delayed ACK, 40 ms (``wire.text_frames``); a long task's output comes this much later.
+TASK_END_LINGER = 0.05
 
 
 def node_network(launch_address: Optional[str]) -> Tuple[str, Optional[str]]:
@@ -64,6 +67,7 @@ class SlurmTask:
         self.actor = RankActor(self.rank, self.node)
         self.setups: "queue.Queue[Optional[Dict[str, Any]]]" = queue.Queue()
         self._started = False   # the run (or a session's task loop) began: the end of stdin must end it
+        self._last: List[Any] = []   # the rank's last events, sent with its exit code
 
     def serve(self) -> int:
         self.writer.send(("hello", {
@@ -86,7 +90,7 @@ class SlurmTask:
         else:
             code = self.actor.run(spec, setup["payload"])
         pump.join()
-        self.writer.send(("returned", code))
+        self.writer.send_many([("events", self._last, True), ("returned", code)])   # one write: see TASK_END_LINGER
         return code
 
     def _spec(self, setup: Dict[str, Any]) -> ActorRankSpec:
@@ -102,13 +106,15 @@ class SlurmTask:
                              no_one_types=setup.get("no_one_types"), post_mortem=setup.get("post_mortem", False))
 
     def _pump(self) -> None:
-        """The rank's events to the kernel as they come, until the last."""
+        """The rank's events to the kernel as they come, a batch with the task's end that follows it; the last batch
+        is kept (``_last``) for ``serve`` to send with the rank's exit code."""
         while True:
-            events, last = self.actor.poll(POLL_WAIT)
-            if events or last:
-                self.writer.send(("events", events, last))
+            events, last = self.actor.poll(POLL_WAIT, linger=TASK_END_LINGER)
             if last:
+                self._last = events
                 return
+            if events:
+                self.writer.send(("events", events, False))
 
     def _read_kernel(self) -> None:
         decoder = LineDecoder()

@@ -9,6 +9,13 @@ place::
 
     @na <rank> <message id> <index> <count> <base64 piece>
 
+A message is sent in one write, and kept small: its pickle is zlib-compressed (the mark ``@nz``) where that makes it
+shorter (``compressed``). Slurm carries stdio between ``srun`` and each node in messages of at most 1 KiB
+(``SRUN_MESSAGE``) over TCP with Nagle's algorithm on: a second message sent while the first is unacknowledged waits
+for the receiver's delayed ACK, 40 ms on Linux. A small function's run command in one message, and a rank's result
+with its task's end in one write (``rank.slurm_task``), is what keeps a warm run on Slurm at a few milliseconds
+(docs/benchmarks.md).
+
 ``LineDecoder`` puts the pieces of each (rank, message) together, whatever else came between them, and ignores lines
 that are not frames. Only the two ends of one launch write frames: ``srun`` carries nothing else on these streams.
 
@@ -23,18 +30,39 @@ import base64
 import os
 import pickle
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+import zlib
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 MARK = "@na"
+ZLIB_MARK = "@nz"    # the same, the pickle zlib-compressed
 PIECE = 600          # base64 characters per line: a line stays well under slurmstepd's 1024-byte buffer
 EVERY_RANK = -1      # a kernel -> ranks message for every rank (srun's stdin goes to every task)
+SRUN_MESSAGE = 1024  # bytes of stdio Slurm carries in one message between srun and a node (SLURM_IO_MAX_MSG_LEN)
+# Pickles compressed: above a few hundred bytes (a small function's run command is ~1 KiB, ~0.6 compressed); not
+# beyond what zlib does in a moment (a large result's tensors hardly compress, and take longer to send than to save).
+COMPRESS_SIZES = range(256, 1 << 16)
+
+
+def compressed(data: bytes) -> Optional[bytes]:
+    """``data`` zlib-compressed where its size is in ``COMPRESS_SIZES`` and that makes it shorter, else None.
+
+    >>> len(compressed(b"ab" * 500)) < 100, compressed(b"short"), compressed(os.urandom(1000))
+    (True, None, None)
+    """
+    if len(data) not in COMPRESS_SIZES:
+        return None
+    packed = zlib.compress(data)
+    return packed if len(packed) < len(data) else None
 
 
 def encode(rank: int, message: Any, message_id: int) -> List[str]:
     """``message`` as frame lines (each ending in a newline), from (or for) ``rank``."""
-    data = base64.b64encode(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
-    pieces = [data[start:start + PIECE] for start in range(0, len(data), PIECE)] or [""]
-    return [f"{MARK} {rank} {message_id} {index} {len(pieces)} {piece}\n" for index, piece in enumerate(pieces)]
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    packed = compressed(data)
+    mark, data = (MARK, data) if packed is None else (ZLIB_MARK, packed)
+    text = base64.b64encode(data).decode("ascii")
+    pieces = [text[start:start + PIECE] for start in range(0, len(text), PIECE)] or [""]
+    return [f"{mark} {rank} {message_id} {index} {len(pieces)} {piece}\n" for index, piece in enumerate(pieces)]
 
 
 class LineDecoder:
@@ -46,7 +74,7 @@ class LineDecoder:
     def feed(self, line: str) -> Optional[Tuple[int, Any]]:
         """``(rank, message)`` when ``line`` completes one, else None (a piece, or not a frame)."""
         fields = line.strip().split(" ")
-        if len(fields) not in (5, 6) or fields[0] != MARK:
+        if len(fields) not in (5, 6) or fields[0] not in (MARK, ZLIB_MARK):
             return None
         try:
             rank, message_id, index, count = (int(field) for field in fields[1:5])
@@ -60,11 +88,12 @@ class LineDecoder:
         if any(part is None for part in pieces):
             return None
         del self._pieces[(rank, message_id)]
-        return rank, pickle.loads(base64.b64decode("".join(pieces)))  # type: ignore[arg-type]
+        data = base64.b64decode("".join(pieces))  # type: ignore[arg-type]
+        return rank, pickle.loads(zlib.decompress(data) if fields[0] == ZLIB_MARK else data)
 
 
 class FrameWriter:
-    """Writes messages as frame lines to ``fd``; thread-safe, each message's lines together."""
+    """Writes messages as frame lines to ``fd``; thread-safe, each message's lines together, in one write."""
 
     def __init__(self, fd: int, rank: int) -> None:
         self.fd = fd
@@ -73,9 +102,16 @@ class FrameWriter:
         self._next_id = 0
 
     def send(self, message: Any, rank: Optional[int] = None) -> None:
+        self.send_many([message], rank)
+
+    def send_many(self, messages: Iterable[Any], rank: Optional[int] = None) -> None:
+        """``messages`` in one write: what follows a message at once goes with it (see the module docstring)."""
         with self._lock:
-            self._next_id += 1
-            data = "".join(encode(self.rank if rank is None else rank, message, self._next_id)).encode("ascii")
+            lines: List[str] = []
+            for message in messages:
+                self._next_id += 1
+                lines += encode(self.rank if rank is None else rank, message, self._next_id)
+            data = "".join(lines).encode("ascii")
             while data:
                 written = os.write(self.fd, data)
                 data = data[written:]

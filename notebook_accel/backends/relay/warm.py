@@ -25,6 +25,7 @@ from ...wire.payload import PortablePayload
 from ..base import WarmRanks
 from ..supervisor import RankProcess
 from .backend import RelayedBackend
+from .stream import StreamRelay
 
 
 class RelayedCommandSender:
@@ -97,6 +98,16 @@ class RelayedWarmRanks(WarmRanks):
         backend's ``world``, whose ``command(rank, command)`` says whether it got there (``StreamRelay``'s)."""
         world = self.backend.world
         return world is not None and bool(world.command(rank, command))
+
+    def send_to_every_rank(self, command: Command, fds: Optional[List[int]] = None) -> None:
+        """Where the transport is a launcher's stdin (``StreamRelay``: every task reads it), the command once, in one
+        write, for every rank: sent once per rank, a Slurm node's copy of the second would wait for the first's
+        delayed ACK, 40 ms (``wire.text_frames``). Elsewhere once per rank."""
+        world = self.backend.world
+        if isinstance(world, StreamRelay) and not isinstance(command, BreakGroup):
+            world.send(command)   # EVERY_RANK: what is gone, if anything, is the supervisors' to report
+            return
+        super().send_to_every_rank(command, fds)
 
     def _end_world(self) -> None:
         """End every rank now and give back what the start asked of the cluster (idempotent). By default the
