@@ -219,7 +219,7 @@ def sweep(function: Callable[..., Any], configs: Sequence[Any], num_processes: O
     except LaunchConfigError as refused:
         refused.entry_point = "sweep"
         raise show_from_the_call(without_launcher_frames(refused)) from None
-    running = Sweep(trials, max_concurrent or 1, SweepTable(display))
+    running = _sweep_class(trials[0].plan)(trials, max_concurrent or 1, SweepTable(display))
     _last_sweep = running
     running.run()
     failed = [trial for trial in trials if trial.error is not None]
@@ -231,6 +231,14 @@ def sweep(function: Callable[..., Any], configs: Sequence[Any], num_processes: O
                      f"notebook_accel.last_sweep().trials)")
         raise show_from_the_call(first)
     return [trial.error if trial.error is not None else trial.result for trial in trials]
+
+
+def _sweep_class(plan: LaunchPlan) -> type:
+    """How the trials run: on Slurm outside an allocation, as one job array (``backends.slurm.array``); elsewhere
+    as launches from this kernel, N at a time (on Ray each trial its own placement group)."""
+    from .backends.slurm.array import ArraySweep, runs_as_array
+
+    return ArraySweep if runs_as_array(plan) else Sweep
 
 
 def _planned_trials(function: Callable[..., Any], configs: Any, num_processes: Optional[int],
