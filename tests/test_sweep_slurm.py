@@ -51,15 +51,17 @@ KERNEL = textwrap.dedent('''
         dist.init_process_group("gloo")
         started = time.time()
         time.sleep(2)
-        if config == 2 and dist.get_rank() == 1:
-            raise ValueError(f"bad config {config} on rank 1")
+        if config == 2 and dist.get_rank() == dist.get_world_size() - 1:
+            raise ValueError(f"bad config {config} on rank {dist.get_rank()}")
         dist.barrier()
         dist.destroy_process_group()
         return {"config": config, "array": os.environ["SLURM_ARRAY_JOB_ID"], "task": os.environ["SLURM_ARRAY_TASK_ID"],
                 "node": os.environ["SLURMD_NODENAME"], "started": started, "ended": time.time()}
 
-    options = dict(num_processes=2, num_nodes=2, cluster="slurm", slurm={"partition": "debug", "time": "00:05:00"},
-                   display="text")
+    # One rank per trial: the cluster (2 nodes of 2 CPUs) holds 4 such tasks at once, so only the array's own
+    # limit (%%2) keeps it at 2. The errors="raise" sweep spans both nodes (its rank 1 fails on the second).
+    options = dict(num_processes=1, cluster="slurm", slurm={"partition": "debug", "time": "00:05:00"}, display="text")
+    two_nodes = dict(options, num_processes=2, num_nodes=2)
 
     bound = bounded("the sweep of 4 (errors='return')", 240)
     results = sweep(trial, [0, 1, 2, 3], max_concurrent=2, errors="return", **options)
@@ -72,7 +74,7 @@ KERNEL = textwrap.dedent('''
 
     bound = bounded("the sweep of 2 (errors='raise')", 180)
     try:
-        sweep(trial, [1, 2], max_concurrent=2, **options)
+        sweep(trial, [1, 2], max_concurrent=2, **two_nodes)
         report["raised"] = None
     except Exception as error:
         import traceback
@@ -136,7 +138,7 @@ def test_a_sweep_of_4_is_one_job_array_2_tasks_at_a_time_results_in_config_order
     report, output = kernel
     returned = report["returned"]
     assert [item.get("config") for item in returned if "config" in item] == [0, 1, 3]
-    assert returned[2]["error"] == "ValueError" and "bad config 2 on rank 1" in returned[2]["message"]
+    assert returned[2]["error"] == "ValueError" and "bad config 2 on rank 0" in returned[2]["message"]
     assert report["states"] == ["finished", "finished", "failed", "finished"]
     arrays = {item["array"] for item in returned if "array" in item}
     assert len(arrays) == 1, returned   # one job array, every trial one of its tasks
@@ -158,9 +160,10 @@ def test_with_errors_raise_the_failing_trial_is_raised_as_itself_with_its_traceb
     raised = report["raised"]
     assert raised is not None and raised["type"] == "ValueError", raised
     assert "bad config 2 on rank 1" in raised["message"]
-    assert "raise ValueError(f\"bad config {config} on rank 1\")" in raised["traceback"], raised["traceback"]
+    assert 'raise ValueError(f"bad config {config} on rank {dist.get_rank()}")' in raised["traceback"]
     notes = " ".join(raised["notes"])
-    assert "sweep trial 1" in notes and "Slurm array task" in notes and "1 of 2 sweep trials failed" in notes
+    assert "raised in rank 1 of 2" in notes and "sweep trial 1" in notes and "Slurm array task" in notes
+    assert "1 of 2 sweep trials failed" in notes
     assert report["results_after_raise"] == [1, None]
 
 
