@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 
 from ...errors import LaunchError
 from ...plan.plan import LaunchPlan
-from ...sweeps import Sweep, Trial, _TrialView, _note, _short
+from ...trials import Trial, TrialRunner, TrialView, note, short
 from ...wire.events import Status
 from .allocation import asks_for_gpus, check_request
 from .backend import job_name, site_of
@@ -75,7 +75,7 @@ def runs_as_array(plan: LaunchPlan) -> bool:
     return getattr(site, "name", None) == "slurm" and getattr(site, "allocation", "") is None
 
 
-class ArraySweep(Sweep):
+class ArraySweep(TrialRunner):
     """The trials of a sweep as the tasks of one job array (see the module docstring)."""
 
     def __init__(self, trials: List[Trial], max_concurrent: int, table) -> None:
@@ -83,7 +83,7 @@ class ArraySweep(Sweep):
         self.array_id: Optional[str] = None
         self.folder: Optional[str] = None
         self._folders: Dict[int, TrialFolder] = {}
-        self._views: Dict[int, _TrialView] = {}
+        self._views: Dict[int, TrialView] = {}
         self._gone_since: Dict[int, float] = {}
 
     def check(self) -> None:
@@ -94,7 +94,6 @@ class ArraySweep(Sweep):
         check_request(slurm.request_options, slurm.num_nodes)
 
     def run(self) -> None:
-        self.check()
         self.table.show(self.trials)
         try:
             self._submit()
@@ -125,7 +124,7 @@ class ArraySweep(Sweep):
         for trial in self.trials:
             folder = self._folders[trial.index] = TrialFolder(os.path.join(self.folder, str(trial.index)))
             folder.make(trial.plan)
-            self._views[trial.index] = _TrialView(trial, lambda: self.table.changed(self.trials))
+            self._views[trial.index] = TrialView(trial, lambda: self.table.changed(self.trials))
         if self._stop.is_set():
             raise KeyboardInterrupt
         argv = sbatch_command(first, len(self.trials), self.max_concurrent, self.folder, name)
@@ -195,7 +194,7 @@ class ArraySweep(Sweep):
         trial.elapsed = elapsed if elapsed is not None else (
             time.monotonic() - trial.started if trial.started is not None else None)
         if error is not None:
-            _note(error, f"(notebook_accel: sweep trial {trial.index}, config={_short(repr(trial.config))}, "
+            note(error, f"(notebook_accel: sweep trial {trial.index}, config={short(repr(trial.config))}, "
                          f"Slurm array task {self.array_id}_{trial.index})")
         self.table.changed(self.trials, trial)
 
