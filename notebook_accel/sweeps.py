@@ -79,7 +79,7 @@ class Sweep(TrialRunner):
         running: List[Trial] = []
         try:
             while waiting or running:
-                while waiting and len(running) < self.max_concurrent and not self._stop.is_set():
+                while waiting and len(running) < (self.max_concurrent or 1) and not self._stop.is_set():
                     running.append(self._start(waiting.pop(0)))
                 if self._stop.is_set():
                     raise KeyboardInterrupt
@@ -142,7 +142,8 @@ def sweep(function: Callable[..., Any], configs: Sequence[Any], num_processes: O
         configs: a non-empty list of configs (anything picklable: a dict, a number, a dataclass).
         num_processes: ranks per trial (as ``notebook_launcher``'s).
         max_concurrent: how many trials run at once; None = 1 (trials on one machine share its devices and cores:
-            raise it when several trials fit, e.g. small CPU trials, or on a cluster with room).
+            raise it when several trials fit, e.g. small CPU trials, or on a cluster with room), except for a job
+            array on Slurm (``cluster="slurm"`` from a login node), where None lets Slurm run as many as fit.
         errors: ``"raise"`` (default): every trial runs to its end, then the first failing trial's own exception
             (in the order of ``configs``, as a launch raises it, with its rank's traceback) is raised, noted with
             its trial and how many failed; ``last_sweep().trials`` has every result. ``"return"``: a failing
@@ -166,7 +167,7 @@ def sweep(function: Callable[..., Any], configs: Sequence[Any], num_processes: O
     global _last_sweep
     try:
         trials = _planned_trials(function, configs, num_processes, max_concurrent, errors, display, launch_options)
-        running = _sweep_class(trials[0].plan)(trials, max_concurrent or 1, SweepTable(display))
+        running = _sweep_class(trials[0].plan)(trials, max_concurrent, SweepTable(display))
         running.check()
     except LaunchConfigError as refused:
         refused.entry_point = "sweep"
@@ -203,7 +204,7 @@ def _planned_trials(function: Callable[..., Any], configs: Any, num_processes: O
         raise LaunchConfigError("configs is empty: give at least one config to run")
     if max_concurrent is not None and (isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int)
                                        or max_concurrent < 1):
-        raise LaunchConfigError(f"max_concurrent must be a whole number >= 1 (or None: one at a time), "
+        raise LaunchConfigError(f"max_concurrent must be a whole number >= 1 (or None: the default), "
                                 f"got {max_concurrent!r}")
     if errors not in ERRORS:
         raise LaunchConfigError(f"errors={errors!r} is not one of {', '.join(repr(choice) for choice in ERRORS)}")

@@ -55,10 +55,10 @@ class TrialView:
 
 
 class TrialRunner:
-    """Runs a sweep's trials, at most ``max_concurrent`` at a time, and keeps ``table`` up to date; ``stop`` ends it
-    (thread-safe). ``run`` is each way's own."""
+    """Runs a sweep's trials, at most ``max_concurrent`` at a time (None: the way's own default), and keeps ``table``
+    up to date; ``stop`` ends it (thread-safe). ``run`` is each way's own."""
 
-    def __init__(self, trials: List[Trial], max_concurrent: int, table: Any) -> None:
+    def __init__(self, trials: List[Trial], max_concurrent: Optional[int], table: Any) -> None:
         self.trials = trials
         self.max_concurrent = max_concurrent
         self.table = table

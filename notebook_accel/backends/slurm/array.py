@@ -2,7 +2,8 @@
 
 Each array task is one trial: its own allocation (the ``slurm={...}`` options' partition, time, ... and the trial's
 nodes and ranks per node), in which the driver (``array_task``) runs the trial's launch as a launch inside an
-allocation runs — its ranks a step of that job. Slurm runs ``max_concurrent`` tasks at once and queues the rest.
+allocation runs — its ranks a step of that job. Slurm runs ``max_concurrent`` tasks at once and queues the rest
+(``max_concurrent=None``: as many as the cluster has room for, as Slurm schedules any array).
 
 The kernel and the tasks meet in a folder on the shared file system (``trial_folder``: per trial its plan, its
 events and its ending), under ``$NOTEBOOK_ACCEL_SWEEP_DIR`` or ``~/.notebook_accel/sweeps``, removed when the sweep
@@ -17,6 +18,7 @@ import os
 import secrets
 import shlex
 import shutil
+import subprocess
 import sys
 import time
 from typing import Dict, List, Optional
@@ -45,9 +47,10 @@ def sweep_root(environ: Optional[Dict[str, str]] = None) -> str:
     return environ.get(FOLDER_VARIABLE) or os.path.join(os.path.expanduser("~"), ".notebook_accel", "sweeps")
 
 
-def sbatch_command(plan: LaunchPlan, count: int, max_concurrent: int, folder: str, name: str,
+def sbatch_command(plan: LaunchPlan, count: int, max_concurrent: Optional[int], folder: str, name: str,
                    python: str = sys.executable) -> List[str]:
-    """The ``sbatch`` of the array: ``count`` tasks, ``max_concurrent`` at a time, each with the trial's nodes and
+    """The ``sbatch`` of the array: ``count`` tasks, ``max_concurrent`` at a time (None: as many as the cluster
+    has room for, Slurm's own limit), each with the trial's nodes and
     ranks per node (and one GPU per rank, unless the options ask for GPUs themselves), each ``slurm`` option as a
     long option, its output in its trial's folder, the driver as its command.
 
@@ -56,9 +59,12 @@ def sbatch_command(plan: LaunchPlan, count: int, max_concurrent: int, folder: st
     ...                   "none")
     >>> sbatch_command(plan, 4, 2, "/s", "n", python="python3")[:7]
     ['sbatch', '--parsable', '--array=0-3%2', '--job-name=n', '--nodes=1', '--ntasks-per-node=2', '--output=/s/%a/slurm.out']
+    >>> sbatch_command(plan, 4, None, "/s", "n", python="python3")[2]
+    '--array=0-3'
     """
     slurm = site_of(plan)
-    argv = ["sbatch", "--parsable", f"--array=0-{count - 1}%{max_concurrent}", f"--job-name={name}",
+    limit = f"%{max_concurrent}" if max_concurrent is not None else ""
+    argv = ["sbatch", "--parsable", f"--array=0-{count - 1}{limit}", f"--job-name={name}",
             f"--nodes={slurm.num_nodes}", f"--ntasks-per-node={slurm.ranks_per_node}",
             f"--output={os.path.join(folder, '%a', 'slurm.out')}"]
     if plan.device == "cuda" and not asks_for_gpus(slurm.request_options):
@@ -78,9 +84,10 @@ def runs_as_array(plan: LaunchPlan) -> bool:
 class ArraySweep(TrialRunner):
     """The trials of a sweep as the tasks of one job array (see the module docstring)."""
 
-    def __init__(self, trials: List[Trial], max_concurrent: int, table) -> None:
+    def __init__(self, trials: List[Trial], max_concurrent: Optional[int], table) -> None:
         super().__init__(trials, max_concurrent, table)
         self.array_id: Optional[str] = None
+        self.name: Optional[str] = None     # the array's name in squeue: ours alone (a tag of its own)
         self.folder: Optional[str] = None
         self._folders: Dict[int, TrialFolder] = {}
         self._views: Dict[int, TrialView] = {}
@@ -107,6 +114,9 @@ class ArraySweep(TrialRunner):
             self.table.changed(self.trials)
             raise KeyboardInterrupt(f"the sweep was interrupted; Slurm job array {self.array_id} was cancelled, "
                                     f"{len(left)} trial(s) not started") from None
+        except BaseException:   # anything unforeseen while following: no array left running without its folder
+            self._cancel()
+            raise
         finally:
             if self.folder is not None:
                 shutil.rmtree(self.folder, ignore_errors=True)
@@ -115,7 +125,7 @@ class ArraySweep(TrialRunner):
 
     def _submit(self) -> None:
         first = self.trials[0].plan
-        name = f"{job_name(first)}.sweep.{secrets.token_hex(3)}"[:100]
+        name = self.name = f"{job_name(first)}.sweep.{secrets.token_hex(3)}"[:100]
         root = sweep_root()
         os.makedirs(root, mode=0o700, exist_ok=True)
         self.folder = os.path.join(root, f"{first.function_name[:40]}-{time.strftime('%Y%m%d-%H%M%S')}-"
@@ -162,7 +172,10 @@ class ArraySweep(TrialRunner):
 
     def _ask_queue(self, now: float) -> None:
         """Which tasks run (their rows say so), and which left the queue without an ending (lost)."""
-        listed = run_tool(["squeue", "-h", "-r", "-j", str(self.array_id), "-o", "%K %T"], timeout=30)
+        try:
+            listed = run_tool(["squeue", "-h", "-r", "-j", str(self.array_id), "-o", "%K %T"], timeout=30)
+        except subprocess.TimeoutExpired:
+            return   # a busy controller: ask again
         if listed.returncode != 0 and "Invalid job id" not in listed.stderr:
             return   # the controller did not answer this time: ask again
         states = dict(line.split()[:2] for line in listed.stdout.splitlines() if len(line.split()) >= 2)
@@ -201,8 +214,11 @@ class ArraySweep(TrialRunner):
     # ------------------------------------------------------------------------------------------- cancel
 
     def _cancel(self) -> None:
-        """``scancel`` of the whole array, then until ``squeue`` lists none of its tasks."""
+        """``scancel`` of the whole array, then until ``squeue`` lists none of its tasks. Interrupted while ``sbatch``
+        ran, the array may exist with no id known here: it is cancelled by its name, which no other job has."""
         if self.array_id is None:
+            if self.name is not None:
+                run_tool(["scancel", "--quiet", f"--name={self.name}", f"--user={os.getuid()}"], timeout=30)
             return
         run_tool(["scancel", "--quiet", self.array_id], timeout=30)
         deadline = time.monotonic() + UNLISTED_WAIT
