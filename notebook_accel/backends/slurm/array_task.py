@@ -15,7 +15,9 @@ import sys
 import time
 from typing import Any
 
+from ...errors import LaunchError
 from ...launcher import Launch
+from ...wire.events import Status
 from .trial_folder import Ending, TrialFolder
 
 
@@ -40,11 +42,22 @@ def run_trial(sweep_folder: str, task: str, job: str) -> Ending:
     # Planned in the kernel, outside any allocation: here it runs inside this array task's (no job asked for).
     plan = dataclasses.replace(plan, site=dataclasses.replace(plan.site, allocation=job, request=()))
     launch = Launch(plan, view=FileView(folder))
-    signal.signal(signal.SIGTERM, lambda *_: launch.stop())
+    ended_by_slurm = []
+
+    def on_sigterm(*_: Any) -> None:
+        ended_by_slurm.append(time.time())
+        launch.stop()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     launch.run_in_background()
-    while not launch.done:   # the main thread sleeps in short waits: SIGTERM's handler runs between them
+    while not launch.done and not ended_by_slurm:   # short waits: SIGTERM's handler runs between them
         time.sleep(0.2)
-    ending = Ending.of_launch(launch, started)
+    if ended_by_slurm:   # Slurm ends the job's steps itself and kills this driver seconds later: say so at once
+        ending = Ending.raised(Status.STOPPED.value, started, LaunchError(
+            f"Slurm ended array task {task} (job {job}) while its trial ran — a scancel, the time limit, or a "
+            f"preemption — and its launch was stopped"))
+    else:
+        ending = Ending.of_launch(launch, started)
     folder.finish(ending)
     return ending
 

@@ -45,11 +45,14 @@ class Ending:
     error_text: Optional[str] = None
 
     @classmethod
+    def raised(cls, status: str, started: float, error: BaseException) -> "Ending":
+        return cls(status, started, time.time(), error=_pickled_error(error), error_text=one_line(error))
+
+    @classmethod
     def of_launch(cls, launch: Any, started: float) -> "Ending":
         status = getattr(launch.status, "value", str(launch.status))
         if launch.error is not None:
-            return cls(status, started, time.time(), error=_pickled_error(launch.error),
-                       error_text=one_line(launch.error))
+            return cls.raised(status, started, launch.error)
         return cls(status, started, time.time(), result=cloudpickle.dumps(launch.result))
 
     def value(self) -> Any:
