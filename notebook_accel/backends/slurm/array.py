@@ -71,7 +71,9 @@ def sbatch_command(plan: LaunchPlan, count: int, max_concurrent: Optional[int], 
         argv.append(f"--gpus-per-node={slurm.ranks_per_node}")
     for key, value in slurm.request_options.items():
         argv.append(f"--{key}={value}" if value != "" else f"--{key}")
-    return argv + ["--wrap", shlex.join([python, "-u", "-m", DRIVER, folder])]
+    # exec: the driver is the batch step's process itself, so that Slurm's SIGTERM (a scancel, the time limit)
+    # reaches it and it can say why its trial ended before the SIGKILL that follows
+    return argv + ["--wrap", "exec " + shlex.join([python, "-u", "-m", DRIVER, folder])]
 
 
 def runs_as_array(plan: LaunchPlan) -> bool:
