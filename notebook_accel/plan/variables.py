@@ -46,6 +46,9 @@ ENVIRONMENT_VARIABLES: Tuple[EnvironmentVariable, ...] = (
                         "where the kernel has CUDA live (or torch's CUDA build and a GPU), `import notebook_accel` "
                         "starts the fork server in the background so the first launch finds it warm; `0` turns "
                         "that off."),
+    EnvironmentVariable("NOTEBOOK_ACCEL_SWEEP_DIR", "~/.notebook_accel/sweeps",
+                        "where a `sweep` on Slurm from a login node keeps each trial's plan, events and ending while "
+                        "its job array runs: a folder every node sees (removed when the sweep returns)."),
     EnvironmentVariable("NOTEBOOK_ACCEL_DEVICE", "",
                         "set in every rank: the launch's device (`cuda`, `cpu`, `xla`, `mps`), which `Accelerator()` "
                         "uses.", set_by_launcher=True),

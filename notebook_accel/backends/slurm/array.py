@@ -57,8 +57,10 @@ def sbatch_command(plan: LaunchPlan, count: int, max_concurrent: Optional[int], 
     >>> from notebook_accel.plan.sites import SlurmAllocation
     >>> plan = LaunchPlan("f", None, 2, "cpu", SlurmAllocation(1, 2, None, (("time", "5"),)), "no", None, False,
     ...                   "none")
-    >>> sbatch_command(plan, 4, 2, "/s", "n", python="python3")[:7]
-    ['sbatch', '--parsable', '--array=0-3%2', '--job-name=n', '--nodes=1', '--ntasks-per-node=2', '--output=/s/%a/slurm.out']
+    >>> sbatch_command(plan, 4, 2, "/s", "n", python="python3")[:6]
+    ['sbatch', '--parsable', '--array=0-3%2', '--job-name=n', '--nodes=1', '--ntasks-per-node=2']
+    >>> sbatch_command(plan, 4, 2, "/s", "n", python="python3")[6:]
+    ['--output=/s/%a/slurm.out', '--time=5', '--wrap', 'exec python3 -u -m notebook_accel.backends.slurm.array_task /s']
     >>> sbatch_command(plan, 4, None, "/s", "n", python="python3")[2]
     '--array=0-3'
     """
@@ -114,8 +116,9 @@ class ArraySweep(TrialRunner):
                 if trial.state in ("waiting", "running"):
                     trial.state = "stopped" if trial.state == "running" else "not started"
             self.table.changed(self.trials)
-            raise KeyboardInterrupt(f"the sweep was interrupted; Slurm job array {self.array_id} was cancelled, "
-                                    f"{len(left)} trial(s) not started") from None
+            cancelled = f"Slurm job array {self.array_id} was cancelled" if self.array_id else "nothing was submitted"
+            raise KeyboardInterrupt(f"the sweep was interrupted; {cancelled}, {len(left)} trial(s) not started") \
+                from None
         except BaseException:   # anything unforeseen while following: no array left running without its folder
             self._cancel()
             raise
@@ -169,8 +172,15 @@ class ArraySweep(TrialRunner):
                 self._started(trial)
             self._views[trial.index].handle(event)
         ending = folder.ending()
-        if ending is not None:
-            self._trial_ended(trial, ending.status, ending.value(), ending.exception(), ending.ended - ending.started)
+        if ending is None:
+            return
+        try:
+            result, error = ending.value(), ending.exception()
+        except Exception as unloadable:   # a result whose class this kernel cannot import: that trial's error
+            result, error = None, LaunchError(f"trial {trial.index}'s result came back but cannot be loaded here: "
+                                              f"{type(unloadable).__name__}: {unloadable}")
+        self._trial_ended(trial, ending.status if error is None or ending.error is not None else Status.FAILED.value,
+                          result, error, ending.ended - ending.started)
 
     def _ask_queue(self, now: float) -> None:
         """Which tasks run (their rows say so), and which left the queue without an ending (lost)."""
