@@ -2,8 +2,9 @@
 array, ``max_concurrent`` tasks at a time, each task a trial's launch (its ranks a step of that task's job), every
 trial's result or root cause back through the shared file system, and a stop that cancels the array.
 
-The "kernel" is a script run from the login node (as a notebook on a login node): three sweeps, and what ``squeue``
-showed meanwhile, in one report — one run for the module keeps it short on a loaded machine.
+The "kernel" is a script run from the login node (as a notebook on a login node): four sweeps, and what ``squeue``
+showed meanwhile, in one report — one run for the module keeps it short on a loaded machine. Inside an allocation
+(a script under ``salloc``), a sweep's trials are steps of that job instead, no array.
 """
 from __future__ import annotations
 
@@ -218,3 +219,32 @@ def test_an_array_task_cancelled_by_someone_else_ends_its_trial_and_the_others_r
     # the driver (the batch step's own process: exec'd, so Slurm's SIGTERM reaches it) says it at once
     assert cancelled["first"].startswith("LaunchError: Slurm ended array task 0 "), cancelled["first"]
     assert "a scancel, the time limit, or a preemption" in cancelled["first"]
+
+
+INSIDE = textwrap.dedent('''
+    import json, os
+    from notebook_accel import sweep
+
+    def where(config):
+        import os
+        return {"config": config, "job": os.environ["SLURM_JOB_ID"], "step": os.environ["SLURM_STEP_ID"]}
+
+    results = sweep(where, [0, 1, 2, 3], num_processes=1, num_nodes=1, cluster="slurm", max_concurrent=2,
+                    display="none")
+    print("REPORT " + json.dumps({"job": os.environ["SLURM_JOB_ID"], "results": results}), flush=True)
+''')
+
+
+def test_inside_an_allocation_the_trials_are_steps_of_the_kernels_job_not_an_array(slurm, tmp_path):
+    script = tmp_path / "inside.py"
+    script.write_text(INSIDE)
+    env = dict(script_env(), SLURM_CONF=slurm.conf, NOTEBOOK_ACCEL_SWEEP_DIR=str(tmp_path / "unused"))
+    done = slurm.run(["salloc", "-N2", "-n4", sys.executable, str(script)], env=env, timeout=240)
+    reports = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and reports, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    report = json.loads(reports[0][len("REPORT "):])
+    assert [result["config"] for result in report["results"]] == [0, 1, 2, 3]
+    assert {result["job"] for result in report["results"]} == {report["job"]}   # no job of their own
+    assert len({result["step"] for result in report["results"]}) == 4
+    assert not (tmp_path / "unused").exists()
+    assert slurm.wait_no_jobs() == []
