@@ -46,12 +46,13 @@ inside ``salloc -N2``, then from the login node where each tool asks for a job),
     notebook_accel                     77 ms    2.47 s            2.47 s      2.66 s      9 ms
     plain srun + torch                 78 ms     49 ms            2.68 s      3.79 s         —
 
-``--sweep`` (from the login node, 2026-11-29, under load 3.6-5.7; three runs): four one-rank trials of 1 s each, 2 at
-a time, as one job array each — ours ``sweep(cluster="slurm")``, submitit 1.5.4's ``map_array``:
+``--sweep`` (from the login node, 2026-11-29; five runs, the first three under load 3.6-5.7, then 2.6-3.2): four
+one-rank trials of 1 s each, 2 at a time, as one job array each — ours ``sweep(cluster="slurm")``, submitit 1.5.4's
+``map_array``:
 
-    sweep of 4, 2 at a time       whole call  most at once   ratio
-    notebook_accel sweep      10.90 / 8.03 / 7.94 s      2    1.09 / 0.62 / 0.79
-    submitit map_array       10.04 / 13.05 / 10.03 s     2    1.00
+    sweep of 4, 2 at a time                      whole call  most at once                    ratio
+    notebook_accel sweep      10.90 / 8.03 / 7.94 / 8.16 / 7.11 s       2   1.09 / 0.62 / 0.79 / 1.16 / 0.89
+    submitit map_array       10.04 / 13.05 / 10.03 / 7.03 / 8.03 s      2   1.00
 
 "start" differs in meaning: a plain task stamps before it imports torch, ours once the function runs (torch imported
 in the task first, the store hosted by rank 0). The queue wait is measured alike for both (``squeue`` every 50 ms);
