@@ -5,8 +5,10 @@ on Slurm, ``cluster="slurm"`` vs ``srun`` of a plain torch script.
     python benchmarks/bench_cluster.py --address auto      # the cluster of this machine (``ray start``)
     python benchmarks/bench_cluster.py --client            # the fake cluster through Ray Client (``ray://``)
     salloc -N2 python benchmarks/bench_cluster.py --slurm  # inside a 2-node Slurm allocation (outside: asks for one)
-    python benchmarks/bench_cluster.py --slurm-test-cluster  # both, on the tests' Slurm cluster (root)
+    python benchmarks/bench_cluster.py --sweep             # on a Slurm login node: sweep vs submitit's map_array
+    python benchmarks/bench_cluster.py --slurm-test-cluster  # all three, on the tests' Slurm cluster (root)
     python benchmarks/bench_cluster.py --slurm-test-cluster --load 6  # and the warm run beside 6 busy loops
+    python benchmarks/bench_cluster.py --slurm-test-cluster --sweep  # the sweep alone, there
 
 For each tool, 2 ranks with ``SPREAD`` placement (one per node where Ray can):
 
@@ -52,6 +54,14 @@ inside ``salloc -N2``, then from the login node where each tool asks for a job),
 The warm runs above waited 40 ms on Slurm's stdio (Nagle's algorithm and a delayed ACK; docs/benchmarks.md, "A warm
 run on Slurm"): 2 ms now, quiet; with ``--load 6`` beside other work, 3-11 ms with the loops apart and 35-52 ms in
 the kernel's session (before: 14-53 and 70-115 ms), 2026-11-29.
+
+``--sweep`` (from the login node, 2026-11-29; five runs, the first three under load 3.6-5.7, then 2.6-3.2): four
+one-rank trials of 1 s each, 2 at a time, as one job array each — ours ``sweep(cluster="slurm")``, submitit 1.5.4's
+``map_array``:
+
+    sweep of 4, 2 at a time                      whole call  most at once                    ratio
+    notebook_accel sweep      10.90 / 8.03 / 7.94 / 8.16 / 7.11 s       2   1.09 / 0.62 / 0.79 / 1.16 / 0.89
+    submitit map_array       10.04 / 13.05 / 10.03 / 7.03 / 8.03 s      2   1.00
 
 "start" differs in meaning: a plain task stamps before it imports torch, ours once the function runs (torch imported
 in the task first, the store hosted by rank 0). The queue wait is measured alike for both (``squeue`` every 50 ms);
@@ -402,19 +412,88 @@ def main_slurm(nodes: int, repeats: int, load: int = 0) -> Dict[str, Dict[str, A
             "plain srun + torch": bench_slurm_plain(nodes, request)}
 
 
-def on_the_tests_slurm_cluster(argv: List[str]) -> None:
+# ------------------------------------------------------------------------------------------ Slurm: a sweep
+
+SWEEP_CONFIGS = [1, 2, 3, 4]
+SWEEP_AT_ONCE = 2
+SWEEP_TRIAL_SECONDS = 1.0
+
+
+def sweep_trial(config: int) -> List[float]:
+    """One trial of the sweep: a second of "training" after torch's import; its config doubled and when it ran."""
+    entered = time.time()
+    import torch
+
+    time.sleep(SWEEP_TRIAL_SECONDS)
+    return [float(torch.tensor(config * 2.0)), entered, time.time()]
+
+
+def _sweep_figures(started: float, results: List[List[float]]) -> Dict[str, Any]:
+    assert [value for value, _, _ in results] == [config * 2.0 for config in SWEEP_CONFIGS], results
+    spans = [(entered, ended) for _, entered, ended in results]
+    return {"whole call": time.time() - started,
+            "most at once": max(sum(1 for start, end in spans if start <= moment < end) for moment, _ in spans)}
+
+
+def bench_sweep_ours(request: Dict[str, str]) -> Dict[str, Any]:
+    """``sweep`` of 4 one-rank trials from the login node: one job array, 2 tasks at a time."""
+    from notebook_accel import sweep
+
+    started = time.time()
+    results = sweep(sweep_trial, SWEEP_CONFIGS, num_processes=1, cluster="slurm", max_concurrent=SWEEP_AT_ONCE,
+                    slurm=request, display="none")
+    return _sweep_figures(started, results)
+
+
+def bench_sweep_submitit(request: Dict[str, str], folder: str) -> Dict[str, Any]:
+    """submitit's ``map_array``: the same trials as one job array, 2 tasks at a time, results read from its folder."""
+    import submitit
+
+    executor = submitit.SlurmExecutor(folder=folder)
+    executor.update_parameters(array_parallelism=SWEEP_AT_ONCE, time=5, **{key: value for key, value in
+                                                                            request.items() if key != "time"})
+    started = time.time()
+    jobs = executor.map_array(sweep_trial, SWEEP_CONFIGS)
+    return _sweep_figures(started, [job.result() for job in jobs])
+
+
+def main_sweep() -> None:
+    """The sweep's table: ours beside submitit's ``map_array``, and ours as a ratio of it."""
+    import shutil
+    import tempfile
+
+    import torch  # noqa: F401  (warm, as a notebook kernel that already imported torch)
+
+    request = {"time": "00:05:00"}
+    folder = tempfile.mkdtemp(prefix="bench-submitit-", dir=os.getcwd())   # seen by every node (as the home is)
+    try:
+        ours = bench_sweep_ours(request)
+        theirs = bench_sweep_submitit(request, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f"{'sweep of 4, 2 at a time':28}{'whole call':>12}{'most at once':>14}{'ratio':>8}")
+    for tool, figures in (("notebook_accel sweep", ours), ("submitit map_array", theirs)):
+        print(f"{tool:28}{figures['whole call']:>10.2f} s{figures['most at once']:>14}"
+              f"{figures['whole call'] / theirs['whole call']:>8.2f}")
+
+
+def on_the_tests_slurm_cluster(argv: List[str], only_sweep: bool = False) -> None:
     """This benchmark's ``--slurm`` runs on tests/slurm_cluster.py's cluster (root; Debian's Slurm and munge): once
-    inside a 2-node allocation, once from the login node."""
+    inside a 2-node allocation, once from the login node; then ``--sweep`` from the login node (``only_sweep``: that
+    one alone)."""
     import subprocess
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
     from real_hosts import RealHosts
     from slurm_cluster import SlurmCluster
 
-    here = [sys.executable, os.path.abspath(__file__), "--slurm"] + argv
+    here = [sys.executable, os.path.abspath(__file__)]
+    runs = [("--slurm, inside salloc -N2", ["salloc", "-N2"] + here + ["--slurm"] + argv),
+            ("--slurm, from the login node", here + ["--slurm"] + argv),
+            ("--sweep, from the login node", here + ["--sweep"])]
     with RealHosts(2) as hosts, SlurmCluster(hosts) as cluster:
-        for title, command in (("inside salloc -N2", ["salloc", "-N2"] + here), ("from the login node", here)):
-            print(f"--slurm, {title}", flush=True)
+        for title, command in runs[2:] if only_sweep else runs:
+            print(title, flush=True)
             subprocess.run(command, env=cluster.env, check=True)
 
 
@@ -427,15 +506,23 @@ def main() -> None:
     parser.add_argument("--slurm", action="store_true",
                         help="on Slurm, 2 nodes: cluster='slurm' vs srun of a plain torch script (inside an allocation "
                              "as a step of it; outside one, each asks for a job)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="on Slurm, from the login node: a sweep of 4 one-rank trials, 2 at a time, as a job "
+                             "array: notebook_accel's sweep vs submitit's map_array (with --slurm-test-cluster: only "
+                             "this, on that cluster)")
     parser.add_argument("--slurm-test-cluster", action="store_true",
-                        help="--slurm on tests/slurm_cluster.py's cluster, inside and outside an allocation (root)")
+                        help="--slurm on tests/slurm_cluster.py's cluster, inside and outside an allocation, then "
+                             "--sweep (root)")
     parser.add_argument("--load", type=int, default=0,
                         help="with --slurm: the warm run again beside this many busy loops, apart and in the "
                              "kernel's session")
     options = parser.parse_args()
 
     if options.slurm_test_cluster:
-        on_the_tests_slurm_cluster([f"--repeats={options.repeats}", f"--load={options.load}"])
+        on_the_tests_slurm_cluster([f"--repeats={options.repeats}", f"--load={options.load}"], only_sweep=options.sweep)
+        return
+    if options.sweep:
+        main_sweep()
         return
     if options.slurm:
         _print_table(main_slurm(2, options.repeats, options.load))

@@ -13,62 +13,21 @@ import concurrent.futures as futures
 import html
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence
 
-from .errors import LaunchConfigError, LaunchConfigTypeError, one_line
+from .errors import LaunchConfigError, LaunchConfigTypeError
 from .launcher import Launch
 from .outcome.shown import show_from_the_call
 from .plan.entry_points import resolve_options
 from .plan.options import START_LAUNCH, LaunchOptions
 from .plan.plan import LaunchPlan, make_plan
 from .rank.tracebacks import without_launcher_frames
+from .trials import Trial, TrialRunner, TrialView, note, short
 from .views import NullView, in_notebook_kernel
-from .wire.events import ProgressUpdate, RankEvent, Status
+from .wire.events import Status
 
 ERRORS = ("raise", "return")   # what a failing trial does to the call: raise once all ended, or stand in the list
 WAIT_STEP = 0.1                # how often the scheduler looks for a trial that ended (s)
-
-
-@dataclass
-class Trial:
-    """One config's launch, as the sweep's table shows it."""
-
-    index: int
-    config: Any
-    plan: LaunchPlan
-    launch: Optional[Launch] = None
-    state: str = "waiting"          # waiting | running | finished | failed | stopped | timeout | not started
-    progress: str = ""
-    started: Optional[float] = None
-    elapsed: Optional[float] = None
-    result: Any = None
-    error: Optional[BaseException] = None
-
-    def row(self) -> List[str]:
-        elapsed = self.elapsed if self.elapsed is not None else (
-            time.monotonic() - self.started if self.started is not None and self.progress else None)
-        outcome = (one_line(self.error) if self.error is not None
-                   else _short(repr(self.result)) if self.state == "finished" else self.progress)
-        return [str(self.index), _short(repr(self.config)), self.state,
-                "" if elapsed is None else f"{elapsed:.1f} s", outcome]
-
-
-class _TrialView:
-    """A trial launch's view: keeps its latest progress for the sweep's row (the rank-by-rank dashboard is the
-    launch's own; a sweep shows one row per trial)."""
-
-    def __init__(self, trial: Trial, changed: Callable[[], None]) -> None:
-        self.trial = trial
-        self.changed = changed
-
-    def handle(self, event: RankEvent) -> None:
-        if isinstance(event, ProgressUpdate) and event.rank == 0 and event.total:
-            self.trial.progress = f"{event.desc + ' ' if event.desc else ''}{event.n:g}/{event.total:g}"
-            self.changed()
-
-    def tick(self) -> None:
-        pass
 
 
 class SweepTable:
@@ -110,18 +69,9 @@ class SweepTable:
         return f"<table><tr>{head}</tr>{rows}</table>"
 
 
-class Sweep:
-    """A sweep's trials and their scheduling; ``sweep`` makes one and runs it in the calling thread."""
-
-    def __init__(self, trials: List[Trial], max_concurrent: int, table: SweepTable) -> None:
-        self.trials = trials
-        self.max_concurrent = max_concurrent
-        self.table = table
-        self._stop = threading.Event()
-
-    def stop(self) -> None:
-        """Stop every running trial and start no more (thread-safe)."""
-        self._stop.set()
+class Sweep(TrialRunner):
+    """A sweep's trials as launches from this kernel, ``max_concurrent`` at a time; ``sweep`` makes one and runs it in
+    the calling thread."""
 
     def run(self) -> None:
         self.table.show(self.trials)
@@ -129,7 +79,7 @@ class Sweep:
         running: List[Trial] = []
         try:
             while waiting or running:
-                while waiting and len(running) < self.max_concurrent and not self._stop.is_set():
+                while waiting and len(running) < (self.max_concurrent or 1) and not self._stop.is_set():
                     running.append(self._start(waiting.pop(0)))
                 if self._stop.is_set():
                     raise KeyboardInterrupt
@@ -152,7 +102,7 @@ class Sweep:
                                     f"{len(waiting)} trial(s) not started") from None
 
     def _start(self, trial: Trial) -> Trial:
-        launch = Launch(trial.plan, view=_TrialView(trial, lambda: self.table.changed(self.trials)))
+        launch = Launch(trial.plan, view=TrialView(trial, lambda: self.table.changed(self.trials)))
         trial.launch, trial.state, trial.started = launch, "running", time.monotonic()
         launch.run_in_background()
         self.table.changed(self.trials, trial)
@@ -166,7 +116,7 @@ class Sweep:
         trial.result = launch.result
         if launch.error is not None:
             trial.error = without_launcher_frames(launch.error)
-            _note(trial.error, f"(notebook_accel: sweep trial {trial.index}, config={_short(repr(trial.config))})")
+            note(trial.error, f"(notebook_accel: sweep trial {trial.index}, config={short(repr(trial.config))})")
         launch.view = NullView()
         self.table.changed(self.trials, trial)
 
@@ -192,7 +142,8 @@ def sweep(function: Callable[..., Any], configs: Sequence[Any], num_processes: O
         configs: a non-empty list of configs (anything picklable: a dict, a number, a dataclass).
         num_processes: ranks per trial (as ``notebook_launcher``'s).
         max_concurrent: how many trials run at once; None = 1 (trials on one machine share its devices and cores:
-            raise it when several trials fit, e.g. small CPU trials, or on a cluster with room).
+            raise it when several trials fit, e.g. small CPU trials, or on a cluster with room), except for a job
+            array on Slurm (``cluster="slurm"`` from a login node), where None lets Slurm run as many as fit.
         errors: ``"raise"`` (default): every trial runs to its end, then the first failing trial's own exception
             (in the order of ``configs``, as a launch raises it, with its rank's traceback) is raised, noted with
             its trial and how many failed; ``last_sweep().trials`` has every result. ``"return"``: a failing
@@ -216,21 +167,30 @@ def sweep(function: Callable[..., Any], configs: Sequence[Any], num_processes: O
     global _last_sweep
     try:
         trials = _planned_trials(function, configs, num_processes, max_concurrent, errors, display, launch_options)
+        running = _sweep_class(trials[0].plan)(trials, max_concurrent, SweepTable(display))
+        running.check()
     except LaunchConfigError as refused:
         refused.entry_point = "sweep"
         raise show_from_the_call(without_launcher_frames(refused)) from None
-    running = Sweep(trials, max_concurrent or 1, SweepTable(display))
     _last_sweep = running
     running.run()
     failed = [trial for trial in trials if trial.error is not None]
     if failed and errors == "raise":
         first = failed[0].error
         assert first is not None
-        _note(first, f"(notebook_accel: {len(failed)} of {len(trials)} sweep trials failed: "
+        note(first, f"(notebook_accel: {len(failed)} of {len(trials)} sweep trials failed: "
                      f"{', '.join(str(trial.index) for trial in failed)}; every trial's result or error is in "
                      f"notebook_accel.last_sweep().trials)")
         raise show_from_the_call(first)
     return [trial.error if trial.error is not None else trial.result for trial in trials]
+
+
+def _sweep_class(plan: LaunchPlan) -> type:
+    """How the trials run: on Slurm outside an allocation, as one job array (``backends.slurm.array``); elsewhere
+    as launches from this kernel, N at a time (on Ray each trial its own placement group)."""
+    from .backends.slurm.array import ArraySweep, runs_as_array
+
+    return ArraySweep if runs_as_array(plan) else Sweep
 
 
 def _planned_trials(function: Callable[..., Any], configs: Any, num_processes: Optional[int],
@@ -244,7 +204,7 @@ def _planned_trials(function: Callable[..., Any], configs: Any, num_processes: O
         raise LaunchConfigError("configs is empty: give at least one config to run")
     if max_concurrent is not None and (isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int)
                                        or max_concurrent < 1):
-        raise LaunchConfigError(f"max_concurrent must be a whole number >= 1 (or None: one at a time), "
+        raise LaunchConfigError(f"max_concurrent must be a whole number >= 1 (or None: the default), "
                                 f"got {max_concurrent!r}")
     if errors not in ERRORS:
         raise LaunchConfigError(f"errors={errors!r} is not one of {', '.join(repr(choice) for choice in ERRORS)}")
@@ -264,15 +224,6 @@ def _planned_trials(function: Callable[..., Any], configs: Any, num_processes: O
             # before any trial starts, the same on this machine as on a cluster.
             plan.payload.pickled()
         except LaunchConfigError as refused:
-            raise LaunchConfigError(f"trial {index} (config={_short(repr(config))}): {refused}") from None
+            raise LaunchConfigError(f"trial {index} (config={short(repr(config))}): {refused}") from None
         trials.append(Trial(index, config, plan))
     return trials
-
-
-def _note(error: BaseException, note: str) -> None:
-    if hasattr(error, "add_note") and note not in getattr(error, "__notes__", []):
-        error.add_note(note)
-
-
-def _short(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -27,6 +27,7 @@ SHARED_GROUPS: Dict[str, str] = {
     "test_slurm_launch.py": "real-hosts",
     "test_detached_slurm.py": "real-hosts",
     "test_slurm_session.py": "real-hosts",
+    "test_sweep_slurm.py": "real-hosts",
     "test_time_limit_slurm.py": "real-hosts",
     "test_ray_client.py": "fake-ray",
     "test_ray_cluster.py": "fake-ray",

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from notebook_accel import Session, notebook_launcher, start_launch
+from notebook_accel import Session, last_sweep, notebook_launcher, start_launch, sweep
 from notebook_accel.errors import LaunchConfigError, LaunchError, LaunchTimeout
 from notebook_accel.wire.events import AttemptStarted, OutputLine, RankStarted, ResourceSample
 import pdb_dialogue
@@ -214,6 +214,28 @@ CELL = notebook_cell('''
 
         if os.environ["RANK"] == "1":
             os._exit(3)
+
+
+    def trial_in_a_group(config):
+        import glob
+        import os
+        import time
+
+        import ray
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        started = time.time()
+        open(os.path.join(config["folder"], f"started.{config['index']}.{dist.get_rank()}"), "w").close()
+        deadline = time.time() + 20   # until a second trial runs too (or 20 s: a sweep one at a time)
+        while len(glob.glob(os.path.join(config["folder"], "started.*.0"))) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        if config["index"] == 2 and dist.get_rank() == 1:
+            raise Boom(f"trial {config['index']} gave up on rank 1")
+        dist.barrier()
+        group = ray.util.get_current_placement_group()
+        dist.destroy_process_group()
+        return {"group": group.id.hex(), "bundles": group.bundle_count, "started": started, "ended": time.time()}
 ''')
 globals().update({name: value for name, value in CELL.items() if not name.startswith("__")})
 
@@ -591,6 +613,33 @@ def test_a_node_lost_mid_run_restarts_the_world_on_the_nodes_left(ray, cluster):
 CONTRACT = ["test_result_of_rank0_and_of_every_rank_on_request",
             "test_root_cause_is_the_rank_that_raised_and_its_peers_are_stopped", "test_stop_requested_stops_every_rank",
             "test_timeout_stops_every_rank", "test_output_is_labelled_by_rank_and_progress_reported"]
+
+
+def test_a_sweep_runs_max_concurrent_trials_at_once_each_in_its_own_placement_group(ray, tmp_path):
+    """Two trials of 2 ranks at once (the cluster holds four such: only max_concurrent keeps it at two), each its
+    own placement group of 2 bundles; results in config order, the failing trial's own exception in its place."""
+    configs = [{"index": index, "folder": str(tmp_path)} for index in range(4)]
+    results = sweep(trial_in_a_group, configs, num_processes=2, cluster="ray", resources_per_rank={"CPU": 0.5},
+                    max_concurrent=2, errors="return", display="none")
+    assert isinstance(results[2], Boom) and "trial 2 gave up on rank 1" in str(results[2])
+    ran = [results[index] for index in (0, 1, 3)]
+    assert [trial.state for trial in last_sweep().trials] == ["finished", "finished", "failed", "finished"]
+    assert len({result["group"] for result in ran}) == 3 and {result["bundles"] for result in ran} == {2}
+    spans = [(result["started"], result["ended"]) for result in ran]
+    at_once = max(sum(1 for start, end in spans if start <= moment < end) for moment, _ in spans)
+    assert at_once == 2, spans   # two at once: the first two waited for each other (20 s alone would fail this)
+    assert len(list(tmp_path.glob("started.*.0"))) == 4
+
+
+def test_a_failing_trial_of_a_sweep_on_ray_is_raised_as_itself_after_the_others_ended(ray, tmp_path):
+    configs = [{"index": index, "folder": str(tmp_path)} for index in (1, 2)]
+    with pytest.raises(Boom, match="trial 2 gave up on rank 1") as raised:
+        sweep(trial_in_a_group, configs, num_processes=2, cluster="ray", resources_per_rank={"CPU": 0.5},
+              max_concurrent=2, display="none")
+    notes = " ".join(raised.value.__notes__)
+    assert "raised in rank 1 of 2" in notes and "sweep trial 1" in notes and "1 of 2 sweep trials failed" in notes
+    assert "in trial_in_a_group" in str(raised.value.__cause__)   # the rank's own traceback
+    assert last_sweep().trials[0].result["bundles"] == 2
 
 
 @pytest.mark.parametrize("check", CONTRACT)

@@ -126,3 +126,13 @@ def test_every_user_error_is_named_before_any_trial_starts(call, error, message,
 
 def test_sweep_is_public():
     assert notebook_accel.sweep is sweep and "sweep" in notebook_accel.__all__
+
+
+def test_a_sweep_on_slurm_without_slurm_s_commands_names_them_before_anything_is_submitted(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))   # no sbatch, squeue, scancel, scontrol here
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("NOTEBOOK_ACCEL_SWEEP_DIR", str(tmp_path / "sweeps"))
+    with pytest.raises(LaunchConfigError, match="sbatch") as refused:
+        sweep(times_ten, [1, 2], num_processes=1, cluster="slurm", display="none")
+    assert "not on this machine's PATH" in str(refused.value)
+    assert not (tmp_path / "sweeps").exists()   # nothing written, nothing submitted

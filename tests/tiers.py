@@ -86,8 +86,9 @@ FILES: Dict[str, str] = {
     "test_real_hosts.py": "cluster",       # network namespaces on a bridge: Ray nodes and torch-elastic nodes per host
     "test_slurm_cluster.py": "cluster",    # a real Slurm cluster: slurmctld here, a slurmd per network namespace
     "test_time_limit_slurm.py": "cluster",  # a real 1-minute time limit: warned, checkpointed, resumed
-    "test_slurm_launch.py": "cluster",
-    "test_detached_slurm.py": "cluster",   # detached batch jobs: kernel killed, attach, cancel, forget, requeue     # cluster="slurm" on that cluster: a step of the kernel's allocation
+    "test_slurm_launch.py": "cluster",     # cluster="slurm" on that cluster: a step of the kernel's allocation
+    "test_detached_slurm.py": "cluster",   # detached batch jobs: kernel killed, attach, cancel, forget, requeue
+    "test_sweep_slurm.py": "cluster",      # sweep(cluster="slurm"): one job array, N tasks at a time
     "test_slurm_session.py": "cluster",    # a Session in a job of its own; pdb in a rank on another node
     "test_slurm_step.py": "unit",          # a Slurm step's end (a recorded scancel) and job, with a local launcher
     "test_ray_local.py": "cluster",        # a script whose launch starts a local Ray (no ray.init() of its own)

@@ -50,6 +50,9 @@ ENVIRONMENT_VARIABLES: Tuple[EnvironmentVariable, ...] = (
                         "where detached launches keep their job folders (the record, events and result of each), "
                         "until `forget()`; it must be on a file system the cluster's nodes "
                         "share with the kernel's machine."),
+    EnvironmentVariable("NOTEBOOK_ACCEL_SWEEP_DIR", "~/.notebook_accel/sweeps",
+                        "where a `sweep` on Slurm from a login node keeps each trial's plan, events and ending while "
+                        "its job array runs: a folder every node sees (removed when the sweep returns)."),
     EnvironmentVariable("NOTEBOOK_ACCEL_DEVICE", "",
                         "set in every rank: the launch's device (`cuda`, `cpu`, `xla`, `mps`), which `Accelerator()` "
                         "uses.", set_by_launcher=True),
