@@ -3,8 +3,8 @@
 The seam is two files per trial, both written by the array task's driver (``array_task``) and read by the kernel
 (``array.ArraySweep``), so that nothing of ours listens on a port and a later reader could replay them:
 
-- ``events``: every event of the trial's launch, in order, as frames — ``length`` (4 bytes), ``crc32`` (4 bytes),
-  then the cloudpickled event; one ``write`` per frame to an ``O_APPEND`` file. A reader that meets a frame still
+- ``events``: every event of the trial's launch, in order, as the frames of a detached job's log (``detached.log``:
+  ``length``, ``crc32``, the cloudpickled event); one ``write`` per frame to an ``O_APPEND`` file. A reader that meets a frame still
   being written (fewer bytes than its length, or a checksum that does not match yet: a network file system may show
   a write's size before its data) stops before it and reads it whole next time: no event lost, none read twice.
 - ``ending``: how the launch ended (``Ending``), written whole to a temporary name and renamed, so that it is either
@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import os
 import pickle
-import struct
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
 import cloudpickle
 
-from ...errors import LaunchError, RemoteTraceback, one_line
+from ...detached.ending import pickled_error
+from ...detached.log import frame, frames
+from ...errors import LaunchError, one_line
 
-HEADER = struct.Struct("<II")   # a frame's length and the crc32 of its payload
 PLAN, EVENTS, ENDING, OUTPUT = "plan", "events", "ending", "slurm.out"
 
 
@@ -46,7 +45,7 @@ class Ending:
 
     @classmethod
     def raised(cls, status: str, started: float, error: BaseException) -> "Ending":
-        return cls(status, started, time.time(), error=_pickled_error(error), error_text=one_line(error))
+        return cls(status, started, time.time(), error=pickled_error(error), error_text=one_line(error))
 
     @classmethod
     def of_launch(cls, launch: Any, started: float) -> "Ending":
@@ -69,17 +68,6 @@ class Ending:
             return error
         except Exception:
             return LaunchError(self.error_text or f"the trial ended: {self.status}")
-
-
-def _pickled_error(error: BaseException) -> bytes:
-    """``error`` and its ``__cause__`` (pickling drops it); one that does not pickle becomes a ``LaunchError`` with
-    its words and the traceback's text."""
-    cause = error.__cause__
-    try:
-        return cloudpickle.dumps((error, cause))
-    except Exception:
-        text = cause.full_text if isinstance(cause, RemoteTraceback) else None
-        return cloudpickle.dumps((LaunchError(one_line(error)), RemoteTraceback(str(cause), text) if cause else None))
 
 
 class TrialFolder:
@@ -108,14 +96,8 @@ class TrialFolder:
         except FileNotFoundError:
             return []
         found, offset = [], 0
-        while offset + HEADER.size <= len(data):
-            length, crc = HEADER.unpack_from(data, offset)
-            end = offset + HEADER.size + length
-            payload = data[offset + HEADER.size:end]
-            if end > len(data) or zlib.crc32(payload) != crc:
-                break   # still being written: read whole next time
+        for offset, payload in frames(data):   # whole frames only: one still being written is read next time
             found.append(pickle.loads(payload))
-            offset = end
         self._offset += offset
         return found
 
@@ -141,10 +123,9 @@ class TrialFolder:
             return pickle.load(plan)
 
     def append(self, event: Any) -> None:
-        payload = cloudpickle.dumps(event)
         if self._fd is None:
             self._fd = os.open(self.file(EVENTS), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        os.write(self._fd, HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
+        os.write(self._fd, frame(event))
 
     def finish(self, ending: Ending) -> None:
         if self._fd is not None:
