@@ -33,6 +33,7 @@ SHARED_GROUPS: Dict[str, str] = {
     "test_ray_cluster.py": "fake-ray",
     "test_ray_checkpoints.py": "fake-ray",
     "test_ray_detached.py": "fake-ray",
+    "test_attach_kernel.py": "fake-ray",
 }
 
 

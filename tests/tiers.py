@@ -22,7 +22,7 @@ TIERS = ("unit", "ranks", "cluster", "kernel", "browser", "xla")
 # They run last: conftest.py sorts them there (for a run in one process), and tests/suite_schedule.py hands them to a
 # worker as its last work (they are in shared_clusters.SHARED_GROUPS, whose groups it runs last).
 RAY_DRIVER_FILES = frozenset({"test_ray_cluster.py", "test_ray_client.py", "test_ray_checkpoints.py",
-                              "test_ray_detached.py"})
+                              "test_ray_detached.py", "test_attach_kernel.py"})
 
 FILES: Dict[str, str] = {
     "test_accelerator_units.py": "unit",
@@ -82,6 +82,7 @@ FILES: Dict[str, str] = {
 
     "test_ray_cluster.py": "cluster",      # Ray actors on a fake two-node ray.cluster_utils.Cluster
     "test_ray_checkpoints.py": "cluster",  # Ray: a lost rank resumed from the latest checkpoint; SIGUSR2 on actors
+    "test_attach_kernel.py": "cluster",     # Ray + 2 real kernels: one detaches a launch, another attaches to it
     "test_ray_detached.py": "cluster",     # Ray: a detached launch outlives its kernel; attach, cancel, forget
     "test_real_hosts.py": "cluster",       # network namespaces on a bridge: Ray nodes and torch-elastic nodes per host
     "test_slurm_cluster.py": "cluster",    # a real Slurm cluster: slurmctld here, a slurmd per network namespace
