@@ -9,6 +9,7 @@ on Slurm, ``cluster="slurm"`` vs ``srun`` of a plain torch script.
     python benchmarks/bench_cluster.py --slurm-test-cluster  # all three, on the tests' Slurm cluster (root)
     python benchmarks/bench_cluster.py --slurm-test-cluster --load 6  # and the warm run beside 6 busy loops
     python benchmarks/bench_cluster.py --slurm-test-cluster --sweep  # the sweep alone, there
+    python benchmarks/bench_cluster.py --slurm-test-cluster --reattach  # reattach time vs submitit, there
 
 For each tool, 2 ranks with ``SPREAD`` placement (one per node where Ray can):
 
@@ -62,6 +63,14 @@ one-rank trials of 1 s each, 2 at a time, as one job array each — ours ``sweep
     sweep of 4, 2 at a time                      whole call  most at once                    ratio
     notebook_accel sweep      10.90 / 8.03 / 7.94 / 8.16 / 7.11 s       2   1.09 / 0.62 / 0.79 / 1.16 / 0.89
     submitit map_array       10.04 / 13.05 / 10.03 / 7.03 / 8.03 s      2   1.00
+
+``--reattach`` (from the login node, 2026-11-29, load average 6-7 from other work; two runs): a finished detached job
+of 2 ranks on 2 nodes, 2,000 lines and 200 metrics each, read whole from a new process, three times each — ours
+``attach(id)`` to the dashboard holding every event, submitit's ``SlurmJob(folder, id).results()`` and both logs:
+
+    reattach, 2 ranks finished    new process to all    median   ratio
+    notebook_accel attach         3 / 3 / 3; 15 / 6 / 12 ms   3; 12 ms   4.75; 10.10
+    submitit results + logs       1 / 1 / 1;  5 / 1 / 1 ms    1;  1 ms   1.00
 
 "start" differs in meaning: a plain task stamps before it imports torch, ours once the function runs (torch imported
 in the task first, the store hosted by rank 0). The queue wait is measured alike for both (``squeue`` every 50 ms);
@@ -477,10 +486,108 @@ def main_sweep() -> None:
               f"{figures['whole call'] / theirs['whole call']:>8.2f}")
 
 
-def on_the_tests_slurm_cluster(argv: List[str], only_sweep: bool = False) -> None:
+# ------------------------------------------------------------------------------- Slurm: reattaching to a job
+
+REATTACH_LINES = 2000      # lines per rank
+REATTACH_METRICS = 200     # metric reports per rank
+REATTACH_REPEATS = 3       # new processes timed per tool
+
+# A new process (a restarted kernel): attach to the finished detached job and time it until its dashboard (the text
+# one: no kernel here for widgets) has every event; stdout is kept out of the figure's way in memory.
+REATTACH_OURS = """
+import contextlib, io, sys, time
+import notebook_accel
+from notebook_accel.detached.attaching import source_of
+source = source_of(sys.argv[1])
+with contextlib.redirect_stdout(io.StringIO()) as shown:
+    started = time.perf_counter()
+    notebook_accel.attach(sys.argv[1], display="text")
+    took = time.perf_counter() - started
+events = len(source.read(0)[0])
+lines = shown.getvalue().count("] line ")
+print("TOOK", took, events, lines)
+"""
+
+# submitit's reading of the same finished job: every task's result and log.
+REATTACH_SUBMITIT = """
+import sys, time
+import submitit
+started = time.perf_counter()
+job = submitit.SlurmJob(sys.argv[1], sys.argv[2], tasks=(0, 1))
+job.results()
+lines = sum(job.task(task).stdout().count("line ") for task in (0, 1))
+took = time.perf_counter() - started
+print("TOOK", took, 0, lines)
+"""
+
+
+def chatty_rank(report_metrics: bool) -> Dict[str, Any]:
+    """A rank of a long job, in short: ``REATTACH_LINES`` lines and ``REATTACH_METRICS`` metrics (printed for a tool
+    without ``report``)."""
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID"))
+    for number in range(REATTACH_LINES):
+        print(f"line {number} of rank {rank}")
+    for step in range(REATTACH_METRICS):
+        if report_metrics:
+            from notebook_accel import report
+
+            report(step=step, loss=1.0 / (step + 1))
+        else:
+            print(f"step={step} loss={1.0 / (step + 1)}")
+    return {"rank": rank}
+
+
+def _timed_new_processes(code: str, args: List[str]) -> Dict[str, Any]:
+    import subprocess
+
+    took, events, lines = [], 0, 0
+    for _ in range(REATTACH_REPEATS):
+        done = subprocess.run([sys.executable, "-c", code] + args, capture_output=True, text=True, check=True)
+        (row,) = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("TOOK ")]
+        took.append(float(row[0]))
+        events, lines = int(row[1]), int(row[2])
+    assert lines >= 2 * REATTACH_LINES, (lines, done.stdout[-2000:], done.stderr[-2000:])
+    return {"median": statistics.median(took), "all": took, "events": events, "lines": lines}
+
+
+def main_reattach() -> None:
+    """Reattach time: a finished detached job of 2 ranks on 2 nodes (``REATTACH_LINES`` lines and
+    ``REATTACH_METRICS`` metrics each), read whole from a new process — ours ``attach(id)`` to the dashboard holding
+    every event, submitit's ``SlurmJob(folder, id).results()`` and every task's log — and ours as a ratio of it."""
+    import shutil
+    import tempfile
+
+    import submitit
+
+    from notebook_accel import start_launch
+
+    job = start_launch(chatty_rank, (True,), num_processes=2, num_nodes=2, cluster="slurm",
+                       slurm={"time": "00:05:00"}, detach=True)
+    folder = tempfile.mkdtemp(prefix="bench-submitit-", dir=os.getcwd())   # seen by every node (as the home is)
+    try:
+        job.wait(600)
+        ours = _timed_new_processes(REATTACH_OURS, [job.id])
+        executor = submitit.SlurmExecutor(folder=folder)
+        executor.update_parameters(nodes=2, ntasks_per_node=1, time=5)
+        theirs_job = executor.submit(chatty_rank, False)
+        theirs_job.results()
+        theirs = _timed_new_processes(REATTACH_SUBMITIT, [folder, theirs_job.job_id])
+    finally:
+        job.forget()
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f"{'reattach, 2 ranks finished':28}{'new process to all':>20}{'median':>10}{'ratio':>8}")
+    for tool, figures in (("notebook_accel attach", ours), ("submitit results + logs", theirs)):
+        times = " / ".join(f"{took * 1000:.0f}" for took in figures["all"])
+        print(f"{tool:28}{times + ' ms':>20}{figures['median'] * 1000:>7.0f} ms"
+              f"{figures['median'] / theirs['median']:>8.2f}")
+    print(f"(ours: {ours['events']} events replayed, {ours['lines']} lines shown; submitit: {theirs['lines']} "
+          f"lines read)")
+
+
+def on_the_tests_slurm_cluster(argv: List[str], only: Optional[str] = None) -> None:
     """This benchmark's ``--slurm`` runs on tests/slurm_cluster.py's cluster (root; Debian's Slurm and munge): once
-    inside a 2-node allocation, once from the login node; then ``--sweep`` from the login node (``only_sweep``: that
-    one alone)."""
+    inside a 2-node allocation, once from the login node; then ``--sweep`` and ``--reattach`` from the login node
+    (``only``: one of those two alone)."""
     import subprocess
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
@@ -490,9 +597,10 @@ def on_the_tests_slurm_cluster(argv: List[str], only_sweep: bool = False) -> Non
     here = [sys.executable, os.path.abspath(__file__)]
     runs = [("--slurm, inside salloc -N2", ["salloc", "-N2"] + here + ["--slurm"] + argv),
             ("--slurm, from the login node", here + ["--slurm"] + argv),
-            ("--sweep, from the login node", here + ["--sweep"])]
+            ("--sweep, from the login node", here + ["--sweep"]),
+            ("--reattach, from the login node", here + ["--reattach"])]
     with RealHosts(2) as hosts, SlurmCluster(hosts) as cluster:
-        for title, command in runs[2:] if only_sweep else runs:
+        for title, command in runs if only is None else [run for run in runs if run[1][-1] == only]:
             print(title, flush=True)
             subprocess.run(command, env=cluster.env, check=True)
 
@@ -510,6 +618,10 @@ def main() -> None:
                         help="on Slurm, from the login node: a sweep of 4 one-rank trials, 2 at a time, as a job "
                              "array: notebook_accel's sweep vs submitit's map_array (with --slurm-test-cluster: only "
                              "this, on that cluster)")
+    parser.add_argument("--reattach", action="store_true",
+                        help="on Slurm, from the login node: a finished detached job read whole from a new process: "
+                             "notebook_accel's attach vs submitit's results and logs (with --slurm-test-cluster: only "
+                             "this, on that cluster)")
     parser.add_argument("--slurm-test-cluster", action="store_true",
                         help="--slurm on tests/slurm_cluster.py's cluster, inside and outside an allocation, then "
                              "--sweep (root)")
@@ -519,7 +631,11 @@ def main() -> None:
     options = parser.parse_args()
 
     if options.slurm_test_cluster:
-        on_the_tests_slurm_cluster([f"--repeats={options.repeats}", f"--load={options.load}"], only_sweep=options.sweep)
+        only = "--sweep" if options.sweep else "--reattach" if options.reattach else None
+        on_the_tests_slurm_cluster([f"--repeats={options.repeats}", f"--load={options.load}"], only=only)
+        return
+    if options.reattach:
+        main_reattach()
         return
     if options.sweep:
         main_sweep()
