@@ -6,6 +6,8 @@ node, a c10d rendezvous store no node hosts.
 
 - Ray: one ``ray start --block`` per host (the head on host 0), shared by the module. The notebook is a script on
   the head host, or outside the hosts through Ray Client (``ray://``, the bridge's own address).
+- A detached launch across the hosts outlives its kernel (SIGKILLed); a new kernel attaches, gets every line and
+  the result.
 - torch elastic: one node's launch per host (``num_nodes=2``), with a c10d and with a static rendezvous.
 
 The hosts are the run's (``shared_clusters.real_hosts_pair``, the Slurm tests' too); the Ray nodes end with the
@@ -213,6 +215,76 @@ def test_a_notebook_outside_the_hosts_launches_through_ray_client(ray_hosts):
                                                           or "Initialization failure from server" in done.stderr)):
             break
     check_notebook(done, hosts, full=False)
+
+
+# A detached launch across the hosts (tests/test_ray_detached.py's ``work``: lines and metrics, waiting halfway for a
+# file): the kernel that starts it is SIGKILLed while the ranks wait; a new kernel attaches and gets the rest.
+DETACHED_START = """
+import sys
+import time
+
+import ray
+
+ray.init(sys.argv[1])
+deadline = time.monotonic() + 180
+while sum(node["Alive"] for node in ray.nodes()) < 2:
+    assert time.monotonic() < deadline, ray.nodes()
+    time.sleep(0.5)
+WORK
+from notebook_accel import start_launch
+
+job = start_launch(work, args=(sys.argv[2], sys.argv[3]), num_processes=2, cluster="ray", placement="STRICT_SPREAD",
+                   detach=True)
+print("JOB", job.id, flush=True)
+time.sleep(600)   # idle until culled (SIGKILLed by the test)
+"""
+
+DETACHED_ATTACH = """
+import sys
+
+import ray
+
+ray.init(sys.argv[1])
+import notebook_accel
+
+print("RESULT", notebook_accel.attach(sys.argv[2], display="text"), flush=True)
+notebook_accel.DetachedJob(sys.argv[2]).forget()
+print("FORGOTTEN", [row["id"] for row in notebook_accel.detached_jobs(sys.argv[3]).to_dict("records")], flush=True)
+"""
+
+
+def test_a_detached_launch_across_hosts_outlives_its_kernel_and_a_new_kernel_attaches(ray_hosts, tmp_path):
+    from test_ray_detached import WORK
+
+    hosts, temp = ray_hosts
+    env, address = ray_env(os.path.join(temp, "h0")), f"{hosts.address(0)}:{RAY_PORT}"
+    ready, go = str(tmp_path / "ready"), tmp_path / "go"
+    kernel = hosts.start(0, [sys.executable, "-c", textwrap.dedent(DETACHED_START).replace("WORK", WORK), address,
+                             ready, str(go)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        line = kernel.stdout.readline()
+        assert line.startswith("JOB "), line + kernel.stderr.read(3000)
+        job_id = line.split()[1]
+        deadline = time.monotonic() + 240
+        while not all(os.path.exists(f"{ready}.{rank}") for rank in (0, 1)):
+            assert time.monotonic() < deadline and kernel.poll() is None, "the ranks did not reach halfway"
+            time.sleep(0.1)
+    finally:
+        kernel.kill()  # SIGKILL: no atexit, no cleanup, as a culled kernel
+        kernel.communicate(timeout=60)
+    go.touch()  # the ranks go on with no kernel
+    done = hosts.run(0, [sys.executable, "-c", textwrap.dedent(DETACHED_ATTACH), address, job_id, str(tmp_path)],
+                     env=env, timeout=300)
+    shown = f"exit {done.returncode}\n--- stdout\n{done.stdout[-6000:]}\n--- stderr\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, shown
+    assert "RESULT {'rank': 0, 'steps': 6}" in done.stdout, shown
+    for rank in (0, 1):  # every line of every rank, before and after the kernel died, once and in order
+        lines = [line for line in done.stdout.splitlines() if line.startswith(f"[rank {rank}] rank {rank} step ")]
+        assert lines == [f"[rank {rank}] rank {rank} step {step} {'before' if step < 3 else 'after'}"
+                         for step in range(6)], shown
+    (forgotten,) = [line for line in done.stdout.splitlines() if line.startswith("FORGOTTEN ")]
+    assert job_id not in forgotten, shown
 
 
 # ----------------------------------------------------------------------------------- torch elastic: a node per host
