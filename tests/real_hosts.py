@@ -257,7 +257,7 @@ def _end_groups(processes: Sequence[subprocess.Popen], grace: float = 5.0) -> No
         left = [process for process in left if process.poll() is None or _group_alive(process.pid)]
         if not left:
             return
-    for process in left:   # reaped (a leader deaf to SIGKILL for 10 s: in the kernel, as wait would be)
+    for process in left:   # still there 10 s after SIGKILL (stuck in the kernel): reaped if it ends in a second
         try:
             process.wait(1.0)
         except subprocess.TimeoutExpired:
