@@ -164,13 +164,14 @@ class RealHosts:
             self._started.remove(process)
         return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
-    def stop(self, processes: Sequence[subprocess.Popen], since: Sequence[int]) -> None:
+    def stop(self, processes: Sequence[subprocess.Popen], since: Sequence[int], grace: float = 10.0) -> None:
         """End ``processes`` (started here) before the hosts end, and every process of the namespaces that was not
         there at ``since`` (``pids()`` taken before they started: what they started and left their groups, as Ray's
         nodes do), so that hosts a run shares hold only what their next user starts; an ``AssertionError`` if one
-        outlived that."""
+        outlived that. Their groups are signalled together and given ``grace`` seconds together (SIGTERM, then
+        SIGKILL), not one after the other."""
+        _end_groups(processes, grace=grace)
         for process in processes:
-            _end_group(process, grace=10.0)
             self._started.remove(process)
             KEPT_TREES.discard(process.pid)
         stubborn = self._kill_namespace_processes(spare=set(since))
@@ -237,18 +238,28 @@ def _take_slice() -> Tuple[int, socket.socket]:
 
 def _end_group(process: subprocess.Popen, grace: float = 5.0) -> None:
     """SIGTERM to the process's group, SIGKILL after ``grace`` s; reaped."""
+    _end_groups([process], grace)
+
+
+def _end_groups(processes: Sequence[subprocess.Popen], grace: float = 5.0) -> None:
+    """SIGTERM to each process's group, SIGKILL after ``grace`` s to the groups still alive; each reaped."""
+    left = list(processes)
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        for process in left:
+            try:
+                os.killpg(process.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + wait   # the groups' other members may outlive their leaders
+        while time.monotonic() < deadline and any(process.poll() is None or _group_alive(process.pid)
+                                                  for process in left):
+            time.sleep(0.1)
+        left = [process for process in left if process.poll() is None or _group_alive(process.pid)]
+        if not left:
+            return
+    for process in left:   # still there 10 s after SIGKILL (stuck in the kernel): reaped if it ends in a second
         try:
-            os.killpg(process.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            process.wait(wait)
-            deadline = time.monotonic() + wait   # the group's other members may outlive its leader
-            while time.monotonic() < deadline and _group_alive(process.pid):
-                time.sleep(0.1)
-            if not _group_alive(process.pid):
-                return
+            process.wait(1.0)
         except subprocess.TimeoutExpired:
             pass
 

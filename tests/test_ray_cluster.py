@@ -347,8 +347,10 @@ def test_a_rank_that_dies_is_named_with_its_node_within_seconds(ray, tmp_path):
 def test_stop_timeout_and_ctrl_c_end_every_rank_on_the_cluster(ray, tmp_path):
     ready = str(tmp_path / "ready")
     recorder = Recorder()
+    started = time.monotonic()
     job = start_launch(wait_here, args=(ready,), num_processes=2, cluster="ray", view=recorder, display="none")
     wait_until(lambda: all(os.path.exists(f"{ready}.{rank}") for rank in (0, 1)), timeout=300, what="the ranks")
+    start = time.monotonic() - started   # how long two actors take to start here, now
     # each rank samples its own memory and CPU on its node (the kernel's psutil cannot see it): the rows show them
     wait_until(lambda: {event.rank for event in recorder.of(ResourceSample) if event.rss} == {0, 1}, timeout=120,
                what="a memory sample of each rank")
@@ -359,10 +361,11 @@ def test_stop_timeout_and_ctrl_c_end_every_rank_on_the_cluster(ray, tmp_path):
         job.wait(120)
     assert leftovers(ray) == []
 
-    # a timeout stops them the same way, and says so
+    # a timeout stops them the same way, and says so (after twice the start above and 5 s: the ranks run by then,
+    # without waiting out a fixed 20 s where they start in 2 or 3)
     with pytest.raises(LaunchTimeout):
-        notebook_launcher(wait_here, args=(str(tmp_path / "timed"),), num_processes=2, cluster="ray", timeout=20,
-                          display="none")
+        notebook_launcher(wait_here, args=(str(tmp_path / "timed"),), num_processes=2, cluster="ray",
+                          timeout=min(20, round(2 * start + 5)), display="none")
     assert leftovers(ray) == []
 
     # Jupyter's interrupt is a SIGINT to the kernel: it stops the launch, and the ranks on the cluster with it

@@ -74,7 +74,9 @@ def ray_hosts(real_hosts_pair):
         yield hosts, temp
     finally:
         try:
-            hosts.stop(nodes, since=before)
+            # `ray start --block` outlives a SIGTERM by more than 10 s (it was SIGKILLed after the whole grace, each
+            # node in turn: 24 s per run), and nothing here is about how a Ray node stops: 2 s, then SIGKILL
+            hosts.stop(nodes, since=before, grace=2.0)
         finally:
             shutil.rmtree(temp, ignore_errors=True)
 

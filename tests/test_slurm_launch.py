@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import textwrap
 from typing import Dict
@@ -19,6 +20,7 @@ import pytest
 import slurm_cluster
 import test_backend_contract
 from scripts import script_env
+from waiting import wait_until
 
 pytestmark = [pytest.mark.skipif(slurm_cluster.unavailable() is not None, reason=slurm_cluster.unavailable() or ""),
               pytest.mark.timeout(600)]   # the first test runs the kernel script: three launches, on 2 loaded cores
@@ -90,9 +92,11 @@ KERNEL = textwrap.dedent('''
         time.sleep(600)
 
     bound = bounded("the first launch (a run of 4 ranks)", 300)
+    began = time.monotonic()
     report["ranks"] = notebook_launcher(train, (%(lines)d,), num_processes=4, num_nodes=2, cluster="slurm",
                                         display="text", return_all=True)
     bound.cancel()
+    quick = time.monotonic() - began   # a step of 4 ranks started, made a gloo group, printed and ended
     report["steps_after_run"] = steps()
     bound = bounded("the failing launch (rank 1 raised, rank 0 sleeps)", 180)
     try:
@@ -103,10 +107,11 @@ KERNEL = textwrap.dedent('''
     bound.cancel()
     report["steps_after_failure"] = steps()
     before = scancelled()
-    bound = bounded("the launch timed out at 20 s (rank 1 stuck holding the GIL: only a cancel of its step ends it)",
-                    20 + 120)
-    try:   # 20 s: a step starts in 1 to 3 s here (the test checks both ranks were hanging when it ended)
-        notebook_launcher(hang, num_processes=2, num_nodes=2, cluster="slurm", display="text", timeout=20)
+    limit = min(20, round(quick + 5))   # the hang needs only a step's start of 2 ranks: less than the run above
+    bound = bounded(f"the launch timed out at {limit} s (rank 1 stuck holding the GIL: only a cancel of its step "
+                    f"ends it)", limit + 120)
+    try:   # a step starts in 1 to 3 s here (the test checks both ranks were hanging when it ended)
+        notebook_launcher(hang, num_processes=2, num_nodes=2, cluster="slurm", display="text", timeout=limit)
     except LaunchTimeout as error:
         report["timeout"] = str(error)
     bound.cancel()
@@ -222,15 +227,29 @@ OUTSIDE = textwrap.dedent('''
 
 
 def test_outside_an_allocation_the_launch_asks_for_one_says_it_pends_and_gives_it_back(cluster, tmp_path):
-    """A job holding every CPU makes the launch's allocation pend ("Resources") until it ends; the ranks then run in
-    a job of their own, which is gone from the queue when the launch returns."""
+    """A job holding every CPU makes the launch's allocation pend ("Resources") until it ends (here: cancelled once
+    the launch said it pends, not a fixed sleep); the ranks then run in a job of their own, which is gone from the
+    queue when the launch returns."""
     script = tmp_path / "outside.py"
     script.write_text(OUTSIDE)
-    blocker = cluster.run(["sbatch", "--parsable", "-N2", "-n4", "-o", "/dev/null", "--wrap", "sleep 12"])
+    blocker = cluster.run(["sbatch", "--parsable", "-N2", "-n4", "-o", "/dev/null", "--wrap", "sleep 300"])
     assert blocker.returncode == 0, blocker.stderr
     blocker_id = blocker.stdout.strip()
     env = dict(script_env(), SLURM_CONF=cluster.conf)
-    done = cluster.run([sys.executable, str(script)], env=env, timeout=300)
+    out, err, process = tmp_path / "stdout", tmp_path / "stderr", None
+    try:
+        with open(out, "w") as stdout, open(err, "w") as stderr:
+            process = subprocess.Popen([sys.executable, str(script)], env=env, stdout=stdout, stderr=stderr)
+        wait_until(lambda: "pending in the queue (Resources)" in err.read_text() or process.poll() is not None,
+                   timeout=120, what="the launch to say it pends")
+        cluster.run(["scancel", blocker_id])   # the nodes are free: the launch's job starts
+        process.wait(300)
+    finally:
+        cluster.run(["scancel", blocker_id])
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+    done = subprocess.CompletedProcess(process.args, process.returncode, out.read_text(), err.read_text())
     reports = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
     assert done.returncode == 0 and reports, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     ranks = json.loads(reports[0][len("REPORT "):])

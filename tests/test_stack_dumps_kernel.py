@@ -44,7 +44,7 @@ def dump_when_both_wait():  # from another thread: the cell's own thread is in n
 
 threading.Thread(target=dump_when_both_wait, daemon=True).start()
 try:
-    notebook_launcher(train, num_processes=2, start_method="fork", timeout=30, display="none")
+    notebook_launcher(train, num_processes=2, start_method="fork", timeout=10, display="none")
 except LaunchTimeout as error:
     timeout_message, timeout_stacks = str(error), error.stacks
 print("STACKS " + json.dumps({"dumped": dumped, "timeout": timeout_message, "timeout_stacks": timeout_stacks}))

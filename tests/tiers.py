@@ -42,6 +42,7 @@ FILES: Dict[str, str] = {
     "test_rank_network.py": "unit",
     "test_promises_gpu.py": "unit",
     "test_structure.py": "unit",
+    "test_suite_schedule.py": "unit",   # the suite's own scheduler's choices (tests/suite_schedule.py)
 
     "test_accelerator_distributed.py": "ranks",
     "test_accelerate_parity.py": "ranks",   # HF accelerate's Accelerator and ours, same snippets, 2 CPU ranks each
