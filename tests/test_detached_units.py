@@ -229,3 +229,29 @@ def test_a_displayed_handle_replays_then_follows_the_job_live(jobs, monkeypatch)
     while len(shown.events) < len(first + later) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert shown.events == first + later
+
+
+class BetweenStates:
+    """A source whose cluster answers "not listed" once (a requeue between two states), then lists the job again,
+    then writes its ending."""
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+
+    def read(self, since):
+        return [], (Ending.finished("done", 1.0) if not self.answers else None)
+
+    def cluster_state(self):
+        return self.answers.pop(0) if self.answers else "running"
+
+    def ending(self):
+        return None
+
+
+def test_one_not_listed_answer_does_not_call_a_requeued_job_lost_two_in_a_row_do(monkeypatch):
+    from notebook_accel.detached import attaching
+    from notebook_accel.views import NullView
+
+    monkeypatch.setattr(attaching, "LOST_CHECK", 0.0)
+    assert attaching.follow(BetweenStates([None, "pending", "running"]), NullView(), poll=0.01).status == "finished"
+    assert attaching.follow(BetweenStates([None, None, "running"]), NullView(), poll=0.01).status == "lost"

@@ -26,9 +26,10 @@ LOST_CHECK = 5.0     # seconds between two questions to the cluster: does the jo
 def follow(source: EventSource, view: View, *, poll: float = POLL, since: int = 0,
            stop: Optional[threading.Event] = None, deadline: Optional[float] = None) -> Optional[Ending]:
     """Feed ``view`` every event of ``source`` from ``since`` until the ending, and return it. None: ``stop`` was set
-    or ``deadline`` (a ``time.monotonic()``) passed first. A job its cluster no longer knows, with no ending, ended
+    or ``deadline`` (a ``time.monotonic()``) passed first. A job its cluster no longer knows (at two checks in a row), with no ending, ended
     without a record (killed with its driver, its node lost): it ends "lost"."""
     last_check = time.monotonic()
+    gone_before = False   # the cluster did not list the job at the last check either
     while True:
         events, ending = source.read(since)
         for event in events:
@@ -40,6 +41,8 @@ def follow(source: EventSource, view: View, *, poll: float = POLL, since: int = 
         if now - last_check > LOST_CHECK:
             last_check = now
             lost = _lost(source)
+            # twice in a row, LOST_CHECK apart: one answer can fall between two states of a requeue
+            lost, gone_before = (lost if gone_before else None), lost is not None
             if lost is not None:
                 view.handle(LaunchFinished(rank=-1, status=Status.STOPPED, elapsed=0.0, error=lost.error_text))
                 return lost

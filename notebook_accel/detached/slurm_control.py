@@ -15,15 +15,26 @@ from .ending import Ending
 CANCEL_GRACE = 20.0   # s the driver has, after scancel, to write its own "stopped" ending
 
 
+# squeue's states (``--states=all``) of a job that will not run again: the job is over for us, as if not listed
+OVER = {"completed", "cancelled", "failed", "timeout", "node_fail", "out_of_memory", "boot_fail", "deadline",
+        "revoked", "special_exit"}
+UNKNOWN = "unknown"   # squeue did not answer (slurmctld busy): not a reason to call the job lost
+
+
 def state(folder: Any) -> Optional[str]:
-    """``squeue``'s state of the job, lower case ("pending", "running", "completing"...); None: Slurm no longer lists
-    it (ended, or never submitted)."""
+    """``squeue``'s state of the job, lower case ("pending", "running", "requeued", "completing"...); None: the job is
+    over or Slurm no longer knows it (ended, or never submitted); ``UNKNOWN`` when squeue itself failed (a busy
+    controller times out). Asked with ``--states=all``, so that a job between two states of a requeue is listed."""
     job = folder.record().get("slurm_job")
     if job is None:
         return None
-    listed = run_tool(["squeue", "-h", "-j", str(job), "-o", "%T"], timeout=30)
+    listed = run_tool(["squeue", "-h", "-j", str(job), "--states=all", "-o", "%T"], timeout=30)
+    if listed.returncode != 0:
+        return None if "invalid job id" in listed.stderr.lower() else UNKNOWN
     words = listed.stdout.split()
-    return words[0].lower() if listed.returncode == 0 and words else None
+    if not words or words[0].lower() in OVER:
+        return None
+    return words[0].lower()
 
 
 def cancel(folder: Any) -> None:
