@@ -212,9 +212,16 @@ def test_a_warned_or_preempted_detached_job_checkpoints_requeues_and_resumes_to_
         warned = slurm.run(STOPPERS[how] + [slurm_job])
         assert warned.returncode == 0, warned.stderr
 
+        pending_since = []
+
         def requeued_and_pending():   # a requeued job waits for its old credentials to expire (120 s): not here
             state = slurm.run(["squeue", "-h", "-j", slurm_job, "-o", "%T %r"]).stdout.split()
             if state[:2] == ["PENDING", "BeginTime"]:
+                # not at once: slurmd refuses a batch launch whose credential dates from the second the requeue revoked
+                # the old one ("Job 1 already killed, do not launch batch job": the job then ends FAILED, 1 run in 3)
+                pending_since[:] = pending_since or [time.monotonic()]
+                if time.monotonic() - pending_since[0] < 2.0:
+                    return False
                 slurm.run(["scontrol", "update", f"JobId={slurm_job}", "StartTime=now"])
                 return True
             return "resumed at step" in output() or kernel.poll() is not None
@@ -226,10 +233,12 @@ def test_a_warned_or_preempted_detached_job_checkpoints_requeues_and_resumes_to_
             kernel.wait()
         out.close()
     said = open(tmp_path / "kernel.out").read()
+    driver_log = next(iter((tmp_path / "jobs").glob("*/driver.log")), None)
+    said += f"\n--- the driver's log (both runs of the batch job)\n{driver_log.read_text()[-4000:] if driver_log else '(none)'}"
     reports = [line for line in said.splitlines() if line.startswith("REPORT ")]
-    assert reports, f"{said[-4000:]}\n{slurm.logs()}"
+    assert reports, f"{said[-8000:]}\n{slurm.logs()}"
     report = json.loads(reports[0][len("REPORT "):])
-    assert "time limit reached at step" in said, said[-4000:]
+    assert "time limit reached at step" in said, said[-8000:]
     assert ("is requeued" if how == "warning" else "the ranks checkpoint at their next agreed step") in said, \
         said[-4000:]
     assert "resumed at step" in said, said[-4000:]
