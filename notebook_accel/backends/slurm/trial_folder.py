@@ -24,7 +24,7 @@ from typing import Any, List, Optional
 import cloudpickle
 
 from ...detached.ending import pickled_error
-from ...detached.log import frame, frames
+from ...detached.log import LogReader, frame
 from ...errors import LaunchError, one_line
 
 PLAN, EVENTS, ENDING, OUTPUT = "plan", "events", "ending", "slurm.out"
@@ -75,7 +75,8 @@ class TrialFolder:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._offset = 0          # the reader's place in ``events``
+        self._reader = LogReader(self.file(EVENTS))   # the kernel's, following ``events``
+        self._read = 0            # how many events it gave
         self._fd: Optional[int] = None
 
     def file(self, name: str) -> str:
@@ -88,17 +89,9 @@ class TrialFolder:
         self._write_whole(PLAN, cloudpickle.dumps(plan))
 
     def read_events(self) -> List[Any]:
-        """The events written since the last call, whole ones only."""
-        try:
-            with open(self.file(EVENTS), "rb") as events:
-                events.seek(self._offset)
-                data = events.read()
-        except FileNotFoundError:
-            return []
-        found, offset = [], 0
-        for offset, payload in frames(data):   # whole frames only: one still being written is read next time
-            found.append(pickle.loads(payload))
-        self._offset += offset
+        """The events written since the last call, whole ones only (``detached.log.LogReader``)."""
+        found = self._reader.read(self._read)
+        self._read += len(found)
         return found
 
     def ending(self) -> Optional[Ending]:
