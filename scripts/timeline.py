@@ -2,7 +2,8 @@
 and when each worker went idle — the worker that ends last sets the run's time, whatever ``--durations`` shows.
 
 Usage: ``NOTEBOOK_ACCEL_TIMELINE=/tmp/t.tsv pytest -q``, then ``python scripts/timeline.py /tmp/t.tsv [N]`` (the N
-slowest files, 15 by default). tests/conftest.py writes the lines (worker, start, end, test id).
+slowest files, 15 by default). tests/conftest.py writes the lines (worker, start, end, test id, CPU seconds of the
+worker's process tree during the test).
 ``python scripts/timeline.py /tmp/t.tsv --costs > tests/file_seconds.json`` writes each file's seconds for the
 suite's scheduler (tests/suite_schedule.py), from a run on a quiet machine.
 """
@@ -18,9 +19,21 @@ def read(path: str) -> List[Tuple[str, float, float, str]]:
     rows = []
     with open(path) as lines:
         for line in lines:
-            worker, start, end, nodeid = line.rstrip("\n").split("\t", 3)
+            worker, start, end, nodeid = line.rstrip("\n").split("\t")[:4]
             rows.append((worker, float(start), float(end), nodeid))
     return rows
+
+
+def cpu_seconds(path: str) -> Dict[str, float]:
+    """Each file's CPU seconds (its tests' process trees, the fifth column where the run wrote one)."""
+    seconds: Dict[str, float] = defaultdict(float)
+    with open(path) as lines:
+        rows = [line.rstrip("\n").split("\t") for line in lines]
+    parallel = any(fields[0] != "main" for fields in rows)
+    for fields in rows:
+        if len(fields) > 4 and not (parallel and fields[0] == "main"):
+            seconds[fields[3].split("::")[0]] += float(fields[4])
+    return dict(seconds)
 
 
 def workers_rows(path: str) -> List[Tuple[str, float, float, str]]:
@@ -55,6 +68,11 @@ def main(path: str, slowest: int = 15) -> None:
     print(f"\nthe {slowest} slowest files (worker, seconds from its first test's start to its last's end):")
     for (worker, name), (start, end) in sorted(files.items(), key=lambda item: item[1][0] - item[1][1])[:slowest]:
         print(f"{end - start:7.1f}  {worker:5}  {name}")
+    cpu = cpu_seconds(path)
+    if cpu:
+        print(f"\nCPU seconds (process trees), {sum(cpu.values()):.0f} in all; the {slowest} dearest files:")
+        for name, used in sorted(cpu.items(), key=lambda item: -item[1])[:slowest]:
+            print(f"{used:7.1f}  {name}")
 
 
 if __name__ == "__main__":

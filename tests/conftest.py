@@ -271,12 +271,30 @@ class Timeline:
         self.started: dict = {}
 
     def pytest_runtest_logstart(self, nodeid, location):
-        self.started[nodeid] = time.time()
+        self.started[nodeid] = (time.time(), _cpu_seconds_of_this_process_tree())
 
     def pytest_runtest_logfinish(self, nodeid, location):
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        started, cpu_at_start = self.started.pop(nodeid, (time.time(), None))
+        cpu = "" if cpu_at_start is None else f"\t{_cpu_seconds_of_this_process_tree() - cpu_at_start:.2f}"
         with open(self.path, "a") as out:
-            out.write(f"{worker}\t{self.started.pop(nodeid, time.time()):.3f}\t{time.time():.3f}\t{nodeid}\n")
+            out.write(f"{worker}\t{started:.3f}\t{time.time():.3f}\t{nodeid}{cpu}\n")
+
+
+def _cpu_seconds_of_this_process_tree() -> float:
+    """CPU seconds used so far by this worker, its reaped children, and its live descendants (a test's ranks,
+    kernels, a cluster's daemons it started): a test's share is the difference around it. What this machine's two
+    cores spend, not what the test waits for, is what decides the suite's wall time."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:4])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:4])
+        except psutil.Error:
+            pass
+    return total
 
 
 @pytest.hookimpl(optionalhook=True)   # xdist's hook: the XLA venv's pytest (scripts/test_xla_cpu.sh) has no xdist
