@@ -10,6 +10,7 @@ launch, as HF's own tests run several trainings in one process.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import io
 import os
 import re
@@ -17,7 +18,7 @@ import runpy
 import sys
 import traceback
 from datetime import timedelta
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_examples")
 
@@ -41,6 +42,8 @@ EXAMPLES: Dict[str, List[str]] = {
 
 # a short timeout: a rank left waiting on a failed one fails, not hangs
 _TIMEOUT = timedelta(seconds=30)
+# s: a script's turn (about 1 s quiet) that takes longer gets its rank's stacks in the rank's log
+_SLOW = 20
 
 # script -> environment its ranks need offline ("{workdir}" as above): log_with="all" finds W&B and MLflow installed;
 # W&B would ask for a login, so it runs disabled (its calls still made); MLflow writes under the launch's folder
@@ -61,6 +64,28 @@ _VARYING = [
 ]
 
 
+@contextlib.contextmanager
+def _stacks_if_slow(log) -> Iterator[None]:
+    """Every thread's stack written to ``log`` if the block takes over :data:`_SLOW` s (and the block goes on)."""
+    faulthandler.dump_traceback_later(_SLOW, file=log)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _rank_log(folder: str) -> str:
+    """This rank's log, beside the scripts' folders (:func:`rank_logs` reads them)."""
+    return os.path.join(os.path.dirname(folder), f"rank{os.environ['RANK']}.log")
+
+
+def rank_logs(workdir: str) -> str:
+    """Every rank's log of a launch's scripts, one after the other: what each rank did, script by script, for a
+    launch that fails between scripts, where only the first failing rank's error comes back."""
+    logs = sorted(name for name in os.listdir(workdir) if name.startswith("rank") and name.endswith(".log"))
+    return "\n".join(f"--- {name}:\n" + open(os.path.join(workdir, name)).read() for name in logs) or "(no rank logs)"
+
+
 def written_files(folder: str) -> List[str]:
     """The files under ``folder`` (checkpoint folders' contents too), as sorted relative paths with
     :data:`_VARYING`'s parts replaced by "*"."""
@@ -77,24 +102,26 @@ def written_files(folder: str) -> List[str]:
 def run_examples(library: str, scripts: List[str], workdir: str) -> Dict[str, Dict[str, object]]:
     """In each rank: HF's example ``scripts`` on ``library`` ("hf" or "ours"), one after the other in this one launch
     (HF's states reset between them, as HF's own tests do); ``{script: {"error": None when its main() returns, else
-    the traceback, "printed": the lines it printed, "files": :func:`written_files` of its folder}}``. Each runs in its own folder under ``workdir``, with its :data:`ENVIRONMENT` for its time only."""
+    the traceback, "printed": the lines it printed, "files": :func:`written_files` of its folder}}``. Each runs in its
+    own folder under ``workdir``, with its :data:`ENVIRONMENT` for its time only. Each rank keeps a log of what it did
+    (:func:`rank_logs`), with its threads' stacks if one script's turn takes over :data:`_SLOW` s."""
     import torch
     import torch.distributed as dist
 
     from hf_scripts import alias_accelerate_to_ours
 
     torch.set_num_threads(1)
-    os.environ["FORK_LAUNCHED"] = "1"  # as HF's notebook_launcher sets in its ranks: end_training() keeps the group
+    # as HF's notebook_launcher sets in its ranks: a script's end_training() keeps the group (on both libraries)
+    os.environ["FORK_LAUNCHED"] = "1"
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=_TIMEOUT)
-    store = dist.distributed_c10d._get_default_store()  # held: the groups after a script's end_training() use it
     if library == "ours":
         alias_accelerate_to_ours()
     sys.path.insert(0, os.path.join(HERE, "stand_ins"))
-    return {script: _run_one(script, os.path.join(workdir, os.path.splitext(script)[0]), store) for script in scripts}
+    return {script: _run_one(script, os.path.join(workdir, os.path.splitext(script)[0])) for script in scripts}
 
 
-def _run_one(script: str, folder: str, store: object) -> Dict[str, object]:
+def _run_one(script: str, folder: str) -> Dict[str, object]:
     """One script's main() (its printed lines and written files kept), then HF's states reset for the next and the
     ranks met again (one may have failed)."""
     import torch.distributed as dist
@@ -107,23 +134,21 @@ def _run_one(script: str, folder: str, store: object) -> Dict[str, object]:
     sys.argv = [script] + [argument.format(workdir=folder) for argument in EXAMPLES[script]]
     printed = io.StringIO()
     error: Optional[str] = None
-    try:
-        with contextlib.redirect_stdout(printed):
-            runpy.run_path(os.path.join(HERE, script), run_name="__main__")
-    except KeyboardInterrupt:
-        raise
-    except BaseException:  # noqa: B036  SystemExit from argparse too
-        error = traceback.format_exc()
-    finally:
-        os.environ.clear()
-        os.environ.update(environment)
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
-        # a script's end_training() on ours destroys the process group: a new one for the next script, on the first
-        # group's store under a prefix of its own (no leftover keys)
-        if not dist.is_initialized():
-            dist.init_process_group("gloo", store=dist.PrefixStore(script + "/", store),
-                                    rank=int(os.environ["RANK"]),
-                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=_TIMEOUT)  # fmt: skip
-        dist.barrier()
+    with open(_rank_log(folder), "a") as log, _stacks_if_slow(log):
+        try:
+            with contextlib.redirect_stdout(printed):
+                runpy.run_path(os.path.join(HERE, script), run_name="__main__")
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # noqa: B036  SystemExit from argparse too
+            error = traceback.format_exc()
+        finally:
+            os.environ.clear()
+            os.environ.update(environment)
+            log.write(f"{script}: {'raised' if error else 'returned'}; the process group "
+                      f"{'stays' if dist.is_initialized() else 'is gone'}\n{error or ''}")
+            log.flush()
+            AcceleratorState._reset_state(True)
+            GradientState._reset_state()
+            dist.barrier()
     return {"error": error, "printed": printed.getvalue().splitlines(), "files": written_files(folder)}

@@ -294,6 +294,14 @@ def hf_style_snippets(impl: str, workdir: str) -> Dict[str, Any]:
     if impl == "ours":
         out.update(ours_only(Accelerator, utils, workdir))
 
+    # --- end_training under FORK_LAUNCHED (HF's notebook_launcher sets it in its ranks): the process group stays
+    os.environ["FORK_LAUNCHED"] = "1"
+    type(accelerator.state)._reset_state(True)
+    Accelerator().end_training()
+    out["group_kept_by_end_training_when_fork_launched"] = torch.distributed.is_initialized()
+    del os.environ["FORK_LAUNCHED"]
+    type(accelerator.state)._reset_state(True)
+
     # --- trackers (last: end_training destroys the process group)
     accelerator = Accelerator(log_with="tensorboard", project_dir=os.path.join(workdir, "logs"))
     accelerator.init_trackers("parity", config={"lr": 0.1, "batch_size": 8})
@@ -302,6 +310,7 @@ def hf_style_snippets(impl: str, workdir: str) -> Dict[str, Any]:
     out["tracker_on_this_rank"] = type(accelerator.get_tracker("tensorboard")).__name__
     out["tracker_unwrapped"] = type(accelerator.get_tracker("tensorboard", unwrap=True)).__name__
     accelerator.end_training()
+    out["group_kept_by_end_training"] = torch.distributed.is_initialized()
     return out
 
 
@@ -351,7 +360,7 @@ SAME_ON_BOTH = [
     "save_model_files", "save_model_index", "unsafe_checkpoint_files", "utils_load", "no_sync_grads_equal", "synced_grads_equal", "save_iteration",
     "checkpoints", "custom_checkpoint_files", "counter_restored", "weights_restored", "hooks",
     "resumed_batches_are_the_rest_of_the_epoch", "first_batches_before_saving", "profiled", "tracker_on_this_rank",
-    "tracker_unwrapped",
+    "tracker_unwrapped", "group_kept_by_end_training_when_fork_launched", "group_kept_by_end_training",
 ]
 
 
@@ -374,6 +383,8 @@ def test_the_snippets_computed_what_hf_documents(results):
     assert rank0["checkpoints"] == ["checkpoint_1", "checkpoint_2"]  # 3 saves, total_limit=2
     assert rank0["hooks"][0] == ("save", 1, "checkpoint_0") and rank0["hooks"][-1] == ("load", 1, "checkpoint_2")
     assert rank0["executable_batch_size"] == 15  # 64, 57, 51, ... and rank0["reduce_mean"] == [1.5]
+    for rank in (rank0, rank1):  # end_training ends the group, unless HF's notebook_launcher forked the rank
+        assert (rank["group_kept_by_end_training_when_fork_launched"], rank["group_kept_by_end_training"]) == (True, False)
 
 
 def test_a_model_trained_with_ddp_kwargs_and_an_accumulation_plugin_has_hf_accelerates_weights(results):

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from hf_example_runs import EXAMPLES, run_examples
+from hf_example_runs import EXAMPLES, rank_logs, run_examples
 from notebook_accel import notebook_launcher
 from notebook_accel.errors import LaunchTimeout
 
@@ -40,7 +40,10 @@ def _launch(library: str, workdir: str) -> Dict[str, Dict[str, object]]:
             return_all=True, timeout=LAUNCH_BOUND)  # fmt: skip
     except LaunchTimeout as error:
         where = "\n".join(f"--- rank {rank}:\n{stack}" for rank, stack in sorted(error.stacks.items()))
-        pytest.fail(f"{library}'s examples had not returned after {LAUNCH_BOUND} s; where each rank was:\n{where}")
+        pytest.fail(f"{library}'s examples had not returned after {LAUNCH_BOUND} s; where each rank was:\n{where}\n"
+                    f"what each had done:\n{rank_logs(workdir)}")
+    except Exception as error:  # a rank's own exception (re-raised by the launcher as itself)
+        pytest.fail(f"{library}'s examples failed: {type(error).__name__}: {error}\nwhat each rank had done:\n{rank_logs(workdir)}")
     return {script: {"error": next((rank[script]["error"] for rank in ranks if rank[script]["error"]), None),
                      "printed": {number: rank[script]["printed"] for number, rank in enumerate(ranks)},
                      "files": {number: rank[script]["files"] for number, rank in enumerate(ranks)}}

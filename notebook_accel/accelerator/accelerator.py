@@ -51,7 +51,7 @@ from .rng import set_seed as _set_seed
 from .rng import torch_random_state
 from .sharded_init import ShardedInit, SkippedInit
 from .scheduler import AcceleratedScheduler
-from .state import DistributedType, destroy_process_group, one_rank_group, resolve_process_state
+from .state import DistributedType, one_rank_group, resolve_process_state
 from .tracking import GeneralTracker, TrackingMembers, filter_trackers
 from .zero import DeepSpeedOptimizer, DeepSpeedPlugin, build_engine, engine_state_dict, filled_config, import_deepspeed
 from .zero import is_engine, zero_init
@@ -1254,8 +1254,9 @@ class Accelerator(ProcessControl, TrackingMembers, ProjectMembers, TimeLimitMemb
         return [None for _ in objects]
 
     def end_training(self) -> None:
-        """Close the trackers' runs, wait for every rank, free memory and destroy the process group."""
+        """Close the trackers' runs, wait for every rank, free memory and destroy the process group (kept, as by
+        HF's, where ``FORK_LAUNCHED`` is set: :meth:`PartialState.destroy_process_group`)."""
         self._finish_trackers()
         self.wait_for_everyone()
         self.free_memory()
-        destroy_process_group()
+        self.state.destroy_process_group()

@@ -219,7 +219,14 @@ class PartialState:
         return functools.wraps(function)(_do_nothing)  # type: ignore[return-value]
 
     def destroy_process_group(self, group: Any = None) -> None:
-        destroy_process_group()
+        """As HF's: ``group`` if given, else the default group — which stays when ``FORK_LAUNCHED`` is set (HF's
+        ``notebook_launcher`` sets it in the ranks it forks: a script's ``end_training()`` there must leave the
+        launcher's group; ours does not set it, so under ours the group ends with the training, as under torchrun)."""
+        if group is not None:
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group(group)
+        elif not self.__dict__.get("fork_launched", _flag_from_environment("FORK_LAUNCHED")):  # after _reset_state too
+            destroy_process_group()
 
     def __repr__(self) -> str:
         return (f"Distributed environment: {self.distributed_type.value}\nNum processes: {self.num_processes}\n"
@@ -241,7 +248,12 @@ def _fields_of(process: ProcessState) -> Dict[str, Any]:
             "local_num_processes": process.local_num_processes, "device": process.device,
             "distributed_type": process.distributed_type, "backend": process.backend,
             "debug": os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes", "on"),
-            "fork_launched": False}  # fmt: skip
+            "fork_launched": _flag_from_environment("FORK_LAUNCHED")}  # fmt: skip
+
+
+def _flag_from_environment(name: str) -> bool:
+    """HF's ``parse_flag_from_env``: yes/true/on/1 (any case) is set; unset or anything else is not."""
+    return os.environ.get(name, "").strip().lower() in ("y", "yes", "t", "true", "on", "1")
 
 
 class AcceleratorState(PartialState):
