@@ -138,7 +138,8 @@ def _run_one(script: str, folder: str) -> Dict[str, object]:
         try:
             with contextlib.redirect_stdout(printed):
                 runpy.run_path(os.path.join(HERE, script), run_name="__main__")
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # a stop of the launch, or a SIGINT from elsewhere: said in the log, then raised
+            log.write(f"{script}: interrupted (KeyboardInterrupt)\n{traceback.format_exc()}")
             raise
         except BaseException:  # noqa: B036  SystemExit from argparse too
             error = traceback.format_exc()

@@ -25,6 +25,7 @@ import notebook_accel
 import notebook_accel.utils
 from notebook_accel import Accelerator, last_launch, notebook_launcher
 from notebook_accel.accelerator.absent import ABSENT_MEMBERS, ABSENT_PARAMETERS
+from notebook_accel.errors import LaunchTimeout
 
 accelerate = pytest.importorskip("accelerate")
 
@@ -337,9 +338,22 @@ def ours_only(Accelerator: Any, utils: Any, workdir: str) -> Dict[str, Any]:
     return out
 
 
+LAUNCH_BOUND = 180  # s for one launch of this file (a few seconds quiet): past it, a hang named with every rank's stack
+
+
+def bounded_launch(function: Any, args: tuple = (), num_processes: int = WORLD) -> List[Any]:
+    """``notebook_launcher(function, args)`` on CPU ranks, every rank's value; a launch still running after
+    :data:`LAUNCH_BOUND` s fails the test with where each rank was, not at pytest's timeout with nothing named."""
+    try:
+        return notebook_launcher(function, args=args, num_processes=num_processes, device="cpu", display="none",
+                                 return_all=True, timeout=LAUNCH_BOUND)  # fmt: skip
+    except LaunchTimeout as error:
+        where = "\n".join(f"--- rank {rank}:\n{stack}" for rank, stack in sorted(error.stacks.items()))
+        pytest.fail(f"{function.__name__}{args} had not returned after {LAUNCH_BOUND} s; where each rank was:\n{where}")
+
+
 def run(impl: str, workdir: str) -> List[Dict[str, Any]]:
-    return notebook_launcher(hf_style_snippets, args=(impl, workdir), num_processes=WORLD, device="cpu",
-                             display="none", return_all=True)  # fmt: skip
+    return bounded_launch(hf_style_snippets, (impl, workdir))
 
 
 @pytest.fixture(scope="module")
@@ -649,8 +663,7 @@ def partial_state_world() -> int:
 
 def test_a_rank_forked_from_a_kernel_that_made_an_accelerator_has_its_own_partial_state():
     Accelerator(cpu=True)  # as a notebook that tried one process in the kernel first
-    assert notebook_launcher(partial_state_world, num_processes=WORLD, device="cpu", display="none",
-                             return_all=True) == [WORLD, WORLD]  # fmt: skip
+    assert bounded_launch(partial_state_world) == [WORLD, WORLD]
 
 
 def test_prepare_takes_a_device_placement_flag_per_object():
@@ -719,8 +732,7 @@ def test_a_checkpoint_of_hf_resumes_on_ours_and_one_of_ours_on_hf(tmp_path, worl
     """ours saves -> HF resumes it (and saves) -> ours resumes HF's: each resume takes the steps the saving run took
     after saving (same weights, learning rate, RNG). The files are HF's names on both."""
     def launch(impl, load_dir, save_dir):
-        return notebook_launcher(resume_round, args=(impl, load_dir, save_dir), num_processes=world, device="cpu",
-                                 display="none", return_all=True)  # fmt: skip
+        return bounded_launch(resume_round, (impl, load_dir, save_dir), num_processes=world)
 
     ours_dir, hf_dir = str(tmp_path / "ours"), str(tmp_path / "hf")
     first = launch("ours", "", ours_dir)
