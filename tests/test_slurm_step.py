@@ -103,6 +103,35 @@ def test_a_launch_inside_an_allocation_runs_a_step_of_it_and_asks_for_no_job(mon
     assert "--jobid=7" in argv, f"srun of a launch inside allocation 7 does not name the job: {argv}"
 
 
+class _NoTable:
+    def show(self, trials):
+        pass
+
+    def changed(self, trials):
+        pass
+
+
+def test_a_sweep_whose_trials_ended_returns_only_once_squeue_lists_none_of_its_array(tmp_path, monkeypatch):
+    """A task whose driver wrote its trial's ending is still listed for a moment (COMPLETING): under load, a sweep
+    returned while ``squeue`` still listed task 35_3 (a full run beside ``stress``). The sweep now returns only once
+    ``squeue`` lists none of its array. The ``squeue`` here lists 35_3 for its first three calls."""
+    from notebook_accel.backends.slurm import array
+
+    calls = tmp_path / "squeue.calls"
+    tool = tmp_path / "bin" / "squeue"
+    tool.parent.mkdir()
+    tool.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n[ $(wc -l < {calls}) -le 3 ] && echo 35_3 || true\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+    sweep = array.ArraySweep([], None, _NoTable())
+    monkeypatch.setattr(sweep, "_submit", lambda: setattr(sweep, "array_id", "35"))
+    monkeypatch.setattr(sweep, "_follow", lambda: None)   # every trial's ending read
+    sweep.run()
+    asked = calls.read_text().splitlines() if calls.exists() else []
+    assert asked[:1] == ["-h -r -j 35 -o %i"] and len(asked) == 4, \
+        f"the sweep returned while squeue still listed its array (squeue calls: {asked})"
+
+
 def test_a_launch_returns_only_once_squeue_no_longer_lists_its_step(tmp_path, monkeypatch):
     """``srun`` ends before the controller drops its step from the queue (a failed launch's step was still listed
     right after it raised, once in a suite run): ending a step waits, bounded, until ``squeue`` stops listing it.

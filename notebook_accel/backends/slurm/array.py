@@ -38,7 +38,7 @@ FOLDER_VARIABLE = "NOTEBOOK_ACCEL_SWEEP_DIR"
 FOLLOW_EVERY = 0.2      # s between reads of the trials' files
 QUEUE_EVERY = 1.0       # s between asks of the queue
 LOST_AFTER = 10.0       # s a task may be gone from the queue before its ending must have appeared
-UNLISTED_WAIT = 30.0    # s, at most, for a cancelled array to leave the queue
+UNLISTED_WAIT = 30.0    # s, at most, for an ended or cancelled array to leave the queue
 
 
 def sweep_root(environ: Optional[Dict[str, str]] = None) -> str:
@@ -109,6 +109,8 @@ class ArraySweep(TrialRunner):
         try:
             self._submit()
             self._follow()
+            if not self._until_unlisted():   # every trial ended, a task still listed after the bound: cancelled
+                self._cancel()
         except KeyboardInterrupt:
             self._cancel()
             left = [trial for trial in self.trials if trial.state in ("waiting", "not started")]
@@ -233,9 +235,23 @@ class ArraySweep(TrialRunner):
                 run_tool(["scancel", "--quiet", f"--name={self.name}", f"--user={os.getuid()}"], timeout=30)
             return
         run_tool(["scancel", "--quiet", self.array_id], timeout=30)
+        self._until_unlisted()
+
+    def _until_unlisted(self) -> bool:
+        """Until ``squeue`` lists none of the array's tasks (True), or :data:`UNLISTED_WAIT` s (False). A task whose
+        driver wrote its trial's ending is still in the queue for a moment (COMPLETING while its node cleans up: on a
+        loaded machine, past the sweep's return), so a sweep that ended waits here too: it returns when nothing of it
+        is left, as Slurm shows it. A ``squeue`` that cannot answer ends the wait."""
+        if self.array_id is None:
+            return True
         deadline = time.monotonic() + UNLISTED_WAIT
-        while time.monotonic() < deadline:
-            listed = run_tool(["squeue", "-h", "-r", "-j", self.array_id, "-o", "%i"], timeout=30)
+        while True:
+            try:
+                listed = run_tool(["squeue", "-h", "-r", "-j", self.array_id, "-o", "%i"], timeout=30)
+            except (OSError, subprocess.SubprocessError):
+                return True
             if listed.returncode != 0 or not listed.stdout.strip():
-                return
+                return True
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.2)
