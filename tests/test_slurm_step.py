@@ -22,16 +22,23 @@ STARTED_WITHIN = 120.0   # s, for the tasks to say hello (a hang, not a speed, o
 ENDED_WITHIN = 10.0      # s from cancel to srun gone: it takes milliseconds; broken, it never ends
 
 
-@pytest.fixture
-def scancel_calls(tmp_path, monkeypatch):
-    """A ``scancel`` first on the ``PATH`` that appends its arguments, a line per call, to a file; the calls so far."""
-    record = tmp_path / "scancel.calls"
-    tool = tmp_path / "bin" / "scancel"
-    tool.parent.mkdir()
-    tool.write_text(f"#!/bin/sh\necho \"$*\" >> {record}\n")
+def recording_tool(tmp_path, monkeypatch, name: str, answer: str = ""):
+    """A ``name`` first on the ``PATH`` that appends its arguments, a line per call, to a file, then runs the shell
+    line ``answer`` (its output is the tool's; ``{calls}`` in it: that file). Returns the calls so far, as a
+    function."""
+    record = tmp_path / f"{name}.calls"
+    tool = tmp_path / "bin" / name
+    tool.parent.mkdir(exist_ok=True)
+    tool.write_text(f"#!/bin/sh\necho \"$*\" >> {record}\n{answer.replace('{calls}', str(record))}\n")
     tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
     return lambda: record.read_text().splitlines() if record.exists() else []
+
+
+@pytest.fixture
+def scancel_calls(tmp_path, monkeypatch):
+    """A ``scancel`` first on the ``PATH`` that records its calls (:func:`recording_tool`); the calls so far."""
+    return recording_tool(tmp_path, monkeypatch, "scancel")
 
 
 @pytest.fixture
@@ -117,17 +124,12 @@ def test_a_sweep_whose_trials_ended_returns_only_once_squeue_lists_none_of_its_a
     ``squeue`` lists none of its array. The ``squeue`` here lists 35_3 for its first three calls."""
     from notebook_accel.backends.slurm import array
 
-    calls = tmp_path / "squeue.calls"
-    tool = tmp_path / "bin" / "squeue"
-    tool.parent.mkdir()
-    tool.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n[ $(wc -l < {calls}) -le 3 ] && echo 35_3 || true\n")
-    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+    squeue_calls = recording_tool(tmp_path, monkeypatch, "squeue", "[ $(wc -l < {calls}) -le 3 ] && echo 35_3 || true")
     sweep = array.ArraySweep([], None, _NoTable())
     monkeypatch.setattr(sweep, "_submit", lambda: setattr(sweep, "array_id", "35"))
     monkeypatch.setattr(sweep, "_follow", lambda: None)   # every trial's ending read
     sweep.run()
-    asked = calls.read_text().splitlines() if calls.exists() else []
+    asked = squeue_calls()
     assert asked[:1] == ["-h -r -j 35 -o %i"] and len(asked) == 4, \
         f"the sweep returned while squeue still listed its array (squeue calls: {asked})"
 
@@ -138,16 +140,11 @@ def test_a_launch_returns_only_once_squeue_no_longer_lists_its_step(tmp_path, mo
     The ``squeue`` here lists step 412.0 for its first three calls, as a controller still hearing from its nodes."""
     from notebook_accel.backends.slurm.step import wait_until_unlisted
 
-    calls = tmp_path / "squeue.calls"
-    tool = tmp_path / "bin" / "squeue"
-    tool.parent.mkdir()
-    tool.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n"
-                    f"[ $(wc -l < {calls}) -le 3 ] && printf '412.0\\n412.extern\\n' || echo 412.extern\n")
-    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+    squeue_calls = recording_tool(tmp_path, monkeypatch, "squeue",
+                                  "[ $(wc -l < {calls}) -le 3 ] && printf '412.0\\n412.extern\\n' || echo 412.extern")
     assert wait_until_unlisted("412.0", within=ENDED_WITHIN), "squeue still listed the step after the bound"
-    asked = calls.read_text().splitlines()
+    asked = squeue_calls()
     assert asked[0] == "-h -s -j 412 -o %i" and len(asked) == 4, \
         f"the step's end did not wait until squeue stopped listing it (squeue calls: {asked})"
-    assert wait_until_unlisted("local.0", within=ENDED_WITHIN) and len(calls.read_text().splitlines()) == 4, \
+    assert wait_until_unlisted("local.0", within=ENDED_WITHIN) and len(squeue_calls()) == 4, \
         "a step id no controller knows was asked of squeue"
