@@ -25,7 +25,9 @@ Example::
 """
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import shutil
 import signal
 import socket
@@ -225,15 +227,62 @@ class RealHosts:
 
 def _take_slice() -> Tuple[int, socket.socket]:
     """One /28 of 10.77.0.0/24 for this run, held by binding an abstract Unix socket named after it (free again when
-    this process ends, however it ends)."""
+    this process ends, however it ends), and made ready for use (``_prepare_slice``)."""
     for index in range(SLICES - 1, -1, -1):   # from the top: .224/28 first, away from people's hand-made .1, .2
         lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             lock.bind(f"\0notebook_accel-real-hosts-{index}")
-            return index, lock
         except OSError:
             lock.close()
-    raise RuntimeError("every /28 of 10.77.0.0/24 is taken by another test run of this machine")
+            continue
+        if _prepare_slice(index):
+            return index, lock
+        lock.close()
+    raise RuntimeError("every /28 of 10.77.0.0/24 is taken by another test run of this machine, or its addresses are "
+                       "in use (`ip -4 addr`, `ip -4 route`)")
+
+
+def _prepare_slice(index: int) -> bool:
+    """With slice ``index``'s lock held: clear what a dead run left of it; whether it is then free to use (False: an
+    address or route of the slice belongs to something else of this machine)."""
+    _clear_leftovers(index)
+    return not _slice_in_use(index)
+
+
+def _clear_leftovers(index: int) -> None:
+    """Delete the namespaces, links and /etc/netns files of slice ``index`` that a run killed before its ``close``
+    left (a SIGKILLed pytest, a session's end): network namespaces and links outlive their maker. Only called with the
+    slice's lock held, so no live run owns what carries the slice's names. Left in place, the dead run's bridge keeps
+    the slice's addresses and its route: a new run's bridge gets the same addresses, the kernel still routes the
+    /28 to the dead bridge, and nothing reaches the new hosts (CI saw every slurmd fail to reach its controller)."""
+    namespace = re.compile(rf"^nahost\d+s{index}-\d+$")
+    link = re.compile(rf"^na[bv]\d+s{index}(-\d+)?$")
+    for name in ip("netns", "list", check=False).stdout.split():
+        if namespace.match(name):
+            for pid in ip("netns", "pids", name, check=False).stdout.split():   # a dead run's daemons
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            ip("netns", "del", name, check=False)
+            shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
+    for line in ip("-o", "link", "show", check=False).stdout.splitlines():
+        name = line.split(":", 2)[1].strip().split("@")[0] if line.count(":") >= 2 else ""
+        if link.match(name):
+            ip("link", "del", name, check=False)
+
+
+def _slice_in_use(index: int) -> bool:
+    """Whether an address of slice ``index`` is on an interface of this namespace, or routed (someone else's)."""
+    block = ipaddress.ip_network(f"{SUBNET}.{index * SLICE}/28")
+    for line in ip("-o", "-4", "addr", "show", check=False).stdout.splitlines():
+        fields = line.split()
+        if "inet" in fields and ipaddress.ip_interface(fields[fields.index("inet") + 1]).ip in block:
+            return True
+    routes = ip("-4", "route", "show", "to", "match", str(block[1]), check=False).stdout
+    # a route as narrow as the slice's own (or narrower) would take its traffic; a wider one loses to the bridge's
+    return any(line.split()[0] != "default" and ipaddress.ip_network(line.split()[0], strict=False).prefixlen >= 28
+               for line in routes.splitlines() if line.strip())
 
 
 def _end_group(process: subprocess.Popen, grace: float = 5.0) -> None:

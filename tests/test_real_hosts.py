@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,7 @@ import time
 import psutil
 import pytest
 
+import real_hosts
 from real_hosts import RealHosts, unavailable
 from scripts import PACKAGE_ROOT, script_env
 
@@ -376,3 +378,69 @@ def test_the_hosts_end_every_process_of_theirs_and_leave_no_namespace_or_link():
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert not any(name in namespaces for name in hosts.namespaces), namespaces
     assert hosts.bridge not in links and not any(f"nav{hosts.bridge[3:]}-" in line for line in links.splitlines()), links
+
+
+# A run killed before its hosts' ``close`` (a SIGKILLed pytest, a session's end): it made hosts on slice argv[1] and
+# died with them in place. Network namespaces and links outlive their maker; the slice's lock (an abstract socket) does
+# not. Prints the bridge and the namespace it left.
+LEAVES_HOSTS = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import real_hosts
+index = int(sys.argv[1])
+real_hosts._take_slice = lambda: (index, None)   # the slice the test holds, as the dead run held it
+hosts = real_hosts.RealHosts(1)
+print(hosts.bridge, hosts.namespaces[0], flush=True)
+os._exit(0)
+"""
+
+
+def _names(*args: str) -> str:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_hosts_on_a_slice_a_killed_run_left_behind_reach_this_machine(monkeypatch):
+    """CI once ran on a machine where a killed run had left slice 15's namespaces and bridge: the new run took the
+    free lock of slice 15, its bridge got the same address beside the dead one, the kernel routed the /28 to the dead
+    bridge, and no slurmd reached its controller (every Slurm test errored). A slice is cleared when it is taken."""
+    index, lock = real_hosts._take_slice()
+    try:
+        tests = os.path.dirname(os.path.abspath(__file__))
+        left = subprocess.run([sys.executable, "-c", LEAVES_HOSTS.format(tests=tests), str(index)],
+                              capture_output=True, text=True, timeout=60)
+        assert left.returncode == 0, left.stderr
+        bridge, namespace = left.stdout.split()
+        assert namespace in _names("netns", "list") and bridge in _names("-o", "link", "show")
+        assert real_hosts._prepare_slice(index)
+    except BaseException:
+        lock.close()
+        raise
+    monkeypatch.setattr(real_hosts, "_take_slice", lambda: (index, lock))
+    with RealHosts(1) as hosts:
+        listener = socket.create_server((hosts.outside_address, 0))
+        with listener:
+            port = listener.getsockname()[1]
+            reach = hosts.run(0, [sys.executable, "-c", f"import socket; socket.create_connection("
+                                                        f"({hosts.outside_address!r}, {port}), timeout=5).close()"],
+                              timeout=60)
+        assert reach.returncode == 0, f"host 0 did not reach {hosts.outside_address}:{port}: {reach.stderr}"
+    assert namespace not in _names("netns", "list") and bridge not in _names("-o", "link", "show")
+    assert not os.path.exists(f"/etc/netns/{namespace}")
+
+
+def test_a_slice_whose_addresses_something_else_holds_is_passed_over():
+    """An address of the slice on an interface that is not the harness's (someone's own setup): the slice is not
+    used, and nothing of theirs is touched."""
+    index, lock = real_hosts._take_slice()
+    other = f"naother{os.getpid() % 100000}"
+    try:
+        subprocess.run(["ip", "link", "add", other, "type", "bridge"], check=True)
+        subprocess.run(["ip", "addr", "add", f"{real_hosts.SUBNET}.{index * real_hosts.SLICE + 5}/32", "dev", other],
+                       check=True)
+        assert not real_hosts._prepare_slice(index)
+        assert other in _names("-o", "link", "show")
+        subprocess.run(["ip", "link", "del", other], check=True)
+        assert real_hosts._prepare_slice(index)   # their bridge was all that held it
+    finally:
+        subprocess.run(["ip", "link", "del", other], capture_output=True)
+        lock.close()
