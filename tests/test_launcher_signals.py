@@ -4,12 +4,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
 
-from scripts import running, start_script
+from scripts import running, script_env, start_script
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,6 +60,25 @@ def assert_gone(pids, within=10.0):
     raise AssertionError(f"ranks still alive: {alive}")
 
 
+def assert_session_ends(session_id, within=20.0):
+    """Every process of a killed script's session (its fork server, resource tracker) ends, and so has done its
+    clean-up (the fork server removes the kernel's temp dir as it exits): only then is "nothing left" true."""
+    import psutil
+
+    def members():
+        found = []
+        for process in psutil.process_iter():
+            with contextlib.suppress(OSError, psutil.Error):
+                if os.getsid(process.pid) == session_id and running(process.pid):
+                    found.append(process.pid)
+        return found
+
+    deadline = time.monotonic() + within
+    while members() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not members(), f"processes of the killed script still running: {members()}"
+
+
 @pytest.mark.parametrize("target", ["launcher", "process group"])
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_sigint_stops_every_rank_and_raises_keyboard_interrupt(target, method):
@@ -85,9 +106,42 @@ def test_ranks_die_with_a_sigkilled_kernel(method):
         process.kill()
         process.wait(10)
         assert_gone(pids)
+        assert_session_ends(process.pid)
     finally:
         process.kill()
         process.communicate()
+
+
+ORPHANED_SERVER = """
+    import os, subprocess, sys, time
+    # The fork server's exit-time clean-up, in a child of this stand-in kernel that checks while the kernel lives
+    server = subprocess.Popen([sys.executable, "-c", "import os, sys; print('CHECKING', flush=True); "
+                               "from notebook_accel.rank.forkserver_preload import _remove_if_orphaned; "
+                               "_remove_if_orphaned(os.getppid(), sys.argv[1], wait_s={wait_s})", {folder!r}],
+                              stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline() == "CHECKING\\n"
+    time.sleep({kernel_lives_s})  # the server's first look at its parent finds this kernel alive
+    print("SERVER", server.pid, flush=True)
+"""
+
+
+@pytest.mark.parametrize("kernel_lives_s, wait_s, removed", [(0.5, 10, True), (2.0, 0.3, False)],
+                         ids=["kernel-gone-during-the-wait", "kernel-alive-after-the-wait"])
+def test_the_fork_servers_clean_up_waits_to_be_orphaned_and_never_removes_a_live_kernels_dir(
+        tmp_path, kernel_lives_s, wait_s, removed):
+    # Why: a killed kernel's fork server reads EOF when the OS closes the kernel's files, which comes before
+    # the OS re-parents the server, so one look at the parent at once could find the dying kernel still there
+    # and keep its pymp-* dir (a CI run's failure of test_ranks_die_with_a_sigkilled_kernel[forkserver]).
+    folder = tmp_path / "pymp-of-the-kernel"
+    folder.mkdir()
+    env = {k: v for k, v in script_env().items() if k != "NOTEBOOK_ACCEL_FORKSERVER_OWNER"}
+    kernel = subprocess.run([sys.executable, "-c", textwrap.dedent(ORPHANED_SERVER.format(
+        folder=str(folder), wait_s=wait_s, kernel_lives_s=kernel_lives_s))],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert kernel.returncode == 0, kernel.stderr
+    server = int(kernel.stdout.split("SERVER")[1])
+    assert_gone([server], within=20)
+    assert folder.exists() is not removed
 
 
 def death_signal() -> int:
@@ -138,6 +192,7 @@ def test_ranks_die_with_a_sigkilled_kernel_while_their_lifeline_thread_is_blocke
         process.kill()
         process.wait(10)
         assert_gone(pids)
+        assert_session_ends(process.pid)
     finally:
         for pid in pids:  # a red run: the ranks outlived the kernel (and hold its pipes); end them first
             with contextlib.suppress(ProcessLookupError):
