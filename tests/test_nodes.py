@@ -325,15 +325,24 @@ def test_no_restart_when_the_function_cannot_be_loaded_in_the_rank(tmp_path):
 
 def test_the_cli_runs_a_script_over_two_nodes_with_accelerates_flags(tmp_path):
     script = tmp_path / "job.py"
+    # Rank 3 exits only once every rank has said hello (a file each, both nodes being on this machine): a failure
+    # stops its peers, so under load rank 0 was stopped before its hello and the test failed on a right launch.
     script.write_text(textwrap.dedent("""
-        import os, sys
-        print(f"hello from {os.environ['RANK']} of {os.environ['WORLD_SIZE']}", flush=True)
-        if os.environ["RANK"] == "3":
+        import os, sys, time
+        rank = os.environ["RANK"]
+        print(f"hello from {rank} of {os.environ['WORLD_SIZE']}", flush=True)
+        open(os.path.join(os.environ["HELLO_DIR"], rank), "w").close()
+        deadline = time.monotonic() + 120
+        while rank == "3" and len(os.listdir(os.environ["HELLO_DIR"])) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if rank == "3":
             sys.exit(7)
     """))
     port = free_port()
     env = node_env()
     env["HF_HOME"] = str(tmp_path / "hf")
+    env["HELLO_DIR"] = str(tmp_path / "hello")
+    os.mkdir(env["HELLO_DIR"])
     nodes = [subprocess.Popen([sys.executable, "-m", "notebook_accel.cli", "launch", "--num_processes", "4",
                                "--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip",
                                "127.0.0.1", "--main_process_port", str(port), str(script)],
@@ -341,7 +350,7 @@ def test_the_cli_runs_a_script_over_two_nodes_with_accelerates_flags(tmp_path):
              for rank in (0, 1)]
     outputs = [node.communicate(timeout=180) for node in nodes]
     assert [node.returncode for node in nodes] == [7, 7], outputs
-    assert "[rank 0] hello from 0 of 4" in outputs[0][0] and "[rank 3] hello from 3 of 4" in outputs[1][0]
+    assert "[rank 0] hello from 0 of 4" in outputs[0][0] and "[rank 3] hello from 3 of 4" in outputs[1][0], outputs
 
 
 def test_a_node_whose_launcher_dies_is_named_and_not_waited_for(tmp_path):

@@ -22,7 +22,7 @@ from scripts import script_env
 pytestmark = pytest.mark.timeout(300)
 
 SCRIPT = """
-import multiprocessing, os, signal, sys
+import multiprocessing, os, signal, sys, time
 import psutil
 
 def start_method():
@@ -36,6 +36,15 @@ def start_method():
 
 print(f"hello rank={os.environ['RANK']} of {os.environ['WORLD_SIZE']} "
       f"precision={os.environ['ACCELERATE_MIXED_PRECISION']} started_by={start_method()}", flush=True)
+# A failing rank 1 fails only once every rank has said hello: a failure stops its peers, and under load rank 0 could
+# be stopped before its hello (this launch's files: a folder named by its MASTER_PORT, beside the script).
+greeted = os.path.join(os.path.dirname(os.path.abspath(__file__)), "greeted-" + os.environ["MASTER_PORT"])
+os.makedirs(greeted, exist_ok=True)
+open(os.path.join(greeted, os.environ["RANK"]), "w").close()
+deadline = time.monotonic() + 120
+while (("--kill" in sys.argv or "--exit" in sys.argv) and len(os.listdir(greeted)) < int(os.environ["WORLD_SIZE"])
+       and time.monotonic() < deadline):
+    time.sleep(0.05)
 if "--kill" in sys.argv and os.environ["RANK"] == "1":
     os.kill(os.getpid(), getattr(signal, sys.argv[sys.argv.index("--kill") + 1]))
 if "--exit" in sys.argv and os.environ["RANK"] == "1":
