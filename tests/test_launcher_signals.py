@@ -115,8 +115,9 @@ def test_ranks_die_with_a_sigkilled_kernel(method):
 ORPHANED_SERVER = """
     import os, subprocess, sys, time
     # The fork server's exit-time clean-up, in a child of this stand-in kernel that checks while the kernel lives
-    server = subprocess.Popen([sys.executable, "-c", "import os, sys; print('CHECKING', flush=True); "
+    server = subprocess.Popen([sys.executable, "-c", "import os, sys; "
                                "from notebook_accel.rank.forkserver_preload import _remove_if_orphaned; "
+                               "print('CHECKING', flush=True); "
                                "_remove_if_orphaned(os.getppid(), sys.argv[1], wait_s={wait_s})", {folder!r}],
                               stdout=subprocess.PIPE, text=True)
     assert server.stdout.readline() == "CHECKING\\n"
