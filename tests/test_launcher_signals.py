@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from scripts import running, script_env, start_script
+from scripts import run_script, running, script_env, start_script
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -143,6 +143,19 @@ def test_the_fork_servers_clean_up_waits_to_be_orphaned_and_never_removes_a_live
     server = int(kernel.stdout.split("SERVER")[1])
     assert_gone([server], within=20)
     assert folder.exists() is not removed
+
+
+def test_a_kernel_never_imports_the_fork_servers_clean_up():
+    # Imported, it registers the clean-up in the importer; a kernel whose parent kernel had a fork server (a script
+    # run from a cell, a test's subprocess) then waited 5 s at its exit for a re-parenting that never came.
+    done = run_script("""
+        import os, sys
+        from notebook_accel import notebook_launcher
+        print("RESULT", notebook_launcher(lambda: 7, num_processes=2, start_method="forkserver", display="none"))
+        print("IMPORTED", "notebook_accel.rank.forkserver_preload" in sys.modules)
+    """)
+    assert "RESULT 7" in done.stdout, done.stdout + done.stderr
+    assert "IMPORTED False" in done.stdout, done.stdout
 
 
 def death_signal() -> int:

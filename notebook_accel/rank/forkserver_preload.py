@@ -11,7 +11,8 @@ import os
 import shutil
 import time
 
-KERNEL_TEMPDIR_VARIABLE = "NOTEBOOK_ACCEL_FORKSERVER_OWNER"  # "<kernel pid>:<its multiprocessing temp dir>"
+from .fork_server_owner import KERNEL_TEMPDIR_VARIABLE
+
 # How long the server waits, at its exit, to be re-parented before it takes the kernel for alive.
 REPARENT_WAIT_S = 5.0
 
@@ -38,11 +39,6 @@ def _register() -> None:
     if pid.isdigit() and int(pid) == os.getppid() and tempdir:
         # Ranks forked from the server leave with os._exit, so only the server itself runs this.
         atexit.register(_remove_if_orphaned, int(pid), tempdir)
-
-
-def probe() -> None:
-    """A process forked from the server and gone at once: how a kernel learns that its fork server is warm
-    (``backends.processes.warm_start``)."""
 
 
 _register()

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from multiprocessing import spawn
 from typing import Dict, Iterator
 
-from ...rank.forkserver_preload import KERNEL_TEMPDIR_VARIABLE
+from ...rank.fork_server_owner import KERNEL_TEMPDIR_VARIABLE
 from ..environ import temporary_environ
 
 PACKAGE = __name__.split(".")[0]

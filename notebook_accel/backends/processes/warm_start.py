@@ -120,7 +120,7 @@ def _start(warm: WarmStart) -> None:
         ensure_fork_server()
         # The server answers a fork request only once its preload (torch, the rank side) is imported: a probe
         # process, forked and gone at once, says when that was.
-        from ...rank.forkserver_preload import probe
+        from ...rank.fork_server_owner import probe
 
         process = context.Process(target=probe, name="notebook_accel-warm-start-probe", daemon=True)
         with starting_rank_process():
