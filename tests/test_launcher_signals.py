@@ -12,6 +12,7 @@ import time
 import pytest
 
 from scripts import run_script, running, script_env, start_script
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -73,10 +74,7 @@ def assert_session_ends(session_id, within=20.0):
                     found.append(process.pid)
         return found
 
-    deadline = time.monotonic() + within
-    while members() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not members(), f"processes of the killed script still running: {members()}"
+    wait_until(lambda: not members(), within, f"every process of the killed script's session {session_id} to end")
 
 
 @pytest.mark.parametrize("target", ["launcher", "process group"])
